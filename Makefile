@@ -1,0 +1,34 @@
+# verirl: `make run` trains the embedded default; `make test` runs the tests.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch for this machine class; override for GPUs: make TORCH=torch==2.13.0 ...
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-slow weights clean
+
+$(STAMP): pyproject.toml Makefile
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/verirl train --config configs/tiny_grpo.yaml $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+# Rebuild the shipped tiny model (tokenizer + SFT warm start) deterministically.
+weights: $(STAMP)
+	$(BIN)/verirl sft --config configs/tiny_sft.yaml
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,5 @@
+"""Loading models and tokenizers, the device layer, and the embedded tiny model."""
+from verirl.models.device import resolve_device
+from verirl.models.load import TINY_DIR, LoadedModel, load_model, save_hf
+
+__all__ = ["resolve_device", "TINY_DIR", "LoadedModel", "load_model", "save_hf"]

@@ -1,0 +1,87 @@
+"""Load a causal LM and its tokenizer, work out its stop tokens, and save Hugging Face directories."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from verirl.models.device import resolve_device
+
+TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: object
+    stop_ids: list[int]  # a response ends at the first of these (it is kept and trained on)
+    pad_id: int  # fills positions after the end; never used to decide what a response is
+    path: str
+
+
+def resolve_path(path: str) -> str:
+    return str(TINY_DIR) if path == "tiny" else path
+
+
+def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
+    """Union of the EOS ids of generation_config.json, config.json and the tokenizer.
+
+    Warns when they disagree: Qwen2.5 base and instruct differ here, and a run that
+    never sees its real EOS never learns to stop (seed 000 section 3.3)."""
+    sources: dict[str, list[int]] = {}
+    gen = getattr(model, "generation_config", None)
+    for name, val in [("generation_config.json", getattr(gen, "eos_token_id", None)),
+                      ("config.json", getattr(model.config, "eos_token_id", None)),
+                      ("tokenizer", tokenizer.eos_token_id)]:
+        if val is not None:
+            sources[name] = [val] if isinstance(val, int) else list(val)
+    ids = sorted({i for v in sources.values() for i in v})
+    if not ids:
+        raise ValueError(f"{path}: no EOS token id in generation_config.json, config.json or the tokenizer. "
+                         f"Set eos_token_id in generation_config.json.")
+    gen_ids = set(sources.get("generation_config.json", ids))
+    if any(not set(v) <= gen_ids for v in sources.values()):  # generate() would not stop on one of them
+        detail = "; ".join(f"{k}: {v}" for k, v in sources.items())
+        warnings.warn(f"{path}: EOS ids disagree ({detail}). verirl stops on any of {ids}; check that the "
+                      f"chat template ends turns with one of them.", stacklevel=2)
+    return ids
+
+
+def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto") -> LoadedModel:
+    real = resolve_path(path)
+    if not os.path.isdir(real) or not os.path.exists(os.path.join(real, "config.json")):
+        raise FileNotFoundError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
+                                f"(no config.json). Point model.path at one, or rebuild the tiny model "
+                                f"with `make weights`.")
+    tokenizer = AutoTokenizer.from_pretrained(real)
+    model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    model.to(resolve_device(device))
+    stops = stop_token_ids(path, model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    return LoadedModel(model, tokenizer, stops, pad, real)
+
+
+def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int]) -> None:
+    """Write config, safetensors, tokenizer and a generation_config that names every stop id.
+
+    Written into a temporary sibling and renamed into place, so a crash never leaves half a model."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    gen = GenerationConfig(eos_token_id=stop_ids if len(stop_ids) > 1 else stop_ids[0],
+                           pad_token_id=tokenizer.pad_token_id, bos_token_id=model.config.bos_token_id)
+    gen.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    os.replace(tmp, out)

@@ -1,0 +1,57 @@
+"""The engine protocol and the helpers every engine shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence
+
+import torch
+
+from verirl.types import Rollout
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: Optional[int] = None  # seeds this call's sampling generator
+
+
+class Engine(Protocol):
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
+        """Sample n responses per prompt; the n samples of a prompt are contiguous in the result."""
+        ...
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids (B, P) left-padded with pad_id, mask (B, P) 1 on real tokens."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                  stop_ids: Sequence[int], pad_id: int) -> Rollout:
+    """From raw sampled tokens (N, R) (anything after a stop is ignored) build the Rollout.
+
+    The response mask covers positions up to and including the FIRST stop token; it is
+    decided by position, never by comparing ids with the pad id (EOS may equal pad)."""
+    N, R = tokens.shape
+    if R == 0:
+        empty = tokens.new_zeros((N, 0))
+        return Rollout(prompt_ids, prompt_mask, empty, empty, torch.zeros(N, dtype=torch.bool))
+    is_stop = torch.isin(tokens, torch.as_tensor(list(stop_ids), device=tokens.device))
+    stopped = is_stop.any(-1)
+    first = torch.where(stopped, is_stop.float().argmax(-1), torch.full_like(stopped, R - 1, dtype=torch.long))
+    lengths = first + 1  # (N,)
+    pos = torch.arange(R, device=tokens.device).unsqueeze(0)
+    mask = (pos < lengths.unsqueeze(1)).long()
+    width = int(lengths.max())
+    response = torch.where(mask.bool(), tokens, torch.full_like(tokens, pad_id))[:, :width]
+    return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], stopped)

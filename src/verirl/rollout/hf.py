@@ -1,0 +1,32 @@
+"""Reference engine: transformers' ``generate``. Slower, but the yardstick for the native engine."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from verirl.rollout.base import SamplingParams, build_rollout, left_pad
+from verirl.types import Rollout
+
+
+class HFEngine:
+    def __init__(self, model, pad_id: int, stop_ids: Sequence[int]):
+        self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
+        device = next(self.model.parameters()).device
+        if params.seed is not None:
+            torch.manual_seed(params.seed)  # generate() samples from the global generator
+        ids, mask = left_pad(prompt_ids, self.pad_id, device)
+        ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        greedy = params.temperature <= 0
+        kwargs = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p,
+                                    "top_k": params.top_k or None}
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=not greedy,
+                                  max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_ids,
+                                  pad_token_id=self.pad_id, **kwargs)
+        self.model.train(was_training)
+        return build_rollout(ids, mask, out[:, ids.shape[1]:], self.stop_ids, self.pad_id)

@@ -1,0 +1,243 @@
+"""The GRPO loop. One step reads top to bottom as the picture in docs/design:
+
+    prompts -> rollout -> verifiers -> group advantages -> (old, ref log-probs) -> update -> metrics
+
+Builders turn the config into plain objects here; nothing below this module reads a config.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from verirl.algo import ADVANTAGE_ESTIMATORS
+from verirl.config import Config, to_yaml
+from verirl.data import PromptSampler, TASKS, encode_prompts
+from verirl.evaluate import accuracy, decode_responses
+from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, throughput
+from verirl.models import load_model, save_hf
+from verirl.rewards import score_batch
+from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.train.actor import UpdateParams, build_optimizer, compute_logprobs, update_policy
+from verirl.types import Prompt, TrainBatch
+
+PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "all")
+
+
+@dataclass
+class Run:
+    """Everything a step needs, built once from the config."""
+    cfg: Config
+    model: torch.nn.Module
+    ref: Optional[torch.nn.Module]
+    tokenizer: object
+    engine: Engine
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    stop_ids: list[int]
+    pad_id: int
+    train: list[Prompt]
+    val: list[Prompt]
+    sampler: PromptSampler
+    update: UpdateParams
+    run_dir: Path
+
+    @property
+    def on_policy(self) -> bool:
+        """One mini-batch, one epoch: the old policy IS the current one, so skip the old log-prob pass."""
+        c = self.cfg
+        return c.actor.mini_batch_prompts == c.data.prompts_per_step and c.actor.epochs == 1
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_run(cfg: Config) -> Run:
+    if cfg.trainer.threads > 0:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.trainer.seed)
+    run_dir = Path(cfg.trainer.run_dir)
+    if (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(
+            f"trainer.run_dir='{run_dir}' already holds a run (metrics.jsonl). Choose a new "
+            f"trainer.run_dir, or delete the old one: this version does not resume.")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    if cfg.data.task not in TASKS:
+        raise ValueError(f"data.task='{cfg.data.task}' is not a built-in task; known: {sorted(TASKS)}.")
+    train, val = TASKS[cfg.data.task](cfg.data.seed, cfg.data.train_size, cfg.data.val_size)
+    encode_prompts(train, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} train")
+    encode_prompts(val, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} val")
+    ref = None
+    if cfg.algo.kl_coef > 0:
+        ref = copy.deepcopy(lm.model).eval().requires_grad_(False)
+    opt, sched = build_optimizer(lm.model, cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay,
+                                 cfg.actor.warmup_steps)
+    upd = UpdateParams(
+        group_size=cfg.rollout.n, mini_batch_prompts=cfg.actor.mini_batch_prompts,
+        micro_batch_size=cfg.actor.micro_batch_size, epochs=cfg.actor.epochs,
+        clip_low=cfg.algo.clip_ratio_low, clip_high=cfg.algo.clip_ratio_high, kl_coef=cfg.algo.kl_coef,
+        kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
+        grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
+    engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, lm.stop_ids)
+    return Run(cfg, lm.model, ref, lm.tokenizer, engine, opt, sched, lm.stop_ids, lm.pad_id, train, val,
+               PromptSampler(len(train), cfg.data.seed), upd, run_dir)
+
+
+def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
+    """One GRPO step. Returns (metrics, rollout records for the optional dump)."""
+    c = run.cfg
+    timer = Timer()
+    prompts = [run.train[i] for i in run.sampler.take(c.data.prompts_per_step)]
+    params = SamplingParams(c.rollout.max_new_tokens, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k,
+                            seed=c.trainer.seed * 1_000_003 + step)
+    with timer("all"):
+        with timer("rollout"):
+            rollout = run.engine.generate([p.ids for p in prompts], c.rollout.n, params)
+            texts = decode_responses(run.tokenizer, rollout)
+
+        with timer("reward"):
+            per_seq = [p for p in prompts for _ in range(c.rollout.n)]
+            rewards = score_batch(texts, [p.label for p in per_seq], [p.task for p in per_seq],
+                                  c.reward.verifiers, c.reward.weights, c.reward.tasks)
+            scores = torch.tensor(rewards.totals, dtype=torch.float32)
+            adv = ADVANTAGE_ESTIMATORS[c.algo.adv_estimator](scores, c.rollout.n, c.algo.norm_adv_by_std,
+                                                              c.algo.adv_epsilon)
+
+        batch = TrainBatch(rollout, adv.to(rollout.response_ids.device))
+        with timer("old_log_prob"):
+            if not run.on_policy:
+                batch.old_logprobs = compute_logprobs(run.model, rollout, c.actor.micro_batch_size,
+                                                      run.update.temperature)
+        with timer("ref"):
+            if run.ref is not None:
+                batch.ref_logprobs = compute_logprobs(run.ref, rollout, c.actor.micro_batch_size,
+                                                      run.update.temperature)
+        with timer("update"):
+            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update)
+
+    m: dict[str, float] = {"step": step}
+    m.update(rewards.metrics([p.task for p in per_seq]))
+    m.update(advantage_metrics(adv, scores, c.rollout.n))
+    m.update(length_metrics(rollout, c.rollout.max_new_tokens))
+    m.update(actor_stats)
+    m.update(timer.metrics(PHASES))
+    m["perf/tps"] = throughput(m["prompt_length/mean"], m["response_length/mean"], c.data.prompts_per_step,
+                               c.rollout.n, 1, m["timing/all"])
+    records = []
+    if c.trainer.dump_rollouts:
+        lengths = rollout.response_lengths.tolist()
+        for i, (p, text) in enumerate(zip(per_seq, texts)):
+            records.append({"step": step, "prompt": run.tokenizer.decode(p.ids), "response": text,
+                            "label": p.label, "task": p.task, "scores": {k: v[i] for k, v in rewards.per_rule.items()},
+                            "reward": rewards.totals[i], "response_length": lengths[i],
+                            "stopped": bool(rollout.stopped[i])})
+    return m, records
+
+
+def evaluate_run(run: Run) -> dict[str, float]:
+    c = run.cfg
+    return accuracy(run.engine, run.tokenizer, run.val, c.rollout.max_new_tokens, c.trainer.eval_samples,
+                    temperature=1.0, seed=c.trainer.seed + 777)
+
+
+def train(cfg: Config, console=None) -> dict:
+    """Run GRPO to ``trainer.total_steps``; returns the run summary (also written to summary.json)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    console = console or Console()
+    t_start = time.time()
+    run = build_run(cfg)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    console.print(f"[bold]verirl[/] GRPO: model {cfg.model.path} ({n_params / 1e6:.2f}M params), "
+                  f"{cfg.data.prompts_per_step} prompts x {cfg.rollout.n} samples/step, {cfg.trainer.total_steps} "
+                  f"steps, run dir {run.run_dir}")
+    summary: dict = {"run_dir": str(run.run_dir), "params": n_params}
+    if cfg.trainer.eval_at_start and run.val:
+        with console.status("held-out accuracy before training..."):
+            summary["eval_start"] = evaluate_run(run)
+        console.print(f"held-out accuracy at start ({len(run.val)} problems): "
+                      f"greedy {summary['eval_start']['greedy']:.3f}, sampled {summary['eval_start']['sampled']:.3f}")
+
+    sink = JsonlSink(run.run_dir / "metrics.jsonl")
+    dump = JsonlSink(run.run_dir / "rollouts.jsonl") if cfg.trainer.dump_rollouts else None
+    history: list[dict] = []
+    columns = [TextColumn("[bold blue]GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn()]
+    with Progress(*columns, console=console, disable=not cfg.log.progress, transient=False) as bar:
+        task = bar.add_task("", total=cfg.trainer.total_steps)
+        for step in range(1, cfg.trainer.total_steps + 1):
+            m, records = train_step(run, step)
+            sink.write(m)
+            if dump:
+                for rec in records:
+                    dump.write(rec)
+            history.append(m)
+            recent = history[-10:]
+            bar.update(task, advance=1, description=(
+                f"reward {mean_of(recent, 'reward/mean'):+.3f} len {m['response_length/mean']:.1f} "
+                f"{m['timing/all']:.2f}s/step"))
+            every = cfg.log.console_every
+            if every and (step % every == 0 or step == cfg.trainer.total_steps):
+                bar.console.print(
+                    f"step {step:>5}  reward {m['reward/mean']:+.3f}  "
+                    + "  ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items()
+                                if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2)
+                    + f"  len {m['response_length/mean']:.1f}  kl {m.get('actor/kl', float('nan')):.4f}"
+                    f"  ent {m['actor/entropy']:.3f}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
+            if cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0 and step < cfg.trainer.total_steps:
+                save_hf(run.model, run.tokenizer, run.run_dir / "checkpoints" / f"step_{step}", run.stop_ids)
+    sink.close()
+    if dump:
+        dump.close()
+    train_seconds = sum(m["timing/all"] for m in history)
+    save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids)
+    k = min(5, len(history))
+    summary.update({
+        "steps": len(history), "train_seconds": train_seconds,
+        "reward_first5": mean_of(history, "reward/mean", first=k),
+        "reward_last5": mean_of(history, "reward/mean", last=k),
+        "final_model": str(run.run_dir / "final"),
+    })
+    if cfg.trainer.eval_at_end and run.val:
+        with console.status("held-out accuracy after training..."):
+            summary["eval_end"] = evaluate_run(run)
+    summary["wall_seconds"] = time.time() - t_start
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(console, summary, len(run.val))
+    return summary
+
+
+def _print_summary(console, s: dict, n_val: int) -> None:
+    from rich.table import Table
+
+    t = Table(title="verirl run summary", show_header=True)
+    t.add_column("measure")
+    t.add_column("start", justify="right")
+    t.add_column("end", justify="right")
+    t.add_column("change", justify="right")
+    t.add_row("reward/mean (first 5 vs last 5 steps)", f"{s['reward_first5']:+.3f}", f"{s['reward_last5']:+.3f}",
+              f"{s['reward_last5'] - s['reward_first5']:+.3f}")
+    if "eval_start" in s and "eval_end" in s:
+        for key in ("greedy", "sampled"):
+            a, b = s["eval_start"][key], s["eval_end"][key]
+            t.add_row(f"held-out accuracy, {key} ({n_val} problems)", f"{a:.1%}", f"{b:.1%}",
+                      f"{(b - a) * 100:+.1f} pts")
+    console.print(t)
+    console.print(f"trained {s['steps']} steps in {s['train_seconds']:.0f}s; metrics: {s['run_dir']}/metrics.jsonl; "
+                  f"model: {s['final_model']}")

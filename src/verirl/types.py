@@ -1,0 +1,44 @@
+"""Records passed between rooms. Shapes: N = prompts * n sequences, P = prompt width, R = response width."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass
+class Prompt:
+    """One training or evaluation problem."""
+    messages: list[dict[str, str]]  # chat messages, rendered by the tokenizer's chat template
+    label: str  # ground truth, passed to the verifiers
+    task: str  # routes the sample to its reward rules
+    ids: list[int] = field(default_factory=list)  # templated prompt token ids
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rollout:
+    """Sampled responses for a batch of prompts, n per prompt, the samples of a prompt contiguous."""
+    prompt_ids: torch.Tensor  # (N, P) left-padded with pad id
+    prompt_mask: torch.Tensor  # (N, P) 1 on real prompt tokens
+    response_ids: torch.Tensor  # (N, R) right-padded with pad id
+    response_mask: torch.Tensor  # (N, R) 1 up to AND including the first stop token (by position, never by id)
+    stopped: torch.Tensor  # (N,) bool: ended on a stop token (False: cut at max_new_tokens)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # (N,)
+        return self.response_mask.sum(-1)
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:  # (N,)
+        return self.prompt_mask.sum(-1)
+
+
+@dataclass
+class TrainBatch:
+    """What the policy update consumes: a rollout plus per-sequence advantages and reference quantities."""
+    rollout: Rollout
+    advantages: torch.Tensor  # (N,)
+    old_logprobs: Optional[torch.Tensor] = None  # (N, R); None = on-policy, use current log-probs detached
+    ref_logprobs: Optional[torch.Tensor] = None  # (N, R); None = no KL term
