@@ -20,7 +20,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = 
     centred = r - r.mean(dim=1, keepdim=True)
     if norm_by_std:
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.ones_like(r[:, :1])
-        centred = centred / (std + epsilon)
+        denom = std + epsilon
+        centred = torch.where(denom > 0, centred / denom.clamp(min=torch.finfo(denom.dtype).tiny), 0.0)
     return centred.reshape(-1)
 
 

@@ -13,12 +13,12 @@ import random
 
 from verirl.types import Prompt
 
-INSTRUCTION = "Think in <think> </think>, then answer in <answer> </answer> with \\boxed{}."
+INSTRUCTION = "Reply <think> </think> <answer> \\boxed{} </answer>."
 
-_ADD = ["What is {a} + {b}?", "Tom has {a} apples and gets {b} more. How many apples does he have?",
-        "A shelf holds {a} books and another holds {b}. How many books in all?"]
-_MUL = ["What is {a} * {b}?", "There are {a} boxes with {b} pens each. How many pens are there?",
-        "A bus has {b} seats. How many seats do {a} buses have?"]
+_ADD = ["{a} + {b} = ?", "Tom has {a} apples and gets {b} more. How many now?",
+        "Shelves hold {a} and {b} books. How many books?"]
+_MUL = ["{a} * {b} = ?", "{a} boxes hold {b} pens each. How many pens?",
+        "A bus has {b} seats. How many seats in {a} buses?"]
 
 
 def _problem(task: str, a: int, b: int, phrasing: int) -> Prompt:

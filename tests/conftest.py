@@ -1,0 +1,23 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The shipped tiny model and tokenizer (a real Qwen2ForCausalLM)."""
+    from verirl.models import load_model
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def arith(tiny):
+    from verirl.data import arith_split, encode_prompts
+    train, val = arith_split(0, 64, 200)
+    encode_prompts(train, tiny.tokenizer, 128)
+    encode_prompts(val, tiny.tokenizer, 128)
+    return train, val
