@@ -64,3 +64,31 @@ def test_response_mask_by_position_not_by_pad_id():
                       stop_ids=[0], pad_id=0)
     assert r.response_mask.tolist() == [[1, 0, 0], [1, 1, 1], [1, 1, 0]]
     assert r.stopped.tolist() == [True, False, True]
+
+
+def test_chunked_generation_equals_one_call(tiny, arith):
+    from verirl.rollout import generate_chunked
+    _, val = arith
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    prompts = [p.ids for p in val[:5]]
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    whole = generate_chunked(eng, prompts, 2, params, 0, tiny.pad_id)
+    parts = generate_chunked(eng, prompts, 2, params, 4, tiny.pad_id)  # 2 prompts per call
+    for a, b in [(whole.response_mask, parts.response_mask), (whole.response_ids, parts.response_ids),
+                 (whole.prompt_ids, parts.prompt_ids), (whole.prompt_mask, parts.prompt_mask)]:
+        assert torch.equal(a, b)
+
+
+def test_eos_disagreement_warns(tiny, tmp_path):
+    """The Qwen2.5 base-vs-instruct trap: config.json's EOS is not one generate() stops on."""
+    import json
+    import shutil
+
+    import pytest
+
+    from verirl.models import load_model
+    shutil.copytree(tiny.path, tmp_path / "m")
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "pad_token_id": 0}))
+    with pytest.warns(UserWarning, match="EOS ids disagree"):
+        lm = load_model(str(tmp_path / "m"))
+    assert lm.stop_ids == [0, 2]  # we stop on all of them

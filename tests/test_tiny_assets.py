@@ -6,8 +6,9 @@ from verirl.models.tiny import build_model, build_tokenizer
 
 def test_shipped_tokenizer_has_qwen_specials_and_template(tiny):
     tok = tiny.tokenizer
-    for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        assert tok.convert_tokens_to_ids(t) != tok.unk_token_id and len(tok(t, add_special_tokens=False)["input_ids"]) == 1
+    for i, t in enumerate(("<|endoftext|>", "<|im_start|>", "<|im_end|>")):  # Qwen's 151643-151645, here 0-2
+        assert tok.convert_tokens_to_ids(t) == i and tok(t, add_special_tokens=False)["input_ids"] == [i]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     text = tok.apply_chat_template([{"role": "user", "content": "1 + 2 = ?"}], add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\n1 + 2 = ?<|im_end|>\n<|im_start|>assistant\n"
     assert tok.convert_ids_to_tokens(tok("12345", add_special_tokens=False)["input_ids"]) == list("12345")

@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe(schema))
         return 0
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
         cfg = load_config(args.config, args.overrides, schema)
         if args.command == "train":

@@ -61,12 +61,11 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    verifiers: list[str] = field(default_factory=lambda: ["acc", "exact", "format"])
-    weights: list[float] = field(default_factory=lambda: [1.0, 1.0, 0.1])
-    # task -> rules that score it; a task not listed is scored by every rule.
-    tasks: dict[str, list[str]] = field(
-        default_factory=lambda: {"add": ["acc", "format"], "mul": ["exact", "format"]}
-    )
+    verifiers: list[str] = field(default_factory=lambda: ["acc", "format"])  # rule names (see verirl.rewards)
+    weights: list[float] = field(default_factory=lambda: [1.0, 0.5])  # one per verifier, same order
+    # task -> the rules that score it, e.g. {add: [acc, format], mul: [exact, format]};
+    # a task not listed here is scored by every verifier.
+    tasks: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,7 +139,7 @@ class SFTConfig:
     warmup_steps: int = 50
     max_steps: int = 2000
     eval_every: int = 25
-    target_greedy: float = 0.25  # stop once held-out greedy accuracy reaches this (0 = run max_steps)
+    target_greedy: float = 0.20  # stop once held-out greedy accuracy reaches this (0 = run max_steps)
     threads: int = 0
 
 

@@ -55,3 +55,26 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
     width = int(lengths.max())
     response = torch.where(mask.bool(), tokens, torch.full_like(tokens, pad_id))[:, :width]
     return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], stopped)
+
+
+def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
+    """Join rollouts generated in chunks: prompts re-left-padded, responses re-right-padded."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+
+    def pad(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        if extra == 0:
+            return t
+        fill = t.new_full((t.shape[0], extra), value)
+        return torch.cat([fill, t] if left else [t, fill], dim=1)
+
+    return Rollout(
+        prompt_ids=torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
+        response_ids=torch.cat([pad(r.response_ids, R, pad_id, False) for r in parts]),
+        response_mask=torch.cat([pad(r.response_mask, R, 0, False) for r in parts]),
+        stopped=torch.cat([r.stopped for r in parts]),
+    )

@@ -25,7 +25,7 @@ from verirl.evaluate import accuracy, decode_responses
 from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, throughput
 from verirl.models import load_model, save_hf
 from verirl.rewards import score_batch
-from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.rollout import Engine, SamplingParams, build_engine, generate_chunked
 from verirl.train.actor import UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.types import Prompt, TrainBatch
 
@@ -106,7 +106,8 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
                             seed=c.trainer.seed * 1_000_003 + step)
     with timer("all"):
         with timer("rollout"):
-            rollout = run.engine.generate([p.ids for p in prompts], c.rollout.n, params)
+            rollout = generate_chunked(run.engine, [p.ids for p in prompts], c.rollout.n, params,
+                                       c.rollout.micro_batch_size, run.pad_id)
             texts = decode_responses(run.tokenizer, rollout)
 
         with timer("reward"):
@@ -118,12 +119,12 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
                                                               c.algo.adv_epsilon)
 
         batch = TrainBatch(rollout, adv.to(rollout.response_ids.device))
-        with timer("old_log_prob"):
-            if not run.on_policy:
+        if not run.on_policy:  # on-policy: the update uses its own log-probs, detached
+            with timer("old_log_prob"):
                 batch.old_logprobs = compute_logprobs(run.model, rollout, c.actor.micro_batch_size,
                                                       run.update.temperature)
-        with timer("ref"):
-            if run.ref is not None:
+        if run.ref is not None:
+            with timer("ref"):
                 batch.ref_logprobs = compute_logprobs(run.ref, rollout, c.actor.micro_batch_size,
                                                       run.update.temperature)
         with timer("update"):
@@ -194,12 +195,7 @@ def train(cfg: Config, console=None) -> dict:
                 f"{m['timing/all']:.2f}s/step"))
             every = cfg.log.console_every
             if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                bar.console.print(
-                    f"step {step:>5}  reward {m['reward/mean']:+.3f}  "
-                    + "  ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items()
-                                if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2)
-                    + f"  len {m['response_length/mean']:.1f}  kl {m.get('actor/kl', float('nan')):.4f}"
-                    f"  ent {m['actor/entropy']:.3f}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
+                bar.console.print(_step_line(m), soft_wrap=True)
             if cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0 and step < cfg.trainer.total_steps:
                 save_hf(run.model, run.tokenizer, run.run_dir / "checkpoints" / f"step_{step}", run.stop_ids)
     sink.close()
@@ -221,6 +217,14 @@ def train(cfg: Config, console=None) -> dict:
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(console, summary, len(run.val))
     return summary
+
+
+def _step_line(m: dict) -> str:
+    rules = "  ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items()
+                      if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2)
+    kl = f"  kl {m['actor/kl']:.4f}" if "actor/kl" in m else ""
+    return (f"step {m['step']:>5}  reward {m['reward/mean']:+.3f}  {rules}  len {m['response_length/mean']:.1f}"
+            f"{kl}  ent {m['actor/entropy']:.3f}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
 
 
 def _print_summary(console, s: dict, n_val: int) -> None:
