@@ -66,3 +66,11 @@ def test_help_config_lists_every_section(capsys):
     out = capsys.readouterr().out
     for key in ("prompts_per_step", "mini_batch_prompts", "micro_batch_size", "kl_coef", "dump_rollouts"):
         assert key in out
+
+
+def test_docs_config_reference_is_current():
+    from pathlib import Path
+
+    from verirl.config import markdown_reference
+    doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+    assert doc.read_text() == markdown_reference(), "regenerate: python -m verirl.config > docs/config.md"

@@ -52,9 +52,9 @@ class ModelConfig:
 class RolloutConfig:
     engine: str = "native"  # native (own KV-cache sampler) | hf (transformers generate)
     n: int = 8  # samples per prompt (the GRPO group size)
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = 32  # response length cap, tokens (the stop token counts)
+    temperature: float = 1.0  # sampling temperature (0 = greedy); log-probs are taken at the same temperature
+    top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens with this much mass
     top_k: int = 0  # 0 = off
     micro_batch_size: int = 0  # sequences per generate call; 0 = the whole step at once
 
@@ -65,27 +65,27 @@ class RewardConfig:
     weights: list[float] = field(default_factory=lambda: [1.0, 0.5])  # one per verifier, same order
     # task -> the rules that score it, e.g. {add: [acc, format], mul: [exact, format]};
     # a task not listed here is scored by every verifier.
-    tasks: dict[str, list[str]] = field(default_factory=dict)
+    tasks: dict[str, list[str]] = field(default_factory=dict)  # task -> rules; {} = every rule scores every task
 
 
 @dataclass
 class AlgoConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = "grpo"  # grpo (group mean/std) / rloo (leave-one-out baseline)
     norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr.GRPO does not
-    adv_epsilon: float = 1e-6
+    adv_epsilon: float = 1e-6  # added to the group std (TRL uses 1e-4)
     kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 skips the reference pass
     kl_type: str = "low_var_kl"  # k3, clamped to [-10, 10]; also: kl (k1), mse (k2), abs
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    entropy_coef: float = 0.0
+    clip_ratio_low: float = 0.2  # ratio floor 1 - low (for negative advantages)
+    clip_ratio_high: float = 0.2  # ratio ceiling 1 + high (DAPO clip-higher: 0.28)
+    entropy_coef: float = 0.0  # entropy bonus weight (subtracted from the loss)
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
 
 
 @dataclass
 class ActorConfig:
-    lr: float = 1e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    weight_decay: float = 0.0
+    lr: float = 1e-4  # AdamW peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
     warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to lr
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables
     mini_batch_prompts: int = 8  # PROMPTS per optimizer step (see module docstring)
@@ -95,14 +95,14 @@ class ActorConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 100
-    run_dir: str = "runs/default"
-    seed: int = 0
+    total_steps: int = 100  # GRPO steps (one rollout each)
+    run_dir: str = "runs/default"  # config.yaml, metrics.jsonl, summary.json, final/ go here
+    seed: int = 0  # seeds python, numpy, torch and the rollout sampling
     save_freq: int = 0  # save the model every N steps (0 = only at the end)
     resume: str = "false"  # only "false" is supported in this version
     dump_rollouts: bool = False  # write RUN_DIR/rollouts.jsonl, one line per response
     eval_at_start: bool = True  # held-out accuracy on data.val_size problems
-    eval_at_end: bool = True
+    eval_at_end: bool = True  # the same held-out accuracy after the last step
     eval_samples: int = 4  # sampled responses per held-out problem (plus one greedy)
     threads: int = 0  # torch intra-op threads; 0 = all cores
 
@@ -129,18 +129,18 @@ class Config:
 class SFTConfig:
     """`verirl sft`: supervised warm start on a built-in task (how the tiny model is made)."""
     init: str = "scratch"  # scratch = build the tiny tokenizer + a fresh model; or a model directory
-    out_dir: str = "src/verirl/assets/tiny"
-    task: str = "arith"
+    out_dir: str = "src/verirl/assets/tiny"  # where the Hugging Face directory is written
+    task: str = "arith"  # built-in task
     seed: int = 0  # seeds the tokenizer, the init, the data and the order (use GRPO's data.seed)
     val_size: int = 200  # the held-out split (the same problems GRPO evaluates on)
-    train_size: int = 50000
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    max_steps: int = 2000
-    eval_every: int = 25
+    train_size: int = 50000  # problems drawn for SFT (from the non-held-out pool)
+    batch_size: int = 64  # sequences per step
+    lr: float = 1e-3  # AdamW, betas (0.9, 0.99)
+    warmup_steps: int = 50  # linear warm-up steps
+    max_steps: int = 2000  # upper bound on SFT steps
+    eval_every: int = 25  # steps between held-out greedy checks
     target_greedy: float = 0.20  # stop once held-out greedy accuracy reaches this (0 = run max_steps)
-    threads: int = 0
+    threads: int = 0  # torch threads; 0 = all cores
 
 
 # ---------------------------------------------------------------- loading
@@ -293,3 +293,48 @@ def validate(cfg: Config) -> None:
             f"model.path='{cfg.model.path}' is not a directory. Give a Hugging Face model directory "
             f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl."
         )
+
+
+# ---------------------------------------------------------------- reference docs
+
+_DOC_HEAD = """# Configuration reference
+
+Generated from `src/verirl/config.py` by `python -m verirl.config > docs/config.md` (a test
+checks that it is current).
+
+A run is `verirl train --config FILE.yaml key.sub=value ...`: defaults, then the file, then the
+overrides. `verirl train --help-config` prints every key with its default. Unknown keys and
+wrong types are refused with the closest valid names; impossible batch shapes are refused
+with the arithmetic spelled out. The resolved config is written to `RUN_DIR/config.yaml`.
+
+**Counting rule**: `data.prompts_per_step` and `actor.mini_batch_prompts` count *prompts*;
+each prompt is sampled `rollout.n` times, so a step holds `prompts_per_step * n` sequences.
+`actor.micro_batch_size` and `rollout.micro_batch_size` count *sequences*. veRL's
+`ppo_mini_batch_size` also counts prompts; MindSpeed-RL's mini-batch is already multiplied by n.
+"""
+
+
+def _table(cls: type, prefix: str) -> list[str]:
+    import inspect
+    import re
+
+    src = inspect.getsource(cls)
+    inst = cls()
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for f in fields(cls):
+        m = re.search(rf"^\s+{f.name}:[^\n]*?(?:#\s*([^\n]*))?$", src, re.M)
+        comment = ((m.group(1) or "") if m else "").replace("|", "/")
+        rows.append(f"| `{prefix}{f.name}` | `{getattr(inst, f.name)}` | {comment} |")
+    return rows
+
+
+def markdown_reference() -> str:
+    out = [_DOC_HEAD]
+    for f in fields(Config):
+        out += [f"## `{f.name}`", ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
+    out += ["## `verirl sft`", ""] + _table(SFTConfig, "") + [""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown_reference(), end="")
