@@ -53,9 +53,12 @@ def test_yaml_file_errors(tmp_path):
     (["train", "model.path=/no/such/model"], "model.path='/no/such/model' is not a directory"),
     (["train", "trainer.total_steps=-1"], "trainer.total_steps=-1 must be > 0"),
     (["train", "algo.kl_coeff=0.1"], "algo.kl_coef"),
+    (["train", "data.max_prompt_length=12", "trainer.run_dir={tmp}"], "arith train row 0: prompt is"),
 ])
-def test_cli_prints_one_paragraph_and_exits_2(capsys, argv, needle):
-    assert main(argv) == 2
+def test_cli_prints_one_paragraph_and_exits_2(capsys, tmp_path, argv, needle):
+    run_dir = tmp_path / "run"
+    assert main([a.replace("{tmp}", str(run_dir)) for a in argv]) == 2
+    assert not run_dir.exists()  # nothing is written for a run that cannot start
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
     assert err.count("\n") == 1  # one paragraph

@@ -1,10 +1,13 @@
 """A short real GRPO run of the shipped tiny model through the CLI."""
 import json
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
 from verirl.cli import main
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_grpo.yaml")
 
 REQUIRED = ["step", "reward/mean", "reward/acc/mean", "reward/format/mean", "response_length/mean",
             "response_length/max", "response_length/min", "response_length/clip_ratio", "prompt_length/mean",
@@ -15,7 +18,7 @@ REQUIRED = ["step", "reward/mean", "reward/acc/mean", "reward/format/mean", "res
 
 def test_short_grpo_run_end_to_end(tmp_path, capsys):
     run = tmp_path / "run"
-    rc = main(["train", "--config", "configs/tiny_grpo.yaml", f"trainer.run_dir={run}", "trainer.total_steps=3",
+    rc = main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=3",
                "data.prompts_per_step=4", "actor.mini_batch_prompts=2", "rollout.n=4", "actor.micro_batch_size=5",
                "trainer.dump_rollouts=true", "data.val_size=8", "trainer.eval_samples=1", "actor.warmup_steps=2",
                "log.progress=false", "log.console_every=1"])
@@ -41,13 +44,13 @@ def test_short_grpo_run_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "held-out accuracy" in out
     # the run directory is not silently overwritten
-    assert main(["train", "--config", "configs/tiny_grpo.yaml", f"trainer.run_dir={run}", "log.progress=false"]) == 2
+    assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "log.progress=false"]) == 2
 
 
 @pytest.mark.parametrize("engine", ["native", "hf"])
 def test_on_policy_skips_old_log_prob(tmp_path, engine):
     run = tmp_path / "onp"
-    assert main(["train", "--config", "configs/tiny_grpo.yaml", f"trainer.run_dir={run}", "trainer.total_steps=1",
+    assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=1",
                  f"rollout.engine={engine}",
                  "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=4", "algo.kl_coef=0",
                  "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false"]) == 0
@@ -59,7 +62,7 @@ def test_on_policy_skips_old_log_prob(tmp_path, engine):
 def test_reward_rises_on_the_embedded_default(tmp_path):
     """200 steps of the shipped recipe (about a minute): the reward must climb, not just run."""
     run = tmp_path / "learn"
-    assert main(["train", "--config", "configs/tiny_grpo.yaml", f"trainer.run_dir={run}", "trainer.total_steps=200",
+    assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=200",
                  "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false",
                  "log.console_every=0"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]

@@ -39,7 +39,7 @@ class PromptSampler:
 
     def __next__(self) -> int:
         k = self.position % self.size
-        if k == 0 or not self._perm:
+        if k == 0:
             self._perm = torch.randperm(self.size, generator=self._gen).tolist()
         self.position += 1
         return self._perm[k]

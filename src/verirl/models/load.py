@@ -1,8 +1,8 @@
 """Load a causal LM and its tokenizer, work out its stop tokens, and save Hugging Face directories."""
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,14 +74,12 @@ def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
-        import shutil
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     gen = GenerationConfig(eos_token_id=stop_ids if len(stop_ids) > 1 else stop_ids[0],
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=model.config.bos_token_id)
     gen.save_pretrained(tmp)
-    if out.exists():
-        import shutil
+    if out.exists():  # only the final rename is left; a crash here keeps out.tmp whole
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -72,15 +72,14 @@ def build_run(cfg: Config) -> Run:
         raise FileExistsError(
             f"trainer.run_dir='{run_dir}' already holds a run (metrics.jsonl). Choose a new "
             f"trainer.run_dir, or delete the old one: this version does not resume.")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     if cfg.data.task not in TASKS:
         raise ValueError(f"data.task='{cfg.data.task}' is not a built-in task; known: {sorted(TASKS)}.")
     train, val = TASKS[cfg.data.task](cfg.data.seed, cfg.data.train_size, cfg.data.val_size)
     encode_prompts(train, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} train")
     encode_prompts(val, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} val")
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ref = None
     if cfg.algo.kl_coef > 0:
         ref = copy.deepcopy(lm.model).eval().requires_grad_(False)
