@@ -14,6 +14,7 @@ EPILOG = """examples:
   verirl train --config configs/tiny_grpo.yaml trainer.total_steps=50 actor.lr=2e-4 trainer.run_dir=runs/try
   verirl train --help-config        # every key with its default
   verirl sft --config configs/tiny_sft.yaml   # rebuild the shipped tiny model
+  verirl preprocess --config configs/preprocess_example.yaml input=data/raw.jsonl output_prefix=data/train
 
 Batch sizes: data.prompts_per_step and actor.mini_batch_prompts count PROMPTS (each sampled
 rollout.n times); actor.micro_batch_size counts SEQUENCES.
@@ -25,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in [("train", "GRPO training (writes RUN_DIR/metrics.jsonl, RUN_DIR/final/)"),
-                        ("sft", "supervised warm start on a built-in task (builds the tiny model)")]:
+                        ("sft", "supervised warm start on a built-in task (builds the tiny model)"),
+                        ("preprocess", "raw json/jsonl/parquet/arrow -> tokenized prompts (MindSpeed-RL keys)")]:
         s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("--config", "-c", help="YAML config file")
         s.add_argument("--help-config", action="store_true", help="print every config key with its default")
@@ -36,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from verirl.config import Config, ConfigError, SFTConfig, describe, load_config
+    from verirl.data.preprocess import PreprocessConfig
 
-    schema = Config if args.command == "train" else SFTConfig
+    schema = {"train": Config, "sft": SFTConfig, "preprocess": PreprocessConfig}[args.command]
     if args.help_config:
         print(describe(schema))
         return 0
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from verirl.train.trainer import train
             train(cfg)
+        elif args.command == "preprocess":
+            from verirl.data.preprocess import preprocess
+            preprocess(cfg)
         else:
             from verirl.train.sft import sft
             sft(cfg)

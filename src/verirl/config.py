@@ -37,8 +37,20 @@ class DataConfig:
     train_size: int = 20000  # problems drawn for training by the built-in generator
     val_size: int = 200  # held-out problems, never trained on (accuracy at start and end)
     prompts_per_step: int = 8  # PROMPTS per step (each is sampled rollout.n times)
-    max_prompt_length: int = 128  # tokens; longer prompts are refused at load time
+    max_prompt_length: int = 128  # tokens; longer prompts are filtered or refused (data.too_long)
+    too_long: str = "error"  # error (refuse to start, naming the row) | filter (drop and count)
     seed: int = 0  # seeds the task generator and the prompt order
+    shuffle: str = "verl"  # verl (torch RandomSampler order) | megatron | sequential
+    # Your own data instead of the built-in task: a file or folder, raw or already preprocessed
+    # (a .parquet from `verirl preprocess`, with its .manifest.json). Raw files are preprocessed on the
+    # fly with the keys below and cached next to the run (RUN_DIR/data/).
+    train_path: str = ""
+    val_path: str = ""  # held-out data for accuracy at start and end ("" = none, or the built-in split)
+    prompt_type: str = "tokenizer"  # template for raw files: a templates.json name, or tokenizer
+    templates_file: str = ""  # your own templates.json (MindSpeed-RL format)
+    handler_name: str = "R1AlpacaStyleInstructionHandler"  # or VerlParquetHandler
+    map_keys: dict[str, str] = field(default_factory=dict)  # canonical -> data set field (see preprocess)
+    additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # extra columns kept (task, ...)
 
 
 @dataclass
@@ -288,6 +300,12 @@ def validate(cfg: Config) -> None:
     if str(t.resume).lower() not in ("false", "none", ""):
         raise ConfigError(f"trainer.resume={t.resume!r}: resuming is not supported in this version; "
                           f"use trainer.resume=false and a fresh trainer.run_dir.")
+    _choice("data.shuffle", d.shuffle, ["verl", "megatron", "sequential"])
+    _choice("data.too_long", d.too_long, ["error", "filter"])
+    for key, p in [("data.train_path", d.train_path), ("data.val_path", d.val_path),
+                   ("data.templates_file", d.templates_file)]:
+        if p and not os.path.exists(p):
+            raise ConfigError(f"{key}='{p}' does not exist. Give an existing file or folder.")
     if cfg.model.path != "tiny" and not os.path.isdir(cfg.model.path):
         raise ConfigError(
             f"model.path='{cfg.model.path}' is not a directory. Give a Hugging Face model directory "

@@ -24,25 +24,63 @@ def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source
 
 
 class PromptSampler:
-    """Seeded shuffled order over a data set, epoch after epoch, as veRL's RandomSampler does
-    (one ``torch.Generator`` seeded once, a fresh permutation each epoch). ``position`` is
-    how many prompts were drawn, so the order can be saved and resumed."""
+    """The order prompts are drawn in: seeded, epoch after epoch, resumable mid-epoch.
 
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed = size, seed
+    ``mode``:
+    * ``verl``: veRL's order, i.e. torch's ``RandomSampler(data, generator=torch.Generator().manual_seed(seed))``
+      iterated epoch after epoch (one generator; each pass draws two ``randperm``s, see `_permutation`).
+    * ``megatron``: Megatron-style index shuffling, ``numpy.random.RandomState(seed + epoch).permutation(size)``
+      per epoch.
+    * ``sequential``: the file order.
+
+    ``position`` counts prompts drawn so far; `state_dict` / `load_state_dict` resume exactly.
+    """
+
+    MODES = ("verl", "megatron", "sequential")
+
+    def __init__(self, size: int, seed: int, mode: str = "verl"):
+        if mode not in self.MODES:
+            raise ValueError(f"data.shuffle={mode!r} is not one of {list(self.MODES)}.")
+        if size <= 0:
+            raise ValueError("the data set is empty: no prompts to sample.")
+        self.size, self.seed, self.mode = size, seed, mode
         self.position = 0
-        self._gen = torch.Generator().manual_seed(seed)
+        self._epoch = -1
         self._perm: list[int] = []
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if self.mode == "verl":
+            perm = torch.randperm(self.size, generator=self._gen).tolist()
+            # RandomSampler.__iter__ ends each full pass with randperm(n)[:num_samples % n]: an empty slice,
+            # but the generator still advances. Draw it too, or epoch 2 onwards would differ from veRL's.
+            torch.randperm(self.size, generator=self._gen)
+            return perm
+        if self.mode == "megatron":
+            import numpy as np
+            return np.random.RandomState(self.seed + epoch).permutation(self.size).tolist()
+        return list(range(self.size))
 
     def __iter__(self) -> Iterator[int]:
         return self
 
     def __next__(self) -> int:
-        k = self.position % self.size
-        if k == 0:
-            self._perm = torch.randperm(self.size, generator=self._gen).tolist()
+        epoch, k = divmod(self.position, self.size)
+        while self._epoch < epoch:  # also replays earlier epochs after a resume
+            self._epoch += 1
+            self._perm = self._permutation(self._epoch)
         self.position += 1
         return self._perm[k]
 
     def take(self, count: int) -> list[int]:
         return [next(self) for _ in range(count)]
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "seed": self.seed, "mode": self.mode, "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["seed"], state["mode"], state["size"]) != (self.seed, self.mode, self.size):
+            raise ValueError(f"sampler state is for seed={state['seed']} mode={state['mode']} size={state['size']}, "
+                             f"this run has seed={self.seed} mode={self.mode} size={self.size}.")
+        self.__init__(self.size, self.seed, self.mode)  # replay from the start: exact for every mode
+        self.position = state["position"]

@@ -21,6 +21,7 @@ import torch
 from verirl.algo import ADVANTAGE_ESTIMATORS
 from verirl.config import Config, to_yaml
 from verirl.data import PromptSampler, TASKS, encode_prompts
+from verirl.data.dataset import load_prompts
 from verirl.evaluate import accuracy, decode_responses
 from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, throughput
 from verirl.models import load_model, save_hf
@@ -73,11 +74,7 @@ def build_run(cfg: Config) -> Run:
             f"trainer.run_dir='{run_dir}' already holds a run (metrics.jsonl). Choose a new "
             f"trainer.run_dir, or delete the old one: this version does not resume.")
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-    if cfg.data.task not in TASKS:
-        raise ValueError(f"data.task='{cfg.data.task}' is not a built-in task; known: {sorted(TASKS)}.")
-    train, val = TASKS[cfg.data.task](cfg.data.seed, cfg.data.train_size, cfg.data.val_size)
-    encode_prompts(train, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} train")
-    encode_prompts(val, lm.tokenizer, cfg.data.max_prompt_length, source=f"{cfg.data.task} val")
+    train, val, stop_ids = load_data(cfg.data, lm)
     run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ref = None
@@ -91,9 +88,39 @@ def build_run(cfg: Config) -> Run:
         clip_low=cfg.algo.clip_ratio_low, clip_high=cfg.algo.clip_ratio_high, kl_coef=cfg.algo.kl_coef,
         kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
         grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
-    engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, lm.stop_ids)
-    return Run(cfg, lm.model, ref, lm.tokenizer, engine, opt, sched, lm.stop_ids, lm.pad_id, train, val,
-               PromptSampler(len(train), cfg.data.seed), upd, run_dir)
+    engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids)
+    return Run(cfg, lm.model, ref, lm.tokenizer, engine, opt, sched, stop_ids, lm.pad_id, train, val,
+               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), upd, run_dir)
+
+
+def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
+    """(train prompts, held-out prompts, stop ids) from the built-in task or the user's files."""
+    if not d.train_path:
+        if d.task not in TASKS:
+            raise ValueError(f"data.task='{d.task}' is not a built-in task; known: {sorted(TASKS)}.")
+        train, val = TASKS[d.task](d.seed, d.train_size, d.val_size)
+        encode_prompts(train, lm.tokenizer, d.max_prompt_length, source=f"{d.task} train")
+        encode_prompts(val, lm.tokenizer, d.max_prompt_length, source=f"{d.task} val")
+        return train, val, lm.stop_ids
+    opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
+                map_keys=d.map_keys, additional_keys=list(d.additional_keys), max_prompt_length=d.max_prompt_length,
+                too_long=d.too_long)
+    tr = load_prompts(d.train_path, lm.path, **opts)
+    val = load_prompts(d.val_path, lm.path, **opts).prompts if d.val_path else []
+    stop_ids = lm.stop_ids
+    if tr.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
+        ids = []
+        for w in tr.stop_words:
+            tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
+            if len(tok) != 1:
+                raise ValueError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
+                                 f"stop words must be single tokens.")
+            ids.append(tok[0])
+        stop_ids = sorted(set(ids) if tr.replace_eos else set(ids) | set(lm.stop_ids))
+    if tr.too_long:
+        print(f"data: dropped {tr.too_long} prompts over data.max_prompt_length={d.max_prompt_length} "
+              f"from {tr.source}")
+    return tr.prompts, val, stop_ids
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:

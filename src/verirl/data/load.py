@@ -1,0 +1,109 @@
+"""Reading raw data sets: JSON, JSONL, Parquet and Arrow files, or a folder of them.
+
+Rows come out as ``(file, row_number, dict)``; row numbers are 0-based data rows (for
+JSONL, the line number is reported in errors too). A bad file or line is a `RowError`
+naming the file and the line; `read_rows` either raises it or, with ``skip_bad=True``,
+counts it and goes on.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Iterator, Optional
+
+SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+class RowError(ValueError):
+    """A row or file that cannot be used; ``reason`` is the short key it is counted under."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def list_files(path: str | Path) -> list[Path]:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"input '{path}' does not exist. Give a .json, .jsonl, .parquet or .arrow file, "
+                                f"or a folder of them.")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
+        if not files:
+            raise FileNotFoundError(f"input folder '{path}' holds no .json, .jsonl, .parquet or .arrow file.")
+        return files
+    if p.suffix not in SUFFIXES:
+        raise ValueError(f"input '{path}': unknown file type '{p.suffix}'; use .json, .jsonl, .parquet or .arrow.")
+    return [p]
+
+
+def _arrow_table(f: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if f.suffix == ".parquet":
+        return pq.read_table(f)
+    with pa.memory_map(str(f)) as source:  # Arrow IPC: stream (as `datasets` writes) or file format
+        try:
+            return pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_file(source).read_all()
+
+
+def _rows_of(f: Path) -> Iterator[tuple[int, dict]]:
+    kind = SUFFIXES[f.suffix]
+    if kind == "jsonl":
+        with open(f, encoding="utf-8") as fh:
+            n = 0
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield n, RowError(f"{f} line {line_no}: invalid JSON ({e.msg} at column {e.colno}).",
+                                      "invalid_json")
+                    n += 1
+                    continue
+                if not isinstance(obj, dict):
+                    yield n, RowError(f"{f} line {line_no}: expected a JSON object, got {type(obj).__name__}.",
+                                      "not_an_object")
+                else:
+                    yield n, obj
+                n += 1
+    elif kind == "json":
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            yield 0, RowError(f"{f} line {e.lineno}: invalid JSON ({e.msg}).", "invalid_json")
+            return
+        if isinstance(data, dict):  # {"data": [...]} or a single record
+            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        for i, obj in enumerate(data):
+            yield i, obj if isinstance(obj, dict) else RowError(
+                f"{f} row {i}: expected a JSON object, got {type(obj).__name__}.", "not_an_object")
+    else:
+        try:
+            table = _arrow_table(f)
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            yield 0, RowError(f"{f}: cannot be read as {kind} ({type(e).__name__}: {e}). Check the file is "
+                              f"complete and really {kind}.", "unreadable_file")
+            return
+        for i, obj in enumerate(table.to_pylist()):
+            yield i, obj
+
+
+def read_rows(path: str | Path, skip_bad: bool = False, skipped: Optional[Counter] = None
+              ) -> Iterator[tuple[str, int, dict]]:
+    """Every row of every file under ``path``, in file order."""
+    for f in list_files(path):
+        for i, row in _rows_of(f):
+            if isinstance(row, RowError):
+                if not skip_bad:
+                    raise row
+                if skipped is not None:
+                    skipped[row.reason] += 1
+                continue
+            yield str(f), i, row

@@ -1,0 +1,263 @@
+"""`verirl preprocess`: raw data set -> tokenized prompts + the keys the rewards need.
+
+The config keys are MindSpeed-RL's (seed 000 section 1.1), so its data configs carry over:
+``input``, ``tokenizer_name_or_path``, ``output_prefix``, ``handler_name``, ``tokenizer_type``,
+``workers``, ``log_interval``, ``prompt_type``, ``map_keys``, ``dataset_additional_keys``.
+
+Handlers
+* ``R1AlpacaStyleInstructionHandler`` (alias ``instruction``): prompt [+ "\\n" + query]
+  (+ system) -> templated prompt ids; ``labels`` = the response field (the ground truth).
+* ``VerlParquetHandler`` (alias ``verl``): veRL's rows: ``prompt`` is a list of chat
+  messages, ``labels`` = ``reward_model.ground_truth``, ``task`` = ``ability``.
+
+Output: ``PREFIX.parquet`` (``prompt_ids``, ``prompt``, ``labels`` and every additional key)
+and ``PREFIX.manifest.json`` (source files, counts, tokenizer, template, the config).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from verirl.data.load import RowError, list_files, read_rows
+
+HANDLERS = {"R1AlpacaStyleInstructionHandler": "instruction", "instruction": "instruction",
+            "VerlParquetHandler": "verl", "verl": "verl"}
+DEFAULT_MAP = {"instruction": {"prompt": "problem", "query": "", "response": "answer", "system": ""},
+               "verl": {"prompt": "prompt", "query": "", "response": "reward_model.ground_truth", "system": ""}}
+
+
+@dataclass
+class PreprocessConfig:
+    input: str = ""  # a .json/.jsonl/.parquet/.arrow file or a folder of them
+    tokenizer_name_or_path: str = "tiny"  # a tokenizer directory, or tiny
+    output_prefix: str = ""  # writes PREFIX.parquet and PREFIX.manifest.json
+    handler_name: str = "R1AlpacaStyleInstructionHandler"  # or VerlParquetHandler
+    tokenizer_type: str = "HuggingFaceTokenizer"  # the only kind supported
+    workers: int = 1  # processes that tokenize
+    log_interval: int = 1000  # rows between progress updates
+    prompt_type: str = "qwen_r1"  # template name (empty, qwen, qwen_r1, qwen_math_r1, llama3, ...) or tokenizer
+    templates_file: str = ""  # a templates.json of your own (MindSpeed-RL format); adds/overrides by name
+    # canonical field -> data set field (nested with dots, e.g. reward_model.ground_truth); "" = unused.
+    # Unset fields take the handler's default (instruction: prompt=problem, response=answer).
+    map_keys: dict[str, str] = field(default_factory=dict)
+    dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # kept for the rewards
+    max_prompt_length: int = 0  # tokens; 0 = no limit
+    too_long: str = "filter"  # filter (count and drop) | error
+    on_bad_row: str = "error"  # error (stop, naming file/row/key) | skip (count and go on)
+
+
+def get_field(row: dict, path: str) -> Any:
+    """``row['a']['b']`` for path 'a.b'; KeyError naming the missing part."""
+    cur: Any = row
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise KeyError(part)
+        cur = cur[part]
+    return cur
+
+
+def _as_column(v: Any) -> Any:
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return json.dumps(v, ensure_ascii=False, default=str)
+
+
+class RowProcessor:
+    """Turns one raw row into an output record, or raises `RowError`. Built once per worker."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        from verirl.data.templates import get_template
+        from verirl.models.load import resolve_path
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.kind = HANDLERS[cfg.handler_name]
+        self.map = {**DEFAULT_MAP[self.kind], **{k: v for k, v in cfg.map_keys.items()}}
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_path(cfg.tokenizer_name_or_path))
+        self.template = None if cfg.prompt_type == "tokenizer" else get_template(
+            cfg.prompt_type, cfg.templates_file or None)
+
+    def _field(self, row: dict, canon: str, where: str, required: bool) -> Any:
+        src = self.map.get(canon) or ""
+        if not src:
+            return None
+        try:
+            return get_field(row, src)
+        except KeyError as e:
+            if not required:
+                return None
+            raise RowError(f"{where}: key '{src}' (map_keys.{canon}) is missing at '{e.args[0]}'; the row has "
+                           f"keys {sorted(row)[:12]}. Fix map_keys.{canon} or the data.", f"missing_{canon}") from None
+
+    def _messages(self, row: dict, where: str) -> list[dict]:
+        prompt = self._field(row, "prompt", where, required=True)
+        if self.kind == "verl" and isinstance(prompt, list):
+            msgs = prompt
+            if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+                raise RowError(f"{where}: key '{self.map['prompt']}' must be a list of {{role, content}} "
+                               f"messages.", "bad_prompt_type")
+            if not "".join(m["content"] for m in msgs).strip():
+                raise RowError(f"{where}: key '{self.map['prompt']}' (map_keys.prompt) is empty.", "empty_prompt")
+            return [dict(role=str(m.get("role", "user")), content=m["content"]) for m in msgs]
+        if not isinstance(prompt, str):
+            raise RowError(f"{where}: key '{self.map['prompt']}' (map_keys.prompt) must be a string, got "
+                           f"{type(prompt).__name__} {str(prompt)[:40]!r}.", "bad_prompt_type")
+        query = self._field(row, "query", where, required=True)
+        if query:
+            prompt = f"{prompt}\n{query}"
+        if not prompt.strip():
+            raise RowError(f"{where}: key '{self.map['prompt']}' (map_keys.prompt) is empty.", "empty_prompt")
+        msgs = [{"role": "user", "content": prompt}]
+        system = self._field(row, "system", where, required=False)
+        if isinstance(system, str) and system:
+            msgs.insert(0, {"role": "system", "content": system})
+        return msgs
+
+    def render(self, messages: list[dict]) -> str:
+        if self.template is None:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.template.render(messages, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
+
+    def __call__(self, file: str, index: int, row: dict) -> dict:
+        where = f"{file} row {index}"
+        text = self.render(self._messages(row, where))
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.cfg.max_prompt_length and len(ids) > self.cfg.max_prompt_length:
+            raise RowError(f"{where}: prompt is {len(ids)} tokens, over max_prompt_length="
+                           f"{self.cfg.max_prompt_length}.", "too_long")
+        out: dict[str, Any] = {"prompt_ids": ids, "prompt": text}
+        for key in self.cfg.dataset_additional_keys:
+            if key == "labels":
+                val = self._field(row, "response", where, required=True)
+            elif self.kind == "verl" and key == "task" and "task" not in row:
+                val = row.get("ability")
+            else:
+                try:
+                    val = get_field(row, key)
+                except KeyError:
+                    raise RowError(f"{where}: additional key '{key}' (dataset_additional_keys) is missing; the row "
+                                   f"has keys {sorted(row)[:12]}.", f"missing_{key}") from None
+            out[key] = _as_column(val)
+        return out
+
+
+_WORKER: Optional[RowProcessor] = None
+
+
+def _init_worker(cfg: PreprocessConfig) -> None:
+    global _WORKER
+    _WORKER = RowProcessor(cfg)
+
+
+def _process_chunk(chunk: list[tuple[str, int, dict]]) -> list[dict | RowError]:
+    assert _WORKER is not None
+    out: list[dict | RowError] = []
+    for f, i, row in chunk:
+        try:
+            out.append(_WORKER(f, i, row))
+        except RowError as e:
+            out.append(e)
+    return out
+
+
+def validate_preprocess(cfg: PreprocessConfig) -> None:
+    from verirl.config import ConfigError
+    if not cfg.input:
+        raise ConfigError("preprocess: 'input' is empty: give a data file or folder.")
+    if not cfg.output_prefix:
+        raise ConfigError("preprocess: 'output_prefix' is empty: give a path prefix, e.g. data/math/train.")
+    if cfg.handler_name not in HANDLERS:
+        raise ConfigError(f"preprocess: handler_name={cfg.handler_name!r} is not one of {sorted(HANDLERS)}.")
+    if cfg.tokenizer_type not in ("HuggingFaceTokenizer", "hf"):
+        raise ConfigError(f"preprocess: tokenizer_type={cfg.tokenizer_type!r}: only HuggingFaceTokenizer is supported.")
+    if cfg.on_bad_row not in ("error", "skip") or cfg.too_long not in ("filter", "error"):
+        raise ConfigError("preprocess: on_bad_row must be error|skip and too_long must be filter|error.")
+    unknown = set(cfg.map_keys) - {"prompt", "query", "response", "system"}
+    if unknown:
+        raise ConfigError(f"preprocess: map_keys has unknown canonical fields {sorted(unknown)}; "
+                          f"use prompt, query, response, system.")
+    if cfg.workers < 1:
+        raise ConfigError(f"preprocess: workers={cfg.workers} must be >= 1.")
+
+
+def preprocess(cfg: PreprocessConfig, console=None) -> dict:
+    """Run the whole pipeline; returns the manifest (also written next to the output)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from rich.console import Console
+    from rich.progress import Progress
+
+    validate_preprocess(cfg)
+    console = console or Console(stderr=True)
+    t0 = time.time()
+    files = list_files(cfg.input)
+    skipped: Counter = Counter()
+    skip_bad = cfg.on_bad_row == "skip"
+    rows = read_rows(cfg.input, skip_bad=skip_bad, skipped=skipped)
+    records: list[dict] = []
+    n_read = 0
+    chunk_size = max(64, min(cfg.log_interval, 2048))
+
+    def chunks():
+        nonlocal n_read
+        buf = []
+        for item in rows:
+            buf.append(item)
+            n_read += 1
+            if len(buf) >= chunk_size:
+                yield buf
+                buf = []
+        if buf:
+            yield buf
+
+    def consume(results: list) -> None:
+        for r in results:
+            if isinstance(r, RowError):
+                if r.reason == "too_long" and cfg.too_long == "filter":
+                    skipped["too_long"] += 1
+                elif skip_bad and r.reason != "too_long":
+                    skipped[r.reason] += 1
+                else:
+                    raise r
+            else:
+                records.append(r)
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("preprocessing", total=None)
+        if cfg.workers == 1:
+            _init_worker(cfg)
+            for ch in chunks():
+                consume(_process_chunk(ch))
+                bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read")
+        else:
+            ctx = mp.get_context("spawn")  # tokenizers and fork do not mix
+            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,)) as pool:
+                for res in pool.imap(_process_chunk, chunks(), chunksize=1):
+                    consume(res)
+                    bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read")
+    out = Path(cfg.output_prefix + ".parquet")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    pq.write_table(pa.Table.from_pylist(records), tmp)
+    tmp.replace(out)
+    template = None
+    if cfg.prompt_type != "tokenizer":
+        from verirl.data.templates import get_template
+        template = get_template(cfg.prompt_type, cfg.templates_file or None)
+    manifest = {
+        "output": str(out), "source": [str(f) for f in files], "rows_read": n_read, "rows_written": len(records),
+        "rows_skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped),
+        "tokenizer": cfg.tokenizer_name_or_path, "prompt_type": cfg.prompt_type,
+        "stop_words": template.stop_words if template else [], "replace_eos": template.replace_eos if template else False,
+        "seconds": round(time.time() - t0, 3), "config": asdict(cfg),
+    }
+    Path(cfg.output_prefix + ".manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "none"
+    console.print(f"preprocess: {n_read} rows read, {len(records)} written, {sum(skipped.values())} skipped "
+                  f"({why}) in {manifest['seconds']:.1f}s -> {out}")
+    return manifest
