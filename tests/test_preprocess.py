@@ -149,3 +149,26 @@ def test_train_from_raw_jsonl_with_template_stop_words(tmp_path, capsys):
     # replace_eos: <|endoftext|> (id 0) is now the only stop token
     gen = json.loads((run / "final" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 0
+
+
+def test_train_from_preprocessed_parquet(tmp_path):
+    from verirl.cli import main
+    src = _jsonl(tmp_path / "raw.jsonl", ROWS)
+    assert main(["preprocess", f"input={src}", f"output_prefix={tmp_path / 'pre' / 'train'}", "prompt_type=qwen",
+                 "dataset_additional_keys=[labels,task]"]) == 0
+    run = tmp_path / "run"
+    assert main(["train", f"data.train_path={tmp_path / 'pre' / 'train.parquet'}", f"trainer.run_dir={run}",
+                 "trainer.total_steps=1", "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2",
+                 "log.progress=false", "rollout.max_new_tokens=8"]) == 0
+    row = json.loads((run / "metrics.jsonl").read_text())
+    assert row["prompt_length/mean"] > 20  # the qwen template's default system prompt is in there
+
+
+def test_preprocess_cli_errors_are_one_paragraph(tmp_path, capsys):
+    from verirl.cli import main
+    src = _jsonl(tmp_path / "raw.jsonl", [{"question": "x", "answer": "1"}])
+    assert main(["preprocess", f"input={src}", f"output_prefix={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert "raw.jsonl row 0: key 'problem' (map_keys.prompt) is missing" in err and "Traceback" not in err
+    assert main(["preprocess", f"input={tmp_path / 'nope.jsonl'}", f"output_prefix={tmp_path / 'o'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err

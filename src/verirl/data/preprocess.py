@@ -118,19 +118,44 @@ class RowProcessor:
             msgs.insert(0, {"role": "system", "content": system})
         return msgs
 
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: same ids, without the per-row Python wrapping
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
     def render(self, messages: list[dict]) -> str:
         if self.template is None:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.template.render(messages, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
 
-    def __call__(self, file: str, index: int, row: dict) -> dict:
+    def chunk(self, items: list[tuple[str, int, dict]]) -> list[dict | RowError]:
+        """Process rows in order; tokenization is one batched call (the Rust tokenizer's fast path)."""
+        out: list[dict | RowError] = []
+        for f, i, row in items:
+            try:
+                out.append(self.fields(f, i, row))
+            except RowError as e:
+                out.append(e)
+        good = [r for r in out if not isinstance(r, RowError)]
+        if good:
+            ids = self._encode([r["prompt"] for r in good])
+            for r, x in zip(good, ids):
+                r["prompt_ids"] = x
+        limit = self.cfg.max_prompt_length
+        for k, r in enumerate(out):
+            if not isinstance(r, RowError) and limit and len(r["prompt_ids"]) > limit:
+                out[k] = RowError(f"{r.pop('_where')}: prompt is {len(r['prompt_ids'])} tokens, over "
+                                  f"max_prompt_length={limit}.", "too_long")
+            elif not isinstance(r, RowError):
+                r.pop("_where")
+        return out
+
+    def fields(self, file: str, index: int, row: dict) -> dict:
+        """Everything but the token ids: the templated prompt text and the kept keys."""
         where = f"{file} row {index}"
         text = self.render(self._messages(row, where))
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.cfg.max_prompt_length and len(ids) > self.cfg.max_prompt_length:
-            raise RowError(f"{where}: prompt is {len(ids)} tokens, over max_prompt_length="
-                           f"{self.cfg.max_prompt_length}.", "too_long")
-        out: dict[str, Any] = {"prompt_ids": ids, "prompt": text}
+        out: dict[str, Any] = {"_where": where, "prompt_ids": None, "prompt": text}
         for key in self.cfg.dataset_additional_keys:
             if key == "labels":
                 val = self._field(row, "response", where, required=True)
@@ -156,13 +181,7 @@ def _init_worker(cfg: PreprocessConfig) -> None:
 
 def _process_chunk(chunk: list[tuple[str, int, dict]]) -> list[dict | RowError]:
     assert _WORKER is not None
-    out: list[dict | RowError] = []
-    for f, i, row in chunk:
-        try:
-            out.append(_WORKER(f, i, row))
-        except RowError as e:
-            out.append(e)
-    return out
+    return _WORKER.chunk(chunk)
 
 
 def validate_preprocess(cfg: PreprocessConfig) -> None:
