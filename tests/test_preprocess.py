@@ -172,3 +172,14 @@ def test_preprocess_cli_errors_are_one_paragraph(tmp_path, capsys):
     assert "raw.jsonl row 0: key 'problem' (map_keys.prompt) is missing" in err and "Traceback" not in err
     assert main(["preprocess", f"input={tmp_path / 'nope.jsonl'}", f"output_prefix={tmp_path / 'o'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_json_list_and_arrow_inputs(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(ROWS[:3]))
+    table = pa.Table.from_pylist(ROWS[3:5])
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    m = preprocess(_cfg(tmp_path, tmp_path, dataset_additional_keys=["labels"]))
+    assert m["rows_written"] == 5 and len(m["source"]) == 2
+    labels = [r["labels"] for r in pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()]
+    assert labels == [r["answer"] for r in ROWS[:5]]
