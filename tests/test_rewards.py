@@ -19,7 +19,8 @@ def test_extract_boxed(text, expected):
     ("<think>2+2=4</think><answer>\\boxed{4}</answer>", "4", 1.0),
     ("<think>x</think><answer>\\boxed{0.5}</answer>", "\\frac{1}{2}", 1.0),  # math-verify equivalence
     ("<think>x</think><answer>\\boxed{5}</answer>", "4", -0.5),  # extracted, wrong
-    ("<think>x</think><answer>4</answer>", "4", -1.0),  # nothing extracted
+    ("<think>x</think><answer>4</answer>", "4", 1.0),  # no \\boxed: falls back to the <answer> tag
+    ("<think>the answer is 4</think>", "4", -1.0),  # nothing extracted
     ("答案是 \\boxed{12}", "12", 1.0),
 ])
 def test_acc(response, label, score):
@@ -61,3 +62,50 @@ def test_task_routing_and_means_over_matching_samples_only():
     m2 = score_batch(responses[:2], labels[:2], tasks[:2], ["acc", "exact", "format"], [1.0, 2.0, 0.5],
                      {"add": ["acc", "format"], "mul": ["exact"]}).metrics(tasks[:2])
     assert "reward/exact/mean" not in m2 and "reward/task/mul/mean" not in m2
+
+
+GOOD = "<think>Step 1: 48 / 2 = 24. Step 2: 48 + 24 = 72.</think><answer>\\boxed{72}</answer>"
+
+
+@pytest.mark.parametrize("rule,response,label,score", [
+    # step: min(1, markers / 3)
+    ("step", GOOD, "", 2 / 3),
+    ("step", "1. add\n2. carry\n3. done", "", 1.0),
+    ("step", "First, halve. Then add. Finally box.", "", 1.0),
+    ("step", "首先，求一半；然后相加。", "", 2 / 3),
+    ("step", "just 72", "", 0.0),
+    ("step", "", "", 0.0),
+    # strict_format: one think, one answer with one boxed, in order, nothing outside
+    ("strict_format", GOOD, "", 1.0),
+    ("strict_format", "hi " + GOOD, "", -0.5),
+    ("strict_format", "<think>a</think><answer>\\boxed{1} \\boxed{2}</answer>", "", -0.5),
+    ("strict_format", "<think>a</think><think>b</think><answer>\\boxed{1}</answer>", "", -0.5),
+    ("strict_format", "<answer>\\boxed{1}</answer><think>a</think>", "", -0.5),
+    ("strict_format", "<think>a</think><answer>1</answer>", "", -0.5),
+    # base_acc: strict structure AND right
+    ("base_acc", GOOD, "72", 1.0),
+    ("base_acc", GOOD, "71", 0.0),
+    ("base_acc", "x " + GOOD, "72", 0.0),
+    # math (seed 001): wrong 0; right 0.7 + format 0.2 + steps 0.1
+    ("math", GOOD, "72", 1.0),
+    ("math", GOOD, "73", 0.0),
+    ("math", "<think>72</think><answer>\\boxed{72}</answer>", "72", 0.9),
+    ("math", "The answer is \\boxed{72}", "72", 0.7),
+    ("math", "Step 1: half is 24. Step 2: sum. \\boxed{72}", "72", 0.8),
+    ("math", "<think>Step 1: x</think><answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", 0.9),  # one step, no logic word
+    ("math", "<think>Step 1: x = 1/2 because y</think><answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", 1.0),
+    ("math", "", "72", 0.0),
+    # gsm8k: the number after ####
+    ("gsm8k", "48/2=24, 48+24=72\n#### 72", "72", 1.0),
+    ("gsm8k", "#### 1,234", "Natalia ... #### 1234", 1.0),
+    ("gsm8k", "#### 72.0", "72", 1.0),
+    ("gsm8k", "#### 71\n#### 72", "72", 1.0),  # the last one
+    ("gsm8k", "72", "72", 0.0),
+    ("gsm8k", "#### -5", "-5", 1.0),
+    # acc corner cases
+    ("acc", "\\boxed{\\frac{3}{4}} and later \\boxed{0.75}", "\\frac{3}{4}", 1.0),
+    ("acc", "<think>\\boxed{1}</think><answer>\\boxed{2}</answer>", "2", 1.0),  # the last boxed
+    ("acc", "", "2", -1.0),
+])
+def test_rule_table(rule, response, label, score):
+    assert RULES[rule](response, label) == pytest.approx(score)

@@ -78,6 +78,8 @@ class RewardConfig:
     # task -> the rules that score it, e.g. {add: [acc, format], mul: [exact, format]};
     # a task not listed here is scored by every verifier.
     tasks: dict[str, list[str]] = field(default_factory=dict)  # task -> rules; {} = every rule scores every task
+    workers: int = -1  # scoring processes: -1 = one per core (at most 8); 0 = in this process, no timeout
+    timeout: float = 10.0  # seconds per scoring call; a call past it scores 0 and counts in reward/errors
 
 
 @dataclass
@@ -285,14 +287,25 @@ def validate(cfg: Config) -> None:
             f"reward.weights has {len(rw.weights)} entries but reward.verifiers has {len(rw.verifiers)} "
             f"({list(rw.verifiers)}): give one weight per verifier, in the same order."
         )
+    names_ok = set(rw.verifiers)
     for name in rw.verifiers:
-        if name not in RULES:
+        if name in RULES:
+            continue
+        if ":" not in name:
             close = difflib.get_close_matches(name, list(RULES), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"reward.verifiers: unknown rule '{name}'. Known rules: {sorted(RULES)}.{hint}")
+            raise ConfigError(f"reward.verifiers: unknown rule '{name}'. Known rules: {sorted(RULES)}, or your own "
+                              f"as path/to/file.py:function or package.module:function.{hint}")
+        from verirl.rewards import load_rule
+        try:
+            names_ok.add(load_rule(name).name)
+        except Exception as e:
+            raise ConfigError(f"reward.verifiers: {e}") from None
+    if rw.timeout <= 0:
+        raise ConfigError(f"reward.timeout={rw.timeout} must be > 0 seconds.")
     for task, names in rw.tasks.items():
         for name in names:
-            if name not in rw.verifiers:
+            if name not in names_ok:
                 raise ConfigError(
                     f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
                     f"{list(rw.verifiers)}. Add it there (with a weight) or remove it from the task."

@@ -1,11 +1,15 @@
-"""Verifiable rewards: a registry of named rules, weights, and per-task routing.
+"""Verifiable rewards: a registry of named rules, custom rules, weights, per-task routing.
 
-A rule is ``fn(response: str, label: str, **extra) -> float``. ``RULES`` maps config
-names to rules. `score_batch` applies the configured rules to a batch and returns the
-weighted totals plus each rule's scores (None where the rule does not apply to the
-sample's task), so per-rule means are taken over the samples each rule scored.
+A rule is ``fn(response: str, label: str, **extra) -> float`` (or the list form, see
+`verirl.rewards.custom`). ``RULES`` maps config names to built-in rules; config may also
+name ``path/to/file.py:fn`` or ``package.module:fn``. `Scorer` applies the configured rules
+to a batch in a process pool with a timeout per call and returns the weighted totals plus
+each rule's scores (None where the rule does not apply to the sample's task), so per-rule
+means are taken over the samples each rule scored.
 """
-from verirl.rewards.rules import RULES, extract_boxed, is_correct
-from verirl.rewards.scoring import RewardResult, score_batch
+from verirl.rewards.custom import Rule, batched, load_rule
+from verirl.rewards.rules import RULES, extract_answer, extract_boxed, is_correct
+from verirl.rewards.scoring import RewardResult, Scorer, default_workers, score_batch
 
-__all__ = ["RULES", "extract_boxed", "is_correct", "RewardResult", "score_batch"]
+__all__ = ["RULES", "Rule", "batched", "load_rule", "extract_answer", "extract_boxed", "is_correct",
+           "RewardResult", "Scorer", "default_workers", "score_batch"]

@@ -40,11 +40,25 @@ def _equivalent(answer: str, label: str) -> bool:
     return bool(verify(gold, pred, timeout_seconds=None))
 
 
-def acc(response: str, label: str, **_: object) -> float:
-    """Accuracy, MindSpeed-RL's values: 1.0 right, -0.5 answer extracted but wrong, -1.0 no ``\\boxed{}``.
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer: the last ``\\boxed{}``; failing that, the content of the last
+    ``<answer>...</answer>``; else None."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    tags = _ANSWER_TAG.findall(text)
+    return tags[-1].strip() if tags and tags[-1].strip() else None
+
+
+def acc(response: str, label: str, **_: object) -> float:
+    """Accuracy, MindSpeed-RL's values: 1.0 right, -0.5 answer extracted but wrong, -1.0 nothing extracted.
+
+    The answer is the last ``\\boxed{}`` (braces matched), else the last ``<answer>`` tag's content.
     Equivalence is math-verify's (``\\frac{1}{2}`` equals ``0.5``)."""
-    answer = extract_boxed(response)
+    answer = extract_answer(response)
     if answer is None:
         return -1.0
     return 1.0 if _equivalent(answer, str(label)) else -0.5
@@ -64,7 +78,85 @@ def format_rule(response: str, label: str = "", **_: object) -> float:
     return 1.0 if _FORMAT.match(response) else 0.0
 
 
-RULES: dict[str, Callable[..., float]] = {"acc": acc, "exact": exact, "format": format_rule}
+_STEP = re.compile(r"(?im)\bstep\s*\d+\s*[:.)]|^\s*(?:\d+\s*[.)]|[-*])\s|\b(?:first|second|third|next|then|finally)\b"
+                   r"|第[一二三四五六七八九十\d]+步|首先|其次|然后|最后")
+
+
+def step(response: str, label: str = "", **_: object) -> float:
+    """Reasoning steps: min(1, markers / 3), markers being ``Step N:``, numbered or bulleted lines,
+    the words first/second/third/next/then/finally, and 第N步/首先/其次/然后/最后."""
+    return min(1.0, len(_STEP.findall(response)) / 3)
+
+
+_STRICT = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
+
+
+def _strict_ok(response: str) -> bool:
+    m = _STRICT.match(response)
+    if not m:
+        return False
+    counts = [response.count(t) for t in ("<think>", "</think>", "<answer>", "</answer>")]
+    return counts == [1, 1, 1, 1] and m.group("answer").count("\\boxed{") == 1 and "\\boxed{" not in m.group("think")
+
+
+def strict_format(response: str, label: str = "", **_: object) -> float:
+    """Strict format: exactly one think, then exactly one answer holding exactly one ``\\boxed{}``, nothing
+    outside the tags: 1.0, else -0.5."""
+    return 1.0 if _strict_ok(response) else -0.5
+
+
+def base_acc(response: str, label: str, **_: object) -> float:
+    """For base models: 1.0 when the strict format holds AND the boxed answer is right, else 0.0."""
+    if not _strict_ok(response):
+        return 0.0
+    answer = extract_boxed(response)
+    return 1.0 if answer is not None and _equivalent(answer, str(label)) else 0.0
+
+
+_LOGIC = re.compile(r"\b(?:because|therefore|thus|so|since|hence)\b|∴|=", re.IGNORECASE)
+
+
+def math_graded(response: str, label: str, **_: object) -> float:
+    """Seed 001's graded MATH reward: a wrong (or missing) answer scores 0; a right one scores
+    0.7 (math-verify equivalence) + 0.2 (``<think>..</think><answer>..</answer>`` format)
+    + 0.1 (ordered reasoning: at least two step markers, or step markers and logic words)."""
+    answer = extract_answer(response)
+    if answer is None or not _equivalent(answer, str(label)):
+        return 0.0
+    score = 0.7
+    if format_rule(response):
+        score += 0.2
+    steps = len(_STEP.findall(response))
+    if steps >= 2 or (steps >= 1 and _LOGIC.search(response)):
+        score += 0.1
+    return round(score, 6)
+
+
+_GSM = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+
+
+def _gsm_number(text: str) -> Optional[str]:
+    found = _GSM.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def gsm8k(response: str, label: str, **_: object) -> float:
+    """GSM8K: the number after the last ``####`` equals the label's (a bare number, or GSM8K's
+    ``... #### 72`` answer field): 1.0, else 0.0."""
+    pred = _gsm_number(response)
+    gold = _gsm_number(str(label)) or str(label).strip().replace(",", "")
+    if pred is None:
+        return 0.0
+    try:
+        return 1.0 if float(pred) == float(gold) else 0.0
+    except ValueError:
+        return 0.0
+
+
+RULES: dict[str, Callable[..., float]] = {
+    "acc": acc, "exact": exact, "format": format_rule, "step": step, "strict_format": strict_format,
+    "base_acc": base_acc, "math": math_graded, "gsm8k": gsm8k,
+}
 
 
 def is_correct(response: str, label: str) -> bool:

@@ -1,18 +1,20 @@
-"""Apply configured rules to a batch: weights, task routing, honest per-rule means."""
+"""Apply configured rules to a batch: weights, task routing, errors that never stop a run."""
 from __future__ import annotations
 
-import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from verirl.rewards.rules import RULES
+from verirl.rewards.custom import Rule, call_rule, load_rule
+from verirl.rewards.pool import RewardPool
 
 
 @dataclass
 class RewardResult:
     totals: list[float]  # (N,) weighted sum of the rules that apply to each sample
-    per_rule: dict[str, list[Optional[float]]]  # rule -> (N,) score, None where the rule does not apply
-    errors: int = 0  # rule calls that raised or returned a non-finite value (scored 0)
+    per_rule: dict[str, list[Optional[float]]]  # rule name -> (N,) score, None where the rule does not apply
+    errors: int = 0  # scores that failed (raised, timed out, NaN, wrong length) and counted 0
 
     def metrics(self, tasks: Sequence[str]) -> dict[str, float]:
         """reward/mean, reward/<rule>/mean over applicable samples only, reward/task/<task>/mean."""
@@ -27,24 +29,64 @@ class RewardResult:
         return out
 
 
+class Scorer:
+    """The configured rules, with weights and task routing, scored in a pool (``workers > 0``)
+    or in this process (``workers == 0``: no timeout)."""
+
+    def __init__(self, verifiers: Sequence[str], weights: Sequence[float],
+                 task_rules: Optional[Mapping[str, Sequence[str]]] = None, workers: int = 0,
+                 timeout: float = 10.0, chunk: int = 16):
+        self.rules = [load_rule(v) for v in verifiers]
+        by_ref = {r.spec: r for r in self.rules} | {r.name: r for r in self.rules}
+        self.weights = {r.name: float(w) for r, w in zip(self.rules, weights)}
+        self.task_rules = {t: [by_ref[n] for n in names] for t, names in (task_rules or {}).items()}
+        self.pool = RewardPool(workers, timeout) if workers > 0 else None
+        self.chunk = chunk
+        self._warned: set[tuple[str, str]] = set()
+
+    def __call__(self, responses: Sequence[str], samples: Sequence[dict]) -> RewardResult:
+        per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}
+        calls, where = [], []
+        for rule in self.rules:
+            idx = [i for i, s in enumerate(samples) if rule in self.task_rules.get(s.get("task"), self.rules)]
+            size = len(idx) if rule.batched else self.chunk  # a list rule sees all its samples at once
+            for c in range(0, len(idx), max(size, 1)):
+                part = idx[c:c + size]
+                calls.append((rule, [responses[i] for i in part], [samples[i] for i in part]))
+                where.append(part)
+        results = self.pool.run(calls) if self.pool else [call_rule(*c) for c in calls]
+        totals, errors = [0.0] * len(responses), 0
+        for (rule, _, _), part, res in zip(calls, where, results):
+            for i, (score, why) in zip(part, res):
+                if score is None:
+                    errors += 1
+                    self._warn_once(rule, why, responses[i], samples[i])
+                    score = 0.0
+                per_rule[rule.name][i] = score
+                totals[i] += self.weights[rule.name] * score
+        return RewardResult(totals, per_rule, errors)
+
+    def _warn_once(self, rule: Rule, why: str, response: str, sample: dict) -> None:
+        kind = why.split(":")[0]
+        if (rule.name, kind) in self._warned:
+            return
+        self._warned.add((rule.name, kind))
+        print(f"reward rule '{rule.name}' {why} on response {response[:120]!r} (label {sample.get('label')!r}, "
+              f"task {sample.get('task')!r}); scored 0. Further such errors are only counted in reward/errors.",
+              file=sys.stderr)
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.close()
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
 def score_batch(responses: Sequence[str], labels: Sequence[str], tasks: Sequence[str],
                 verifiers: Sequence[str], weights: Sequence[float],
                 task_rules: Optional[Mapping[str, Sequence[str]]] = None) -> RewardResult:
-    """Score N responses. A task listed in ``task_rules`` is scored only by its rules;
-    any other task by every verifier."""
-    task_rules = task_rules or {}
-    weight = dict(zip(verifiers, weights))
-    per_rule: dict[str, list[Optional[float]]] = {v: [None] * len(responses) for v in verifiers}
-    totals = [0.0] * len(responses)
-    errors = 0
-    for i, (resp, label, task) in enumerate(zip(responses, labels, tasks)):
-        for rule in task_rules.get(task, verifiers):
-            try:
-                s = float(RULES[rule](resp, label, task=task))
-                if not math.isfinite(s):
-                    raise ValueError(f"non-finite score {s}")
-            except Exception:
-                s, errors = 0.0, errors + 1
-            per_rule[rule][i] = s
-            totals[i] += weight[rule] * s
-    return RewardResult(totals, per_rule, errors)
+    """One-off, in-process scoring (no pool): for tests and small scripts."""
+    samples = [{"label": l, "task": t} for l, t in zip(labels, tasks)]
+    return Scorer(verifiers, weights, task_rules, workers=0)(responses, samples)

@@ -25,7 +25,7 @@ from verirl.data.dataset import load_prompts
 from verirl.evaluate import accuracy, decode_responses
 from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, throughput
 from verirl.models import load_model, save_hf
-from verirl.rewards import score_batch
+from verirl.rewards import Scorer, default_workers
 from verirl.rollout import Engine, SamplingParams, build_engine, generate_chunked
 from verirl.train.actor import UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.types import Prompt, TrainBatch
@@ -50,6 +50,7 @@ class Run:
     sampler: PromptSampler
     update: UpdateParams
     run_dir: Path
+    scorer: Scorer
 
     @property
     def on_policy(self) -> bool:
@@ -89,8 +90,11 @@ def build_run(cfg: Config) -> Run:
         kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
         grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
     engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids)
+    rw = cfg.reward
+    scorer = Scorer(rw.verifiers, rw.weights, rw.tasks, default_workers() if rw.workers < 0 else rw.workers,
+                    rw.timeout)
     return Run(cfg, lm.model, ref, lm.tokenizer, engine, opt, sched, stop_ids, lm.pad_id, train, val,
-               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), upd, run_dir)
+               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), upd, run_dir, scorer)
 
 
 def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
@@ -138,8 +142,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
 
         with timer("reward"):
             per_seq = [p for p in prompts for _ in range(c.rollout.n)]
-            rewards = score_batch(texts, [p.label for p in per_seq], [p.task for p in per_seq],
-                                  c.reward.verifiers, c.reward.weights, c.reward.tasks)
+            rewards = run.scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_seq])
             scores = torch.tensor(rewards.totals, dtype=torch.float32)
             adv = ADVANTAGE_ESTIMATORS[c.algo.adv_estimator](scores, c.rollout.n, c.algo.norm_adv_by_std,
                                                               c.algo.adv_epsilon)
@@ -225,6 +228,7 @@ def train(cfg: Config, console=None) -> dict:
             if cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0 and step < cfg.trainer.total_steps:
                 save_hf(run.model, run.tokenizer, run.run_dir / "checkpoints" / f"step_{step}", run.stop_ids)
     sink.close()
+    run.scorer.close()
     if dump:
         dump.close()
     train_seconds = sum(m["timing/all"] for m in history)
