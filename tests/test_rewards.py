@@ -109,3 +109,9 @@ GOOD = "<think>Step 1: 48 / 2 = 24. Step 2: 48 + 24 = 72.</think><answer>\\boxed
 ])
 def test_rule_table(rule, response, label, score):
     assert RULES[rule](response, label) == pytest.approx(score)
+
+
+@pytest.mark.parametrize("response", ["<answer>4</answer>", "\\boxed{4}", "x", "\\boxed{5}", "<answer>\\boxed{4}</answer>"])
+def test_held_out_accuracy_agrees_with_acc(response):
+    from verirl.rewards import is_correct
+    assert is_correct(response, "4") == (RULES["acc"](response, "4") == 1.0)

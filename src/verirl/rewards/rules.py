@@ -160,6 +160,7 @@ RULES: dict[str, Callable[..., float]] = {
 
 
 def is_correct(response: str, label: str) -> bool:
-    """Held-out accuracy's test: the last ``\\boxed{}`` is mathematically equal to the label."""
-    answer = extract_boxed(response)
+    """Held-out accuracy's test, the same as ``acc == 1.0``: the final answer (last ``\\boxed{}``,
+    else the last ``<answer>`` tag) is mathematically equal to the label."""
+    answer = extract_answer(response)
     return answer is not None and _equivalent(answer, str(label))
