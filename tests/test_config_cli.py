@@ -77,3 +77,13 @@ def test_docs_config_reference_is_current():
     from verirl.config import markdown_reference
     doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
     assert doc.read_text() == markdown_reference(), "regenerate: python -m verirl.config > docs/config.md"
+
+
+def test_too_long_builtin_prompts_can_be_filtered(tmp_path):
+    import json
+    run = tmp_path / "run"
+    assert main(["train", "data.max_prompt_length=30", "data.too_long=filter", f"trainer.run_dir={run}",
+                 "trainer.total_steps=1", "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2",
+                 "data.val_size=4", "trainer.eval_samples=1", "log.progress=false"]) == 0
+    row = json.loads((run / "metrics.jsonl").read_text())
+    assert row["prompt_length/max"] <= 30

@@ -8,19 +8,26 @@ import torch
 from verirl.types import Prompt
 
 
-def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source: str = "data") -> list[Prompt]:
+def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source: str = "data",
+                   too_long: str = "error") -> list[Prompt]:
     """Fill ``p.ids`` with the chat-templated prompt (generation prompt appended).
 
-    A prompt longer than ``max_length`` tokens is an error naming the row."""
+    A prompt longer than ``max_length`` tokens is an error naming the row, or, with
+    ``too_long="filter"``, left out of the returned list."""
+    kept = []
     for i, p in enumerate(prompts):
         ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "input_ids") or isinstance(ids, dict):
             ids = ids["input_ids"]
         if len(ids) > max_length:
+            if too_long == "filter":
+                continue
             raise ValueError(f"{source} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
-                             f"{max_length}. Raise data.max_prompt_length or shorten the prompt.")
+                             f"{max_length}. Raise data.max_prompt_length, shorten the prompt, or set "
+                             f"data.too_long=filter to drop such rows.")
         p.ids = list(ids)
-    return prompts
+        kept.append(p)
+    return kept
 
 
 class PromptSampler:

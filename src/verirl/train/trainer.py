@@ -103,9 +103,13 @@ def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
         if d.task not in TASKS:
             raise ValueError(f"data.task='{d.task}' is not a built-in task; known: {sorted(TASKS)}.")
         train, val = TASKS[d.task](d.seed, d.train_size, d.val_size)
-        encode_prompts(train, lm.tokenizer, d.max_prompt_length, source=f"{d.task} train")
-        encode_prompts(val, lm.tokenizer, d.max_prompt_length, source=f"{d.task} val")
-        return train, val, lm.stop_ids
+        kept = encode_prompts(train, lm.tokenizer, d.max_prompt_length, f"{d.task} train", d.too_long)
+        if len(kept) < len(train):
+            print(f"data: dropped {len(train) - len(kept)} prompts over data.max_prompt_length={d.max_prompt_length}")
+        if not kept:
+            raise ValueError(f"data: every prompt is over data.max_prompt_length={d.max_prompt_length}.")
+        val = encode_prompts(val, lm.tokenizer, d.max_prompt_length, f"{d.task} val", d.too_long)
+        return kept, val, lm.stop_ids
     opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
                 map_keys=d.map_keys, additional_keys=list(d.additional_keys), max_prompt_length=d.max_prompt_length,
                 too_long=d.too_long)
