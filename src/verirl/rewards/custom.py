@@ -118,8 +118,9 @@ def call_rule(rule: Rule, responses: Sequence[str], samples: Sequence[dict]) -> 
             except Exception as e:  # a user's rule may raise anything; it must not stop the run
                 out.append((None, f"raised {type(e).__name__}: {e}"))
         return out
-    keys = _kwargs(rule, samples[0]).keys() if samples else []
-    kw = {k: [_kwargs(rule, s).get(k) for s in samples] for k in keys}
+    per_sample = [_kwargs(rule, s) for s in samples]
+    keys = per_sample[0].keys() if per_sample else []
+    kw = {k: [p.get(k) for p in per_sample] for k in keys}
     try:
         scores = fn(list(responses), **kw)
     except Exception as e:
