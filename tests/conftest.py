@@ -7,6 +7,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Keep the tests' preprocessing cache out of the user's ~/.cache/verirl."""
+    old = os.environ.get("VERIRL_CACHE")
+    os.environ["VERIRL_CACHE"] = str(tmp_path_factory.mktemp("verirl-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VERIRL_CACHE", None)
+    else:
+        os.environ["VERIRL_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """The shipped tiny model and tokenizer (a real Qwen2ForCausalLM)."""

@@ -1,6 +1,8 @@
 """Generation engines behind one protocol: ``engine.generate(prompt_ids, n, params) -> Rollout``."""
 from __future__ import annotations
 
+import dataclasses
+
 from verirl.rollout.base import Engine, SamplingParams, build_rollout, concat_rollouts, left_pad
 from verirl.rollout.hf import HFEngine
 from verirl.rollout.native import NativeEngine
@@ -18,8 +20,7 @@ def generate_chunked(engine: Engine, prompt_ids, n: int, params: SamplingParams,
     per_call = len(prompt_ids) if micro_batch_size <= 0 else max(1, micro_batch_size // n)
     parts = []
     for i, s in enumerate(range(0, len(prompt_ids), per_call)):
-        p = params if params.seed is None else SamplingParams(params.max_new_tokens, params.temperature,
-                                                              params.top_p, params.top_k, params.seed + i)
+        p = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
         parts.append(engine.generate(prompt_ids[s:s + per_call], n, p))
     return concat_rollouts(parts, pad_id)
 
