@@ -364,6 +364,9 @@ def markdown_reference() -> str:
     for f in fields(Config):
         out += [f"## `{f.name}`", ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
     out += ["## `verirl sft`", ""] + _table(SFTConfig, "") + [""]
+    from verirl.data.preprocess import PreprocessConfig
+    out += ["## `verirl preprocess`", "", "MindSpeed-RL's data keys; see docs/data.md.", ""]
+    out += _table(PreprocessConfig, "") + [""]
     return "\n".join(out)
 
 
