@@ -44,7 +44,7 @@ class PreprocessConfig:
     templates_file: str = ""  # a templates.json of your own (MindSpeed-RL format); adds/overrides by name
     # canonical field -> data set field (nested with dots, e.g. reward_model.ground_truth); "" = unused.
     # Unset fields take the handler's default (instruction: prompt=problem, response=answer).
-    map_keys: dict[str, str] = field(default_factory=dict)
+    map_keys: dict[str, str] = field(default_factory=dict)  # prompt/query/response/system -> field ({} = defaults)
     dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # kept for the rewards
     max_prompt_length: int = 0  # tokens; 0 = no limit
     too_long: str = "filter"  # filter (count and drop) | error
