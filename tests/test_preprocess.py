@@ -183,3 +183,17 @@ def test_json_list_and_arrow_inputs(tmp_path):
     assert m["rows_written"] == 5 and len(m["source"]) == 2
     labels = [r["labels"] for r in pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()]
     assert labels == [r["answer"] for r in ROWS[:5]]
+
+
+def test_summary_counts_unparsable_lines_as_read(tmp_path):
+    src = tmp_path / "raw.jsonl"
+    src.write_text(json.dumps(ROWS[0]) + "\n{broken\n" + json.dumps(ROWS[1]) + "\n")
+    m = preprocess(_cfg(tmp_path, src, dataset_additional_keys=["labels"], on_bad_row="skip"))
+    assert (m["rows_read"], m["rows_written"], m["rows_skipped"]) == (3, 2, 1)
+
+
+def test_unknown_prompt_type_stops_before_reading(tmp_path):
+    src = _jsonl(tmp_path / "raw.jsonl", ROWS[:2])
+    with pytest.raises(ValueError, match="prompt_type 'qwen9' is not a template"):
+        preprocess(_cfg(tmp_path, src, prompt_type="qwen9"))
+    assert not (tmp_path / "out").exists()

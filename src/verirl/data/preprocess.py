@@ -68,7 +68,7 @@ def _as_column(v: Any) -> Any:
 
 
 class RowProcessor:
-    """Turns one raw row into an output record, or raises `RowError`. Built once per worker."""
+    """Turns chunks of raw rows into output records or `RowError`s, in order. Built once per worker."""
 
     def __init__(self, cfg: PreprocessConfig):
         from verirl.data.templates import get_template
@@ -134,28 +134,25 @@ class RowProcessor:
         out: list[dict | RowError] = []
         for f, i, row in items:
             try:
-                out.append(self.fields(f, i, row))
+                out.append(self.fields(f"{f} row {i}", row))
             except RowError as e:
                 out.append(e)
-        good = [r for r in out if not isinstance(r, RowError)]
-        if good:
-            ids = self._encode([r["prompt"] for r in good])
-            for r, x in zip(good, ids):
-                r["prompt_ids"] = x
+        good = [k for k, r in enumerate(out) if not isinstance(r, RowError)]
+        ids = self._encode([out[k]["prompt"] for k in good]) if good else []  # type: ignore[index]
         limit = self.cfg.max_prompt_length
-        for k, r in enumerate(out):
-            if not isinstance(r, RowError) and limit and len(r["prompt_ids"]) > limit:
-                out[k] = RowError(f"{r.pop('_where')}: prompt is {len(r['prompt_ids'])} tokens, over "
-                                  f"max_prompt_length={limit}.", "too_long")
-            elif not isinstance(r, RowError):
-                r.pop("_where")
+        for k, x in zip(good, ids):
+            if limit and len(x) > limit:
+                f, i, _ = items[k]
+                out[k] = RowError(f"{f} row {i}: prompt is {len(x)} tokens, over max_prompt_length={limit}.",
+                                  "too_long")
+            else:
+                out[k]["prompt_ids"] = x  # type: ignore[index]
         return out
 
-    def fields(self, file: str, index: int, row: dict) -> dict:
+    def fields(self, where: str, row: dict) -> dict:
         """Everything but the token ids: the templated prompt text and the kept keys."""
-        where = f"{file} row {index}"
         text = self.render(self._messages(row, where))
-        out: dict[str, Any] = {"_where": where, "prompt_ids": None, "prompt": text}
+        out: dict[str, Any] = {"prompt_ids": None, "prompt": text}
         for key in self.cfg.dataset_additional_keys:
             if key == "labels":
                 val = self._field(row, "response", where, required=True)
@@ -212,12 +209,17 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
     from rich.progress import Progress
 
     validate_preprocess(cfg)
+    template = None  # loaded here too so that a bad prompt_type stops us before any data is read
+    if cfg.prompt_type != "tokenizer":
+        from verirl.data.templates import get_template
+        template = get_template(cfg.prompt_type, cfg.templates_file or None)
     console = console or Console(stderr=True)
     t0 = time.time()
     files = list_files(cfg.input)
     skipped: Counter = Counter()
     skip_bad = cfg.on_bad_row == "skip"
-    rows = read_rows(cfg.input, skip_bad=skip_bad, skipped=skipped)
+    unparsed: Counter = Counter()  # lines or files read_rows skipped: read, but never rows
+    rows = read_rows(cfg.input, skip_bad=skip_bad, skipped=unparsed)
     records: list[dict] = []
     n_read = 0
     chunk_size = max(64, min(cfg.log_interval, 2048))
@@ -264,10 +266,8 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
     tmp = out.with_name(out.name + ".tmp")
     pq.write_table(pa.Table.from_pylist(records), tmp)
     tmp.replace(out)
-    template = None
-    if cfg.prompt_type != "tokenizer":
-        from verirl.data.templates import get_template
-        template = get_template(cfg.prompt_type, cfg.templates_file or None)
+    n_read += sum(unparsed.values())
+    skipped.update(unparsed)
     manifest = {
         "output": str(out), "source": [str(f) for f in files], "rows_read": n_read, "rows_written": len(records),
         "rows_skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped),
