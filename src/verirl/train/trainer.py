@@ -99,36 +99,35 @@ def build_run(cfg: Config) -> Run:
 
 def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
     """(train prompts, held-out prompts, stop ids) from the built-in task or the user's files."""
+    stop_ids = lm.stop_ids
     if not d.train_path:
         if d.task not in TASKS:
             raise ValueError(f"data.task='{d.task}' is not a built-in task; known: {sorted(TASKS)}.")
-        train, val = TASKS[d.task](d.seed, d.train_size, d.val_size)
-        kept = encode_prompts(train, lm.tokenizer, d.max_prompt_length, f"{d.task} train", d.too_long)
-        if len(kept) < len(train):
-            print(f"data: dropped {len(train) - len(kept)} prompts over data.max_prompt_length={d.max_prompt_length}")
-        if not kept:
-            raise ValueError(f"data: every prompt is over data.max_prompt_length={d.max_prompt_length}.")
+        generated, val = TASKS[d.task](d.seed, d.train_size, d.val_size)
+        train = encode_prompts(generated, lm.tokenizer, d.max_prompt_length, f"{d.task} train", d.too_long)
         val = encode_prompts(val, lm.tokenizer, d.max_prompt_length, f"{d.task} val", d.too_long)
-        return kept, val, lm.stop_ids
-    opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
-                map_keys=d.map_keys, additional_keys=list(d.additional_keys), max_prompt_length=d.max_prompt_length,
-                too_long=d.too_long)
-    tr = load_prompts(d.train_path, lm.path, **opts)
-    val = load_prompts(d.val_path, lm.path, **opts).prompts if d.val_path else []
-    stop_ids = lm.stop_ids
-    if tr.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
-        ids = []
-        for w in tr.stop_words:
-            tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
-            if len(tok) != 1:
-                raise ValueError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
-                                 f"stop words must be single tokens.")
-            ids.append(tok[0])
-        stop_ids = sorted(set(ids) if tr.replace_eos else set(ids) | set(lm.stop_ids))
-    if tr.too_long:
-        print(f"data: dropped {tr.too_long} prompts over data.max_prompt_length={d.max_prompt_length} "
-              f"from {tr.source}")
-    return tr.prompts, val, stop_ids
+        dropped, source = len(generated) - len(train), f"the built-in {d.task} task"
+    else:
+        opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
+                    map_keys=d.map_keys, additional_keys=list(d.additional_keys),
+                    max_prompt_length=d.max_prompt_length, too_long=d.too_long)
+        tr = load_prompts(d.train_path, lm.path, **opts)
+        val = load_prompts(d.val_path, lm.path, **opts).prompts if d.val_path else []
+        train, dropped, source = tr.prompts, tr.too_long, tr.source
+        if tr.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
+            ids = []
+            for w in tr.stop_words:
+                tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
+                if len(tok) != 1:
+                    raise ValueError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
+                                     f"stop words must be single tokens.")
+                ids.append(tok[0])
+            stop_ids = sorted(set(ids) if tr.replace_eos else set(ids) | set(lm.stop_ids))
+    if not train:
+        raise ValueError(f"data: every prompt of {source} is over data.max_prompt_length={d.max_prompt_length}.")
+    if dropped:
+        print(f"data: dropped {dropped} prompts over data.max_prompt_length={d.max_prompt_length} from {source}")
+    return train, val, stop_ids
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
