@@ -30,18 +30,30 @@ def test_n_samples_per_prompt_are_contiguous_and_seeded(tiny, arith):
 
 def test_finished_rows_leave_the_batch(tiny, arith):
     train, _ = arith
-    sizes = []
-    hook = tiny.model.register_forward_pre_hook(lambda m, args, kw: sizes.append(kw["input_ids"].shape[0]),
-                                                with_kwargs=True)
-    try:
-        r = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(
-            [p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=40, temperature=1.0, seed=1))
-    finally:
-        hook.remove()
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    r = eng.generate([p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=40, temperature=1.0, seed=1))
+    sizes = eng.batch_sizes
     assert sizes[0] == 4  # each distinct prompt is prefilled once
     assert sizes[1] == 16
-    assert sizes == sorted(sizes[:1]) + sorted(sizes[1:], reverse=True)  # never grows
+    assert sizes[1:] == sorted(sizes[1:], reverse=True)  # never grows
     assert sizes[-1] < 16 and bool(r.stopped.any())
+
+
+def test_lean_decoder_logits_equal_the_model(tiny, arith):
+    """The lean forward (fused projections, in-place cache) computes the model's own logits."""
+    from verirl.rollout.base import left_pad
+    from verirl.rollout.lean import LeanDecoder, lean_supported
+    from verirl.rollout.native import _LeanStepper
+
+    train, _ = arith
+    assert lean_supported(tiny.model)
+    ids, mask = left_pad([p.ids for p in train[:5]], tiny.pad_id)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        theirs = tiny.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+        ours = _LeanStepper(tiny.model).prefill(ids, mask, pos, ids.shape[1] + 4)
+    assert (ours - theirs).abs().max() < 1e-4
+    assert isinstance(_LeanStepper(tiny.model).dec, LeanDecoder)
 
 
 def test_max_new_tokens_and_top_k(tiny, arith):
@@ -92,3 +104,21 @@ def test_eos_disagreement_warns(tiny, tmp_path):
     with pytest.warns(UserWarning, match="EOS ids disagree"):
         lm = load_model(str(tmp_path / "m"))
     assert lm.stop_ids == [0, 2]  # we stop on all of them
+
+
+def test_sampling_frequencies_follow_the_probabilities():
+    """Inverse-CDF sampling draws token i with probability softmax(logits / T)_i; top-k / top-p cut the tail."""
+    from verirl.rollout.sampling import sample_next
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(40000, 1)
+    gen = torch.Generator().manual_seed(0)
+    freq = torch.bincount(sample_next(logits, 1.0, generator=gen), minlength=4).float() / 40000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.01), freq
+    # temperature 2 flattens: p ~ sqrt(p)
+    want = torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt()
+    freq = torch.bincount(sample_next(logits, 2.0, generator=gen), minlength=4).float() / 40000
+    assert torch.allclose(freq, want / want.sum(), atol=0.01), freq
+    # top_p 0.75 keeps {0.5, 0.3} renormalised; top_k 1 is greedy
+    freq = torch.bincount(sample_next(logits, 1.0, top_p=0.75, generator=gen), minlength=4).float() / 40000
+    assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01), freq
+    assert (sample_next(logits, 1.0, top_k=1, generator=gen) == 0).all()

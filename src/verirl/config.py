@@ -105,6 +105,18 @@ class ActorConfig:
     mini_batch_prompts: int = 8  # PROMPTS per optimizer step (see module docstring)
     micro_batch_size: int = 64  # SEQUENCES per forward/backward (gradient accumulation)
     epochs: int = 1  # passes over each step's rollouts
+    # token budget per forward/backward (update and old log-probs): micro-batches are balanced
+    # bins of at most this many real tokens (a shared prompt counted once); 0 = use micro_batch_size
+    max_token_len_per_device: int = 0
+    use_remove_padding: bool = True  # pack sequences into one row: no compute on pad tokens
+    share_prompt: bool = True  # with packing: compute each prompt once for its rollout.n samples
+    logprob_chunk: int = 0  # output-layer rows per log-prob chunk; 0 = auto (about 32M logits per chunk)
+
+
+@dataclass
+class RefConfig:
+    # token budget per reference log-prob forward; 0 = the actor's (max_token_len_per_device or micro_batch_size)
+    log_prob_max_token_len_per_device: int = 0
 
 
 @dataclass
@@ -135,6 +147,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -257,8 +270,19 @@ def validate(cfg: Config) -> None:
     for key, val in [("rollout.temperature", r.temperature), ("algo.kl_coef", a.kl_coef),
                      ("algo.clip_ratio_low", a.clip_ratio_low), ("algo.clip_ratio_high", a.clip_ratio_high),
                      ("trainer.save_freq", t.save_freq), ("actor.warmup_steps", act.warmup_steps),
-                     ("rollout.micro_batch_size", r.micro_batch_size)]:
+                     ("rollout.micro_batch_size", r.micro_batch_size),
+                     ("actor.max_token_len_per_device", act.max_token_len_per_device),
+                     ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device),
+                     ("actor.logprob_chunk", act.logprob_chunk)]:
         _positive(key, val, allow_zero=True)
+    longest = d.max_prompt_length + r.max_new_tokens
+    for key, budget in [("actor.max_token_len_per_device", act.max_token_len_per_device),
+                        ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device)]:
+        if 0 < budget < longest:
+            raise ConfigError(
+                f"{key}={budget} is smaller than the longest possible sequence: data.max_prompt_length "
+                f"{d.max_prompt_length} + rollout.max_new_tokens {r.max_new_tokens} = {longest} tokens. "
+                f"Set it to at least {longest} (a few times more packs several sequences per forward), or 0.")
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1].")
     if d.prompts_per_step % act.mini_batch_prompts:

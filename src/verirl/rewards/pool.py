@@ -34,9 +34,15 @@ class RewardPool:
 
     def run(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]) -> list[list[tuple[Optional[float], str]]]:
         """Each call -> its per-response results, in order."""
+        return self.collect(self.start(calls))
+
+    def start(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]):
+        """Send the calls to the workers and return at once; `collect` waits for them."""
         pool = self._get()
-        pending = [pool.apply_async(call_rule, c) for c in calls]
-        start = time.monotonic()
+        return [pool.apply_async(call_rule, c) for c in calls], list(calls), time.monotonic()
+
+    def collect(self, started) -> list[list[tuple[Optional[float], str]]]:
+        pending, calls, start = started
         results: list[list[tuple[Optional[float], str]]] = []
         stuck = False
         for k, (fut, (rule, responses, _)) in enumerate(zip(pending, calls)):

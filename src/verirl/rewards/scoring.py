@@ -45,7 +45,11 @@ class Scorer:
         self._warned: set[tuple[str, str]] = set()
 
     def __call__(self, responses: Sequence[str], samples: Sequence[dict]) -> RewardResult:
-        per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}
+        return self.submit(responses, samples).result()
+
+    def submit(self, responses: Sequence[str], samples: Sequence[dict]) -> "PendingRewards":
+        """Start scoring and return at once (with a pool): the trainer runs its log-prob passes
+        while the workers score, then calls ``.result()``."""
         calls, where = [], []
         for rule in self.rules:
             idx = [i for i, s in enumerate(samples) if rule in self.task_rules.get(s.get("task"), self.rules)]
@@ -54,7 +58,11 @@ class Scorer:
                 part = idx[c:c + size]
                 calls.append((rule, [responses[i] for i in part], [samples[i] for i in part]))
                 where.append(part)
-        results = self.pool.run(calls) if self.pool else [call_rule(*c) for c in calls]
+        started = self.pool.start(calls) if self.pool else [call_rule(*c) for c in calls]
+        return PendingRewards(self, responses, samples, calls, where, started)
+
+    def _finish(self, responses, samples, calls, where, results) -> RewardResult:
+        per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}
         totals, errors = [0.0] * len(responses), 0
         for (rule, _, _), part, res in zip(calls, where, results):
             for i, (score, why) in zip(part, res):
@@ -78,6 +86,18 @@ class Scorer:
     def close(self) -> None:
         if self.pool:
             self.pool.close()
+
+
+class PendingRewards:
+    """Scores on their way; ``result()`` waits (each call still under the pool's timeout)."""
+
+    def __init__(self, scorer: Scorer, responses, samples, calls, where, started):
+        self._args = (scorer, responses, samples, calls, where, started)
+
+    def result(self) -> RewardResult:
+        scorer, responses, samples, calls, where, started = self._args
+        results = scorer.pool.collect(started) if scorer.pool else started
+        return scorer._finish(responses, samples, calls, where, results)
 
 
 def default_workers() -> int:

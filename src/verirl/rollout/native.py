@@ -1,8 +1,13 @@
-"""verirl's own batched sampler on a Hugging Face causal LM with a KV cache.
+"""verirl's own batched sampler with a KV cache.
 
 * Each distinct prompt is prefilled once; its cache is then repeated n times.
-* One forward per new token for the still-running rows only: a finished row leaves the
-  batch (its cache rows are dropped), so it stops costing compute.
+* One forward per new token for the still-running rows only: finished rows leave the
+  batch (their cache rows are dropped once a quarter of the batch has finished, so the
+  copy is paid a few times per call, not at every step).
+* Llama-family models (Llama, Qwen2, Mistral, SmolLM2) run through `LeanDecoder`, a
+  forward with fused projections and an in-place KV cache; other models through their
+  own transformers forward with a DynamicCache.
+* Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
+from verirl.rollout.lean import LeanDecoder, lean_supported
 from verirl.rollout.sampling import sample_next
 from verirl.types import Rollout
 
@@ -22,9 +28,55 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+class _HFStepper:
+    """The model's own forward with a DynamicCache (any architecture)."""
+
+    def __init__(self, model):
+        self.model, self.kw, self.cache = model, _cache_kwarg(model), DynamicCache()
+
+    def prefill(self, ids, mask, pos, total: int):
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.kw: self.cache})
+        return out.logits[:, -1]
+
+    def repeat(self, n: int):
+        self.cache.batch_repeat_interleave(n)
+
+    def select(self, rows):
+        self.cache.batch_select_indices(rows)
+
+    def step(self, tok, mask, pos, start: int):
+        out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None], use_cache=True,
+                         **{self.kw: self.cache})
+        return out.logits[:, -1]
+
+
+class _LeanStepper:
+    def __init__(self, model):
+        self.dec = LeanDecoder(model)
+
+    def prefill(self, ids, mask, pos, total: int):
+        B, P = ids.shape
+        self.dec.alloc(B, total, self.dec.embed)
+        causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()
+        m = causal[None] & mask.bool()[:, None, :]
+        m |= torch.eye(P, dtype=torch.bool, device=ids.device)[None]  # pad rows see themselves: no NaN
+        return self.dec.forward(ids, pos, 0, m[:, None])
+
+    def repeat(self, n: int):
+        self.dec.repeat(n)
+
+    def select(self, rows):
+        self.dec.select(rows)
+
+    def step(self, tok, mask, pos, start: int):
+        return self.dec.forward(tok[:, None], pos[:, None], start, mask.bool()[:, None, None, :])
+
+
 class NativeEngine:
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int]):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
+        self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
@@ -37,35 +89,39 @@ class NativeEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         was_training = model.training
         model.eval()
-        cache = DynamicCache()  # filled in place by the forward passes
-        kw = _cache_kwarg(model)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                    **{kw: cache})
-        logits = out.logits[:, -1]  # (B, V)
+        R = params.max_new_tokens
+        run = _LeanStepper(model) if lean_supported(model) else _HFStepper(model)
+        logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
+        self.batch_sizes = [ids.shape[0]]
         if n > 1:  # expand each prompt's cache to its n samples
-            cache.batch_repeat_interleave(n)
+            run.repeat(n)
             logits = logits.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
             pos = pos.repeat_interleave(n, dim=0)
-        N, R = logits.shape[0], params.max_new_tokens
+        N = logits.shape[0]
         tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
-        active = torch.arange(N, device=device)  # rows of the full batch still running
-        next_pos = pos[:, -1] + 1  # (N,)
+        active = torch.arange(N, device=device)  # rows of the full batch the cache still holds
+        running = torch.ones(N, dtype=torch.bool, device=device)  # of those, the ones not yet stopped
+        next_pos = pos[:, -1] + 1
         stops = torch.as_tensor(self.stop_ids, device=device)
+        P = ids.shape[1]
         for t in range(R):
-            tok = sample_next(logits, params.temperature, params.top_k, params.top_p, gen)  # (A,)
+            tok = sample_next(logits, params.temperature, params.top_k, params.top_p, gen)
+            tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
             tokens[active, t] = tok
-            keep = ~torch.isin(tok, stops)
-            if t == R - 1 or not bool(keep.any()):
+            running &= ~torch.isin(tok, stops)
+            if t == R - 1:
                 break
-            if not bool(keep.all()):
-                idx = keep.nonzero().squeeze(-1)
-                cache.batch_select_indices(idx)
-                active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
+            n_run = int(running.sum())
+            if n_run == 0:
+                break
+            if n_run <= 0.75 * running.numel():  # compact: drop the finished rows from the cache
+                idx = running.nonzero().squeeze(-1)
+                run.select(idx)
+                active, tok, mask, next_pos, running = active[idx], tok[idx], mask[idx], next_pos[idx], running[idx]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-            out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                        use_cache=True, **{kw: cache})
-            logits = out.logits[:, -1]
+            self.batch_sizes.append(tok.shape[0])
+            logits = run.step(tok, mask, next_pos, P + t)
             next_pos = next_pos + 1
         model.train(was_training)
         full_ids, full_mask = left_pad(prompt_ids, self.pad_id, device)

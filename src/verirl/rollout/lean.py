@@ -1,0 +1,138 @@
+"""A lean forward for decoding Llama-family models (Llama, Qwen2, Mistral, SmolLM2).
+
+Generation is one small forward per token, so on a small model the time goes to Python
+and dispatch rather than arithmetic: transformers' forward builds masks, walks cache
+objects and calls ~30 modules per layer. This forward reads the same weights and runs
+the same arithmetic (the model's own RMSNorm formula and rotary function, SDPA) with
+* q/k/v and gate/up projections fused into one matmul each (weights concatenated once
+  per generate call),
+* a preallocated KV cache written in place,
+* nothing but tensors between the layers.
+Its logits equal the model's own to float rounding (a test checks it, and that greedy
+decoding gives the same tokens as ``transformers.generate``).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = {"llama", "qwen2", "mistral"}
+
+
+def lean_supported(model) -> bool:
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED:
+        return False
+    window = getattr(cfg, "sliding_window", None) if (
+        cfg.model_type == "mistral" or getattr(cfg, "use_sliding_window", False)) else None
+    if window is not None:
+        return False  # a window changes which keys each token sees: left to transformers' forward
+    act = getattr(cfg, "hidden_act", "silu")
+    return act == "silu" and hasattr(sys.modules[type(model).__module__], "apply_rotary_pos_emb")
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    eps1: float
+    eps2: float
+    w_qkv: torch.Tensor
+    b_qkv: Optional[torch.Tensor]
+    w_o: torch.Tensor
+    b_o: Optional[torch.Tensor]
+    w_gu: torch.Tensor
+    b_gu: Optional[torch.Tensor]
+    w_down: torch.Tensor
+    b_down: Optional[torch.Tensor]
+
+
+def _cat(*ts):
+    if any(t is None for t in ts):
+        return None if all(t is None for t in ts) else torch.cat([t if t is not None else
+                                                                 torch.zeros_like(ts[0]) for t in ts])
+    return torch.cat(ts)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x.to(dtype)
+
+
+class LeanDecoder:
+    """Weights of ``model`` arranged for decoding, and a KV cache for one generate call."""
+
+    def __init__(self, model):
+        dec = model.get_decoder()
+        cfg = model.config
+        self.rope = sys.modules[type(model).__module__].apply_rotary_pos_emb
+        self.rotary = dec.rotary_emb
+        self.embed = dec.get_input_embeddings().weight if hasattr(dec, "get_input_embeddings") else dec.embed_tokens.weight
+        head = model.get_output_embeddings()
+        self.head_w, self.head_b = head.weight, head.bias
+        self.norm_w, self.norm_eps = dec.norm.weight, dec.norm.variance_epsilon
+        self.H = cfg.num_attention_heads
+        self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.layers = []
+        with torch.no_grad():
+            for layer in dec.layers[:cfg.num_hidden_layers]:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append(_Layer(
+                    layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                    layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon,
+                    torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias), a.o_proj.weight, a.o_proj.bias,
+                    torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias),
+                    m.down_proj.weight, m.down_proj.bias))
+        self.scale = self.d ** -0.5
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def alloc(self, batch: int, length: int, like: torch.Tensor) -> None:
+        shape = (batch, self.KVH, length, self.d)
+        self.k = [like.new_empty(shape) for _ in self.layers]
+        self.v = [like.new_empty(shape) for _ in self.layers]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows of the cache."""
+        self.k = [t.index_select(0, rows) for t in self.k]
+        self.v = [t.index_select(0, rows) for t in self.v]
+
+    def repeat(self, n: int) -> None:
+        self.k = [t.repeat_interleave(n, 0) for t in self.k]
+        self.v = [t.repeat_interleave(n, 0) for t in self.v]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+        """ids/pos (B, T) written at cache columns start..start+T; mask (B, 1, T, start+T) bool.
+        Returns the logits of the last position (B, V)."""
+        B, T = ids.shape
+        h = F.embedding(ids, self.embed)
+        cos, sin = self.rotary(h, pos)
+        H, KVH, d = self.H, self.KVH, self.d
+        end = start + T
+        for i, L in enumerate(self.layers):
+            x = _rms(h, L.ln1, L.eps1)
+            qkv = F.linear(x, L.w_qkv, L.b_qkv)
+            q = qkv[..., :H * d].view(B, T, H, d).transpose(1, 2)
+            k = qkv[..., H * d:(H + KVH) * d].view(B, T, KVH, d).transpose(1, 2)
+            v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d).transpose(1, 2)
+            q, k = self.rope(q, k, cos, sin)
+            self.k[i][:, :, start:end] = k
+            self.v[i][:, :, start:end] = v
+            keys, vals = self.k[i][:, :, :end], self.v[i][:, :, :end]
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale,
+                                               enable_gqa=KVH != H)
+            h = h + F.linear(o.transpose(1, 2).reshape(B, T, H * d), L.w_o, L.b_o)
+            x = _rms(h, L.ln2, L.eps2)
+            g, u = F.linear(x, L.w_gu, L.b_gu).chunk(2, -1)
+            h = h + F.linear(F.silu(g) * u, L.w_down, L.b_down)
+        h = _rms(h[:, -1], self.norm_w, self.norm_eps)
+        return F.linear(h, self.head_w, self.head_b)

@@ -1,0 +1,216 @@
+"""Padding-free log-prob passes: pack a micro-batch into one row, share each prompt once.
+
+A micro-batch of rollout rows becomes ONE packed row of tokens with no pads:
+
+    [prompt A][resp A1][resp A2]...[prompt B][resp B1]...      (share_prompt=True)
+    [prompt A][resp A1][prompt A][resp A2]...                   (share_prompt=False)
+
+Position ids restart at 0 for each prompt and continue through its responses, so every
+token sees the positions it had during the rollout. Attention is restricted by a
+*layout*: each segment (a prompt, or a response) attends causally to itself and, for a
+response, to all of its prompt. The projections, MLPs and the output layer therefore
+run on real tokens only, and a prompt shared by n samples is computed once instead of n
+times (the gradient of the n responses flows back into the one prompt computation, so
+the result is exact, not an approximation).
+
+Attention itself runs through torch's SDPA on segments gathered into a few buckets of
+similar length (one SDPA call per bucket and layer); on CPU this measured faster than
+a block-diagonal mask over the whole row, whose cost grows with the row length squared.
+With CUDA and flash-attn installed the same layout could go to its varlen kernel; that
+path is not wired in yet (no GPU to test it on).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from verirl.algo.logprobs import head_logprobs
+from verirl.types import Rollout
+
+ATTN_NAME = "verirl_packed"
+
+
+@dataclass
+class _Bucket:
+    q_idx: torch.Tensor  # (S, Qmax) packed positions of each segment's queries (pads -> 0)
+    k_idx: torch.Tensor  # (S, Kmax) packed positions of each segment's keys
+    mask: torch.Tensor  # (S, 1, Qmax, Kmax) bool, True = may attend
+    valid: torch.Tensor  # (n,) flat indices into (S * Qmax) of real queries
+
+
+@dataclass
+class PackedLayout:
+    """Which packed positions attend to which: a list of buckets and the order to undo."""
+    buckets: list[_Bucket]
+    inverse: torch.Tensor  # (T,) puts the bucket-ordered outputs back in packed order
+    max_keys: int
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    layout: PackedLayout
+    pred_pos: torch.Tensor  # (M,) packed position whose hidden state predicts label m
+    labels: torch.Tensor  # (M,) the response tokens
+    out_row: torch.Tensor  # (M,) row in the (b, r) result
+    out_col: torch.Tensor  # (M,) column in the (b, r) result
+    rows: int
+    width: int  # r = the longest response among the rows
+
+
+def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -> tuple[list[_Bucket], list[int]]:
+    """segments: (key positions, number of queries = the last q keys). Groups segments of similar
+    key length so that padding inside a bucket stays small."""
+    order = sorted(range(len(segments)), key=lambda i: -len(segments[i][0]))
+    buckets, flat_order = [], []
+    i = 0
+    while i < len(order):
+        k0 = len(segments[order[i]][0])
+        j = i
+        while j < len(order) and len(segments[order[j]][0]) >= ratio * k0:
+            j += 1
+        members = [segments[s] for s in order[i:j]]
+        S, K, Q = len(members), k0, max(q for _, q in members)
+        klen = torch.tensor([len(k) for k, _ in members])
+        qlen = torch.tensor([q for _, q in members])
+        k_idx = torch.tensor([k + [0] * (K - len(k)) for k, _ in members], dtype=torch.long)
+        q_idx = torch.tensor([k[len(k) - q:] + [0] * (Q - q) for k, q in members], dtype=torch.long)
+        t = torch.arange(Q)[None, :, None]  # query row
+        c = torch.arange(K)[None, None, :]  # key column
+        real_q = t < qlen[:, None, None]
+        # query t is key number klen - qlen + t, and sees keys 0 .. klen - qlen + t
+        mask = real_q & (c <= (klen - qlen)[:, None, None] + t)
+        mask |= ~real_q & (c == 0)  # padded query rows see one key (no NaN); their output is dropped
+        valid = (torch.arange(S * Q).view(S, Q))[real_q[:, :, 0]]
+        for k, q in members:
+            flat_order.extend(k[len(k) - q:])
+        buckets.append(_Bucket(q_idx.to(device), k_idx.to(device), mask[:, None].to(device), valid.to(device)))
+        i = j
+    return buckets, flat_order
+
+
+def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) -> PackedBatch:
+    """Pack rollout ``rows`` into one padding-free row (see the module docstring)."""
+    device = rollout.response_ids.device
+    p_ids, p_mask = rollout.prompt_ids.tolist(), rollout.prompt_mask.tolist()
+    r_ids, r_len = rollout.response_ids.tolist(), rollout.response_lengths.tolist()
+    ids: list[int] = []
+    pos: list[int] = []
+    segments: list[tuple[list[int], int]] = []
+    pred, labels, out_row, out_col = [], [], [], []
+    shared: dict[tuple, tuple[int, int]] = {}  # prompt tokens -> (start, length) in the packed row
+    for b, i in enumerate(rows):
+        prompt = tuple(t for t, m in zip(p_ids[i], p_mask[i]) if m)
+        resp = r_ids[i][:int(r_len[i])]
+        if not prompt:
+            raise ValueError(f"rollout row {i} has an empty prompt; a response needs at least one prompt token.")
+        P = len(prompt)
+        if share_prompt and prompt in shared:
+            p_start = shared[prompt][0]
+        else:
+            p_start = len(ids)
+            ids.extend(prompt)
+            pos.extend(range(P))
+            if share_prompt:
+                shared[prompt] = (p_start, P)
+                segments.append((list(range(p_start, p_start + P)), P))
+        r_start = len(ids)
+        ids.extend(resp)
+        pos.extend(range(P, P + len(resp)))
+        keys = list(range(p_start, p_start + P)) + list(range(r_start, r_start + len(resp)))
+        segments.append((keys, len(resp) if share_prompt else P + len(resp)))
+        for j in range(len(resp)):
+            pred.append(p_start + P - 1 if j == 0 else r_start + j - 1)
+            labels.append(resp[j])
+            out_row.append(b)
+            out_col.append(j)
+    segments = [s for s in segments if s[1] > 0]  # an empty response has no queries of its own
+    buckets, flat_order = _bucket(segments, device)
+    inverse = torch.empty(len(ids), dtype=torch.long)
+    inverse[torch.as_tensor(flat_order, dtype=torch.long)] = torch.arange(len(flat_order))
+    width = max((int(r_len[i]) for i in rows), default=0)
+    t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    layout = PackedLayout(buckets, inverse.to(device), max(len(k) for k, _ in segments))
+    return PackedBatch(t(ids)[None], t(pos)[None], layout, t(pred), t(labels), t(out_row), t(out_col),
+                       len(rows), max(width, 1))
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                     sliding_window=None, **kwargs):
+    """An attention function for transformers' AttentionInterface: the packed layout when the
+    mask is a PackedLayout, plain SDPA otherwise. query (1, H, T, d), key/value (1, KVH, T, d)."""
+    layout = attention_mask
+    if not isinstance(layout, PackedLayout):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+    if sliding_window is not None and layout.max_keys > sliding_window:
+        raise NotImplementedError(f"packed attention does not apply a sliding window ({sliding_window} tokens) "
+                                  f"to sequences of {layout.max_keys}; set actor.use_remove_padding=false.")
+    q, k, v = query[0], key[0], value[0]  # (H, T, d), (KVH, T, d)
+    H, d, KVH = q.shape[0], q.shape[-1], k.shape[0]
+    outs = []
+    for bk in layout.buckets:
+        S, Q = bk.q_idx.shape
+        K = bk.k_idx.shape[1]
+        # index_select (backward: index_add) rather than advanced indexing (backward: a sorting index_put)
+        qb = q.index_select(1, bk.q_idx.view(-1)).view(H, S, Q, d).transpose(0, 1)  # (S, H, Q, d)
+        kb = k.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)  # (S, KVH, K, d)
+        vb = v.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)
+        if KVH != H:
+            kb = kb.repeat_interleave(H // KVH, dim=1)
+            vb = vb.repeat_interleave(H // KVH, dim=1)
+        ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=bk.mask, scale=scaling,
+                                                              dropout_p=dropout if module.training else 0.0)
+        outs.append(ob.transpose(1, 2).reshape(S * Q, H, d).index_select(0, bk.valid))
+    out = torch.cat(outs).index_select(0, layout.inverse)  # (T, H, d)
+    return out[None], None
+
+
+AttentionInterface.register(ATTN_NAME, packed_attention)
+
+
+@contextlib.contextmanager
+def _packed_attention(model):
+    cfg = model.config
+    old = cfg._attn_implementation_internal
+    cfg._attn_implementation_internal = ATTN_NAME
+    try:
+        yield
+    finally:
+        cfg._attn_implementation_internal = old
+
+
+def supports_packing(model) -> tuple[bool, str]:
+    """Whether ``model`` is a plain decoder whose logits are lm_head(final hidden state)."""
+    cfg = model.config
+    for attr in ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale"):
+        if getattr(cfg, attr, None):
+            return False, f"its config sets {attr}"
+    if not hasattr(model, "get_decoder") or model.get_output_embeddings() is None:
+        return False, "it has no decoder / output layer to call separately"
+    return True, ""
+
+
+def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: float = 1.0,
+                    with_entropy: bool = False, share_prompt: bool = True, chunk: int = 0):
+    """Like the padded pass: (logp (b, r), entropy (b, r) or None, mask (b, r)) for ``rows``, with
+    no compute spent on pad tokens and the output layer applied in chunks to response positions only."""
+    pb = pack_rows(rollout, rows, share_prompt)
+    with _packed_attention(model):
+        hidden = model.get_decoder()(input_ids=pb.input_ids, position_ids=pb.position_ids,
+                                     attention_mask={"full_attention": pb.layout, "sliding_attention": pb.layout},
+                                     use_cache=False).last_hidden_state[0]
+    head = model.get_output_embeddings()
+    lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos), head.weight, pb.labels, head.bias, temperature,
+                            chunk, with_entropy)
+    b, r = pb.rows, pb.width
+    logp = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), lp)
+    mask = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), torch.ones_like(lp))
+    entropy = None if ent is None else ent.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), ent)
+    return logp, entropy, mask
