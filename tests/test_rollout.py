@@ -122,3 +122,23 @@ def test_sampling_frequencies_follow_the_probabilities():
     freq = torch.bincount(sample_next(logits, 1.0, top_p=0.75, generator=gen), minlength=4).float() / 40000
     assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01), freq
     assert (sample_next(logits, 1.0, top_k=1, generator=gen) == 0).all()
+
+
+def test_lean_decoder_on_llama_matches_transformers_generate():
+    """SmolLM2's architecture (Llama, GQA 6:2): lean greedy decoding = transformers' generate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from verirl.rollout.lean import lean_supported
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                      pad_token_id=0, eos_token_id=3, bos_token_id=1)
+    model = LlamaForCausalLM(cfg).eval()
+    assert lean_supported(model)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, 97, (n,), generator=g).tolist() for n in (3, 9, 14)]
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    a = NativeEngine(model, 0, [3]).generate(prompts, 2, params)
+    b = HFEngine(model, 0, [3]).generate(prompts, 2, params)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)

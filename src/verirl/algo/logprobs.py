@@ -35,8 +35,9 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature: float, chunk: int, with_entropy: bool):
         M = hidden.shape[0]
-        logp = hidden.new_empty(M, dtype=torch.float32)
-        ent = hidden.new_zeros(M, dtype=torch.float32)
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # float32, or float64 when given float64
+        logp = hidden.new_empty(M, dtype=acc)
+        ent = hidden.new_zeros(M, dtype=acc)
         for s in range(0, M, chunk):
             z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
             lse = torch.logsumexp(z, -1)
@@ -56,20 +57,21 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         t, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
         g_h = torch.empty_like(hidden) if need_h else None
-        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        g_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             z = _chunk_logits(h, weight, bias, t)
             p = torch.softmax(z, -1)
             if g_logp is not None:
-                gl = g_logp[s:s + chunk].float()
+                gl = g_logp[s:s + chunk].to(acc)
                 dz = p * (-gl)[:, None]  # d logp / dz = onehot(label) - p
                 dz.scatter_add_(-1, labels[s:s + chunk, None], gl[:, None])
             else:
                 dz = torch.zeros_like(p)
             if ctx.with_entropy and g_ent is not None:
-                ge = g_ent[s:s + chunk].float()
+                ge = g_ent[s:s + chunk].to(acc)
                 mean_z = (p * z).sum(-1, keepdim=True)
                 dz -= ge[:, None] * p * (z - mean_z)  # d H / dz = -p (z - E[z])
             if t != 1.0:
@@ -78,15 +80,16 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             if need_h:
                 g_h[s:s + chunk] = dz @ weight
             if need_w:
-                g_w.addmm_(dz.t().float(), h.float())
+                g_w.addmm_(dz.t().to(acc), h.to(acc))
             if need_b:
-                g_b += dz.float().sum(0)
+                g_b += dz.to(acc).sum(0)
         return (g_h, g_w.to(weight.dtype) if need_w else None, g_b.to(bias.dtype) if need_b else None,
                 None, None, None, None)
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float) -> torch.Tensor:
-    z = torch.nn.functional.linear(h, weight, bias).float()
+    z = torch.nn.functional.linear(h, weight, bias)
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
     return z / temperature if temperature != 1.0 else z
 
 

@@ -22,6 +22,7 @@ path is not wired in yet (no GPU to test it on).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +34,9 @@ from verirl.algo.logprobs import head_logprobs
 from verirl.types import Rollout
 
 ATTN_NAME = "verirl_packed"
+# The layout of the packed forward in progress. It travels beside the model call rather than as
+# its attention_mask, because some models (Llama) rebuild the mask argument before the layers.
+_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("verirl_packed_layout", default=None)
 
 
 @dataclass
@@ -143,10 +147,10 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                      sliding_window=None, **kwargs):
-    """An attention function for transformers' AttentionInterface: the packed layout when the
-    mask is a PackedLayout, plain SDPA otherwise. query (1, H, T, d), key/value (1, KVH, T, d)."""
-    layout = attention_mask
-    if not isinstance(layout, PackedLayout):
+    """An attention function for transformers' AttentionInterface: the packed layout while a packed
+    forward is running, plain SDPA otherwise. query (1, H, T, d), key/value (1, KVH, T, d)."""
+    layout = _LAYOUT.get()
+    if layout is None or query.shape[0] != 1 or query.shape[2] != layout.inverse.shape[0]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
     if sliding_window is not None and layout.max_keys > sliding_window:
@@ -176,13 +180,15 @@ AttentionInterface.register(ATTN_NAME, packed_attention)
 
 
 @contextlib.contextmanager
-def _packed_attention(model):
+def _packed_attention(model, layout: PackedLayout):
     cfg = model.config
     old = cfg._attn_implementation_internal
-    cfg._attn_implementation_internal = ATTN_NAME
+    cfg._attn_implementation_internal = ATTN_NAME  # no mask function registered: transformers builds no mask
+    token = _LAYOUT.set(layout)
     try:
         yield
     finally:
+        _LAYOUT.reset(token)
         cfg._attn_implementation_internal = old
 
 
@@ -202,9 +208,8 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
     """Like the padded pass: (logp (b, r), entropy (b, r) or None, mask (b, r)) for ``rows``, with
     no compute spent on pad tokens and the output layer applied in chunks to response positions only."""
     pb = pack_rows(rollout, rows, share_prompt)
-    with _packed_attention(model):
+    with _packed_attention(model, pb.layout):
         hidden = model.get_decoder()(input_ids=pb.input_ids, position_ids=pb.position_ids,
-                                     attention_mask={"full_attention": pb.layout, "sliding_attention": pb.layout},
                                      use_cache=False).last_hidden_state[0]
     head = model.get_output_embeddings()
     lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos), head.weight, pb.labels, head.bias, temperature,

@@ -1,0 +1,165 @@
+"""Padding-free passes: packed log-probs equal the padded ones; token budgets are kept and exact."""
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from verirl.algo.logprobs import head_logprobs
+from verirl.config import ConfigError, load_config
+from verirl.rollout import NativeEngine, SamplingParams
+from verirl.rollout.base import left_pad
+from verirl.train.actor import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
+                                sequence_logprobs, update_policy)
+from verirl.train.packing import pack_rows, packed_logprobs
+from verirl.types import Rollout, TrainBatch
+
+
+def _rollout(prompts, responses, pad=0):
+    """A Rollout from explicit token lists (responses right-padded, mask by length)."""
+    p_ids, p_mask = left_pad(prompts, pad)
+    R = max(max(len(r) for r in responses), 1)
+    r_ids = torch.full((len(responses), R), pad)
+    r_mask = torch.zeros((len(responses), R), dtype=torch.long)
+    for i, r in enumerate(responses):
+        r_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        r_mask[i, :len(r)] = 1
+    return Rollout(p_ids, p_mask, r_ids, r_mask, torch.ones(len(responses), dtype=torch.bool))
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny, arith):
+    train, _ = arith
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    roll = eng.generate([p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=24, seed=11))
+    assert len(set(roll.response_lengths.tolist())) > 1 and len(set(roll.prompt_lengths.tolist())) > 1
+    return roll
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_logprobs_equal_padded(tiny, sampled, share, temperature):
+    rows = list(range(sampled.response_ids.shape[0]))
+    a, ea, ma = response_logprobs(tiny.model, sampled, rows, temperature, with_entropy=True)
+    b, eb, mb = packed_logprobs(tiny.model, sampled, rows, temperature, with_entropy=True, share_prompt=share)
+    assert torch.equal(ma, mb)
+    m = ma.bool()
+    assert (a - b)[m].abs().max() <= 1e-5
+    assert (ea - eb)[m].abs().max() <= 1e-4
+    assert (b[~m] == 0).all()
+
+
+def test_packed_gradient_equals_padded(tiny, sampled):
+    def grads(fn):
+        model = copy.deepcopy(tiny.model)
+        lp, ent, mask = fn(model)
+        ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    rows = list(range(16))
+    ga = grads(lambda m: response_logprobs(m, sampled, rows, with_entropy=True))
+    gb = grads(lambda m: packed_logprobs(m, sampled, rows, with_entropy=True, share_prompt=True, chunk=7))
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-4), n
+
+
+def test_shared_prompt_is_computed_once(sampled):
+    pb = pack_rows(sampled, list(range(16)), share_prompt=True)
+    plain = pack_rows(sampled, list(range(16)), share_prompt=False)
+    p, r = sampled.prompt_lengths, sampled.response_lengths
+    assert pb.input_ids.shape[1] == int(p[::4].sum() + r.sum())  # 4 prompts, each once
+    assert plain.input_ids.shape[1] == int(p.sum() + r.sum())  # no pad token anywhere
+    # positions restart at 0 for each prompt and run on through each of its responses
+    assert pb.position_ids[0, 0] == 0 and int(pb.position_ids.max()) == int((p + r).max()) - 1
+
+
+def test_packing_on_a_llama_model_with_odd_shapes():
+    """Llama architecture (SmolLM2's), GQA 6:2 heads, an empty response, a one-token prompt."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    rnd = lambda n: torch.randint(1, 97, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [rnd(9), rnd(9), [5], rnd(30), rnd(30)]
+    responses = [rnd(4), rnd(11), rnd(6), [], rnd(40)]
+    roll = _rollout(prompts, responses)
+    rows = list(range(5))
+    a, _, ma = response_logprobs(model, roll, rows)
+    for share in (True, False):
+        b, _, mb = packed_logprobs(model, roll, rows, share_prompt=share)
+        assert torch.equal(ma, mb)
+        assert (a - b)[ma.bool()].abs().max() <= 1e-5
+
+
+def test_chunked_head_equals_full_softmax_with_gradient():
+    torch.manual_seed(0)
+    h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 50, (37,))
+    for t in (1.0, 0.6):
+        lp, ent = head_logprobs(h, w, y, b, temperature=t, chunk=8, with_entropy=True)
+        z = (h @ w.T + b) / t
+        ref_lp = torch.log_softmax(z, -1).gather(-1, y[:, None]).squeeze(-1)
+        ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+        assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    # float64 through the custom backward (both outputs used): torch's gradcheck against finite differences
+    assert torch.autograd.gradcheck(lambda h_, w_, b_: head_logprobs(h_, w_, y, b_, 0.8, 5, True), (h, w, b))
+    # only log-probs used (entropy for metrics): the backward skips the entropy term
+    assert torch.autograd.gradcheck(lambda h_, w_: head_logprobs(h_, w_, y, None, 1.0, 6, False)[0], (h, w))
+
+
+def test_token_budget_is_never_exceeded_and_covers_every_row(sampled):
+    p, r = sampled.prompt_lengths.tolist(), sampled.response_lengths.tolist()
+    rows = list(range(16))
+    for share in (True, False):
+        for budget in (max(p) + max(r), 60, 97, 150, 400):
+            plan = plan_micro_batches(sampled, rows, 0, budget, share)
+            assert sorted(i for mb in plan for i in mb) == rows  # each row exactly once
+            for mb in plan:
+                tokens = sum(r[i] for i in mb) + (
+                    sum({tuple(sampled.prompt_ids[i, -p[i]:].tolist()): p[i] for i in mb}.values()) if share
+                    else sum(p[i] for i in mb))
+                assert tokens <= budget, (share, budget, mb, tokens)
+                if share:  # the packed row holds exactly those tokens
+                    assert pack_rows(sampled, mb, True).input_ids.shape[1] == tokens
+            if not share and budget == 400:  # small items: the fewest bins the total allows, balanced
+                total = sum(p) + sum(r)
+                assert len(plan) == -(-total // budget)
+                loads = [sum(p[i] + r[i] for i in mb) for mb in plan]
+                assert max(loads) - min(loads) <= max(p[i] + r[i] for i in rows)
+    with pytest.raises(ValueError, match="max_token_len_per_device"):
+        plan_micro_batches(sampled, rows, 0, 10, True)
+
+
+@pytest.mark.parametrize("share,padded", [(True, False), (False, False), (False, True)])
+def test_token_budget_gives_the_full_batch_gradient(tiny, sampled, share, padded):
+    batch = TrainBatch(sampled, torch.linspace(-1, 1, 16))
+
+    def grads(micro, budget):
+        model = copy.deepcopy(tiny.model)
+        opt, sched = build_optimizer(model, 0.0, (0.9, 0.99), 0.0, 0)
+        p = UpdateParams(group_size=4, mini_batch_prompts=4, micro_batch_size=micro, grad_clip=0.0,
+                         entropy_coef=0.01, max_tokens=budget, passes=LogprobPass(not padded, share))
+        stats = update_policy(model, opt, sched, batch, p)
+        return {n: q.grad.clone() for n, q in model.named_parameters()}, stats
+
+    full, s_full = grads(16, 0)
+    part, s_part = grads(16, 80)  # several micro-batches under an 80-token budget
+    for n in full:
+        assert torch.allclose(full[n], part[n], atol=1e-6, rtol=1e-4), n
+    assert s_part["actor/pg_loss"] == pytest.approx(s_full["actor/pg_loss"], abs=1e-6)
+
+
+def test_sequence_logprobs_falls_back_to_padded_when_asked(tiny, sampled):
+    a, _, m = sequence_logprobs(tiny.model, sampled, [0, 5], passes=LogprobPass(remove_padding=False))
+    b, _, _ = sequence_logprobs(tiny.model, sampled, [0, 5])
+    assert (a - b)[m.bool()].abs().max() <= 1e-5
+    assert (a != b)[~m.bool()].any()  # the padded path computed (masked) values on pads: it really ran
+
+
+def test_budget_smaller_than_a_sequence_is_refused_at_config_time():
+    with pytest.raises(ConfigError, match="at least 160"):
+        load_config(None, ["data.max_prompt_length=128", "rollout.max_new_tokens=32",
+                           "actor.max_token_len_per_device=100"])
