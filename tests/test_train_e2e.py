@@ -44,7 +44,8 @@ def test_short_grpo_run_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "held-out accuracy" in out
     # the run directory is not silently overwritten
-    assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "log.progress=false"]) == 2
+    assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "log.progress=false",
+                 "trainer.resume=false"]) == 2
 
 
 @pytest.mark.parametrize("engine", ["native", "hf"])

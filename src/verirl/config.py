@@ -124,12 +124,19 @@ class TrainerConfig:
     total_steps: int = 100  # GRPO steps (one rollout each)
     run_dir: str = "runs/default"  # config.yaml, metrics.jsonl, summary.json, final/ go here
     seed: int = 0  # seeds python, numpy, torch and the rollout sampling
-    save_freq: int = 0  # save the model every N steps (0 = only at the end)
-    resume: str = "false"  # only "false" is supported in this version
+    save_freq: int = 100  # write a checkpoint every N steps, and always at the end (0 = only at the end)
+    keep_checkpoints: int = 2  # keep the newest N checkpoints in RUN_DIR/checkpoints (0 = keep all)
+    resume: str = "auto"  # auto: continue from RUN_DIR's newest checkpoint, if any | false | a checkpoint path
+    overwrite: bool = False  # with resume=false: delete the previous run in run_dir instead of refusing
     dump_rollouts: bool = False  # write RUN_DIR/rollouts.jsonl, one line per response
     eval_at_start: bool = True  # held-out accuracy on data.val_size problems
     eval_at_end: bool = True  # the same held-out accuracy after the last step
     eval_samples: int = 4  # sampled responses per held-out problem (plus one greedy)
+    # validation logged as val/... metrics: avg@n, pass@k, maj@n, overall and per task / data_source
+    test_freq: int = 0  # validate every N steps (0 = never)
+    val_before_train: bool = False  # also validate before the first step (logged as step 0)
+    val_data: str = ""  # a data file for validation ("" = the held-out split: data.val_path or the built-in one)
+    val_n: int = 4  # samples per validation prompt
     threads: int = 0  # torch intra-op threads; 0 = all cores
 
 
@@ -334,9 +341,15 @@ def validate(cfg: Config) -> None:
                     f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
                     f"{list(rw.verifiers)}. Add it there (with a weight) or remove it from the task."
                 )
-    if str(t.resume).lower() not in ("false", "none", ""):
-        raise ConfigError(f"trainer.resume={t.resume!r}: resuming is not supported in this version; "
-                          f"use trainer.resume=false and a fresh trainer.run_dir.")
+    if str(t.resume).lower() not in ("auto", "false", "none", "") and not os.path.exists(str(t.resume)):
+        raise ConfigError(f"trainer.resume={t.resume!r} is neither auto, false nor an existing path. Give auto "
+                          f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
+    _positive("trainer.keep_checkpoints", t.keep_checkpoints, allow_zero=True)
+    _positive("trainer.test_freq", t.test_freq, allow_zero=True)
+    _positive("trainer.val_n", t.val_n)
+    if t.val_data and not os.path.exists(t.val_data):
+        raise ConfigError(f"trainer.val_data='{t.val_data}' does not exist. Give an existing file or folder, or \"\" "
+                          f"for the held-out split.")
     _choice("data.shuffle", d.shuffle, ["verl", "megatron", "sequential"])
     _choice("data.too_long", d.too_long, ["error", "filter"])
     for key, p in [("data.train_path", d.train_path), ("data.val_path", d.val_path),

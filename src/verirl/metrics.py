@@ -70,8 +70,20 @@ class JsonlSink:
         self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._f.flush()
 
+    def tell(self) -> int:
+        """Bytes written so far (every line flushed): where a resumed run continues."""
+        self._f.flush()
+        return self._f.tell()
+
     def close(self) -> None:
         self._f.close()
+
+
+def truncate(path: Path, size: int) -> None:
+    """Cut a log back to ``size`` bytes (the length it had at a checkpoint); a missing file is created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        f.truncate(size)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

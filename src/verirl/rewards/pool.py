@@ -13,6 +13,12 @@ from typing import Optional, Sequence
 from verirl.rewards.custom import Rule, call_rule
 
 
+def _ignore_sigint() -> None:
+    """Ctrl-C reaches the whole process group: the trainer decides what happens, not its workers."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _warm(_: int = 0) -> int:
     import verirl.rewards.rules  # noqa: F401  (math-verify, sympy: import once per worker, not per call)
     return os.getpid()
@@ -28,7 +34,7 @@ class RewardPool:
 
     def _get(self):
         if self._pool is None:
-            self._pool = mp.get_context("spawn").Pool(self.workers)
+            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_ignore_sigint)
             self._pool.map(_warm, range(self.workers))
         return self._pool
 

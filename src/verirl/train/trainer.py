@@ -10,6 +10,8 @@ import copy
 import json
 import os
 import random
+import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +24,15 @@ from verirl.algo import ADVANTAGE_ESTIMATORS
 from verirl.config import Config, to_yaml
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
-from verirl.evaluate import accuracy, decode_responses
-from verirl.metrics import JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, throughput
+from verirl.evaluate import accuracy, decode_responses, evaluate_samples
+from verirl.metrics import (JsonlSink, Timer, advantage_metrics, length_metrics, mean_of, read_jsonl, throughput,
+                            truncate)
 from verirl.models import load_model, save_hf
+from verirl.models.load import resolve_path
 from verirl.rewards import Scorer, default_workers
 from verirl.rollout import Engine, SamplingParams, build_engine, generate_chunked
+from verirl.train.checkpoint import (Checkpoint, find_checkpoint, load_checkpoint, restore_training_state,
+                                     save_checkpoint)
 from verirl.train.packing import supports_packing
 from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.types import Prompt, TrainBatch
@@ -52,6 +58,7 @@ class Run:
     update: UpdateParams
     run_dir: Path
     scorer: Scorer
+    resume: Optional[Checkpoint] = None  # where training continues from (weights restored by `train`)
 
     @property
     def on_policy(self) -> bool:
@@ -71,10 +78,7 @@ def build_run(cfg: Config) -> Run:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.trainer.seed)
     run_dir = Path(cfg.trainer.run_dir)
-    if (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(
-            f"trainer.run_dir='{run_dir}' already holds a run (metrics.jsonl). Choose a new "
-            f"trainer.run_dir, or delete the old one: this version does not resume.")
+    resume = resolve_resume(cfg.trainer)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     train, val, stop_ids = load_data(cfg.data, lm)
     run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
@@ -100,7 +104,38 @@ def build_run(cfg: Config) -> Run:
     scorer = Scorer(rw.verifiers, rw.weights, rw.tasks, default_workers() if rw.workers < 0 else rw.workers,
                     rw.timeout)
     return Run(cfg, lm.model, ref, lm.tokenizer, engine, opt, sched, stop_ids, lm.pad_id, train, val,
-               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), upd, run_dir, scorer)
+               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), upd, run_dir, scorer,
+               load_checkpoint(resume) if resume else None)
+
+
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
+
+
+def resolve_resume(t) -> Optional[Path]:
+    """The checkpoint to continue from (None: start fresh), per trainer.resume; clears the run
+    directory for a fresh start when trainer.overwrite allows it."""
+    run_dir = Path(t.run_dir)
+    mode = str(t.resume).lower()
+    if mode in ("false", "none", ""):
+        has_run = (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()
+        if has_run and not t.overwrite:
+            raise FileExistsError(
+                f"trainer.run_dir='{run_dir}' already holds a run (checkpoints or metrics.jsonl) and "
+                f"trainer.resume=false. Continue it with trainer.resume=auto, start over with "
+                f"trainer.overwrite=true (deletes it), or choose a new trainer.run_dir.")
+        if has_run:
+            for name in ("checkpoints", "final"):
+                shutil.rmtree(run_dir / name, ignore_errors=True)
+            for name in RUN_FILES:
+                (run_dir / name).unlink(missing_ok=True)
+        return None
+    if mode == "auto":
+        return find_checkpoint(run_dir) if (run_dir / "checkpoints").exists() else None
+    found = find_checkpoint(Path(t.resume))
+    if found is None:
+        raise FileNotFoundError(f"trainer.resume='{t.resume}': no complete checkpoint there. Give "
+                                f"RUN_DIR/checkpoints/step_N, or a run directory that has checkpoints.")
+    return found
 
 
 def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
@@ -193,14 +228,98 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     return m, records
 
 
+def validate_run(run: Run, prompts: list[Prompt]) -> dict[str, float]:
+    """val/... metrics: avg@n, pass@k, maj@n with the training engine and rules (trainer.val_n samples)."""
+    c = run.cfg
+    res = evaluate_samples(run.engine, run.tokenizer, prompts, c.trainer.val_n, run.scorer, c.rollout.max_new_tokens,
+                           temperature=c.rollout.temperature, seed=c.trainer.seed + 999)
+    out = {f"val/{k}": v for k, v in res["overall"].items() if k != "prompts"}
+    for g, m in res["groups"].items():
+        out.update({f"val/{g}/{k}": v for k, v in m.items() if k != "prompts"})
+    return out
+
+
+def _val_prompts(run: Run) -> list[Prompt]:
+    t, d = run.cfg.trainer, run.cfg.data
+    if not t.val_data:
+        return run.val
+    opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
+                map_keys=d.map_keys, additional_keys=list(d.additional_keys),
+                max_prompt_length=d.max_prompt_length, too_long="filter")
+    return load_prompts(t.val_data, resolve_path(run.cfg.model.path), **opts).prompts
+
+
 def evaluate_run(run: Run) -> dict[str, float]:
     c = run.cfg
     return accuracy(run.engine, run.tokenizer, run.val, c.rollout.max_new_tokens, c.trainer.eval_samples,
                     temperature=1.0, seed=c.trainer.seed + 777)
 
 
+class TrainingInterrupted(Exception):
+    """SIGINT / SIGTERM: a checkpoint was saved at a step boundary and the run stopped."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint {checkpoint}. "
+                         f"Run the same command again to continue (trainer.resume=auto).")
+
+
+class _Signals:
+    """First SIGINT / SIGTERM: finish the step, checkpoint, stop. Second: exit at once."""
+
+    def __init__(self, console):
+        self.console, self.signum, self._old = console, None, {}
+
+    def __enter__(self):
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            os._exit(128 + signum)
+        self.signum = signum
+        self.console.print(f"[bold yellow]{signal.Signals(signum).name}[/]: saving a checkpoint after this step, "
+                           f"then stopping (send it again to stop at once, without saving).")
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _save(run: Run, step: int, sink: JsonlSink, dump: Optional[JsonlSink], summary: dict) -> Path:
+    t = run.cfg.trainer
+    extra = {"sampler": run.sampler.state_dict(), "metrics_bytes": sink.tell(),
+             "rollouts_bytes": dump.tell() if dump else 0, "eval_start": summary.get("eval_start"),
+             "run_dir": str(run.run_dir.resolve())}
+    return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids, run.optimizer,
+                           run.scheduler, extra, keep=t.keep_checkpoints)
+
+
+def _continue(run: Run, console) -> int:
+    """Restore the checkpoint to continue from (if any) and line the logs up with it; -> first step."""
+    ckpt = run.resume
+    metrics, rollouts = run.run_dir / "metrics.jsonl", run.run_dir / "rollouts.jsonl"
+    if ckpt is None:
+        truncate(metrics, 0)  # resume=auto with no checkpoint yet: the run starts over
+        truncate(rollouts, 0)
+        return 1
+    restore_training_state(ckpt, run.model, run.optimizer, run.scheduler)
+    run.sampler.load_state_dict(ckpt.state["sampler"])
+    own = ckpt.state.get("run_dir") == str(run.run_dir.resolve())
+    truncate(metrics, ckpt.state["metrics_bytes"] if own else 0)  # drop steps logged after the checkpoint
+    truncate(rollouts, ckpt.state.get("rollouts_bytes", 0) if own else 0)
+    console.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
+    return ckpt.step + 1
+
+
 def train(cfg: Config, console=None) -> dict:
-    """Run GRPO to ``trainer.total_steps``; returns the run summary (also written to summary.json)."""
+    """Run GRPO to ``trainer.total_steps``; returns the run summary (also written to summary.json).
+
+    Checkpoints every ``trainer.save_freq`` steps and at the end; continues from the newest one
+    with ``trainer.resume=auto``. SIGINT / SIGTERM save a checkpoint and raise TrainingInterrupted."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
@@ -212,8 +331,11 @@ def train(cfg: Config, console=None) -> dict:
     console.print(f"[bold]verirl[/] GRPO: model {cfg.model.path} ({n_params / 1e6:.2f}M params), "
                   f"{cfg.data.prompts_per_step} prompts x {cfg.rollout.n} samples/step, {cfg.trainer.total_steps} "
                   f"steps, run dir {run.run_dir}")
+    first = _continue(run, console)
     summary: dict = {"run_dir": str(run.run_dir), "params": n_params}
-    if cfg.trainer.eval_at_start and run.val:
+    if run.resume is not None and run.resume.state.get("eval_start"):
+        summary["eval_start"] = run.resume.state["eval_start"]
+    elif cfg.trainer.eval_at_start and run.val and first == 1:
         with console.status("held-out accuracy before training..."):
             summary["eval_start"] = evaluate_run(run)
         console.print(f"held-out accuracy at start ({len(run.val)} problems): "
@@ -221,31 +343,47 @@ def train(cfg: Config, console=None) -> dict:
 
     sink = JsonlSink(run.run_dir / "metrics.jsonl")
     dump = JsonlSink(run.run_dir / "rollouts.jsonl") if cfg.trainer.dump_rollouts else None
-    history: list[dict] = []
+    history: list[dict] = [r for r in read_jsonl(sink.path) if r.get("step", 0) > 0]
+    t_cfg = cfg.trainer
+    val_prompts = _val_prompts(run) if (t_cfg.test_freq or t_cfg.val_before_train) else []
+    if t_cfg.val_before_train and val_prompts and first == 1:
+        with console.status("validation before training..."):
+            v = validate_run(run, val_prompts)
+        sink.write({"step": 0, **v})
+        summary["val_before_train"] = v
+        console.print("validation before training: " + _val_line(v))
     columns = [TextColumn("[bold blue]GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn()]
-    with Progress(*columns, console=console, disable=not cfg.log.progress, transient=False) as bar:
-        task = bar.add_task("", total=cfg.trainer.total_steps)
-        for step in range(1, cfg.trainer.total_steps + 1):
-            m, records = train_step(run, step)
-            sink.write(m)
-            if dump:
-                for rec in records:
-                    dump.write(rec)
-            history.append(m)
-            recent = history[-10:]
-            bar.update(task, advance=1, description=(
-                f"reward {mean_of(recent, 'reward/mean'):+.3f} len {m['response_length/mean']:.1f} "
-                f"{m['timing/all']:.2f}s/step"))
-            every = cfg.log.console_every
-            if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                bar.console.print(_step_line(m), soft_wrap=True)
-            if cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0 and step < cfg.trainer.total_steps:
-                save_hf(run.model, run.tokenizer, run.run_dir / "checkpoints" / f"step_{step}", run.stop_ids)
-    sink.close()
-    run.scorer.close()
-    if dump:
-        dump.close()
+    total, every, save_freq = cfg.trainer.total_steps, cfg.log.console_every, cfg.trainer.save_freq
+    try:
+        with _Signals(console) as signals, Progress(*columns, console=console, disable=not cfg.log.progress,
+                                                    transient=False) as bar:
+            task = bar.add_task("", total=total, completed=first - 1)
+            for step in range(first, total + 1):
+                m, records = train_step(run, step)
+                if t_cfg.test_freq and val_prompts and (step % t_cfg.test_freq == 0 or step == total):
+                    m.update(validate_run(run, val_prompts))
+                    bar.console.print(f"step {step} validation: " + _val_line(m))
+                sink.write(m)
+                if dump:
+                    for rec in records:
+                        dump.write(rec)
+                history.append(m)
+                recent = history[-10:]
+                bar.update(task, advance=1, description=(
+                    f"reward {mean_of(recent, 'reward/mean'):+.3f} len {m['response_length/mean']:.1f} "
+                    f"{m['timing/all']:.2f}s/step"))
+                if every and (step % every == 0 or step == total):
+                    bar.console.print(_step_line(m), soft_wrap=True)
+                if (save_freq and step % save_freq == 0) or step == total or signals.signum is not None:
+                    path = _save(run, step, sink, dump, summary)
+                    if signals.signum is not None:
+                        raise TrainingInterrupted(signals.signum, step, path)
+    finally:
+        sink.close()
+        run.scorer.close()
+        if dump:
+            dump.close()
     train_seconds = sum(m["timing/all"] for m in history)
     save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids)
     k = min(5, len(history))
@@ -262,6 +400,10 @@ def train(cfg: Config, console=None) -> dict:
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(console, summary, len(run.val))
     return summary
+
+
+def _val_line(m: dict) -> str:
+    return "  ".join(f"{k[4:]} {v:.3f}" for k, v in m.items() if k.startswith("val/") and k.count("/") == 1)
 
 
 def _step_line(m: dict) -> str:
