@@ -54,6 +54,10 @@ class LogprobPass:
     share_prompt: bool = True
     chunk: int = 0  # output-layer rows per chunk; 0 = about 32M logits per chunk
 
+    @property
+    def shares_prompts(self) -> bool:
+        return self.remove_padding and self.share_prompt
+
 
 Rows = Union[slice, Sequence[int]]
 
@@ -62,21 +66,19 @@ def _rows(rollout: Rollout, idx: Rows) -> list[int]:
     return list(range(rollout.response_ids.shape[0]))[idx] if isinstance(idx, slice) else [int(i) for i in idx]
 
 
-def sequence_costs(rollout: Rollout, rows: Sequence[int], share_prompt: bool) -> list[tuple[list[int], int, int]]:
-    """Split ``rows`` into items (rows, prompt tokens, response tokens); with a shared prompt the
-    consecutive rows of one prompt form one item (its prompt is computed once), else one row each."""
-    p_len, r_len = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
-    items: list[tuple[list[int], int, int]] = []
+def _prompt_groups(rollout: Rollout, rows: Sequence[int], share_prompt: bool) -> list[tuple[list[int], int]]:
+    """(rows, prompt tokens) items: with a shared prompt, consecutive rows with the same prompt form
+    one item (the prompt is computed once for them); otherwise every row is its own item."""
+    p_len = rollout.prompt_lengths.tolist()
+    items: list[tuple[list[int], int]] = []
     prev = None
     for i in rows:
-        key = None
-        if share_prompt:
-            key = tuple(rollout.prompt_ids[i, -int(p_len[i]):].tolist()) if p_len[i] else ()
-        if share_prompt and key == prev and items:
+        key = tuple(rollout.prompt_ids[i, rollout.prompt_ids.shape[1] - int(p_len[i]):].tolist()) \
+            if share_prompt else None
+        if share_prompt and items and key == prev:
             items[-1][0].append(i)
-            items[-1] = (items[-1][0], items[-1][1], items[-1][2] + int(r_len[i]))
         else:
-            items.append(([i], int(p_len[i]), int(r_len[i])))
+            items.append(([i], int(p_len[i])))
         prev = key
     return items
 
@@ -91,9 +93,9 @@ def plan_micro_batches(rollout: Rollout, rows: Sequence[int], micro_batch_size: 
     rows = list(rows)
     if max_tokens <= 0:
         return [rows[s:s + micro_batch_size] for s in range(0, len(rows), micro_batch_size)]
-    p_len, r_len = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
+    r_len = rollout.response_lengths.tolist()
     pieces: list[tuple[list[int], int]] = []  # (rows, tokens) that must go together
-    for group, P, _ in sequence_costs(rollout, rows, share_prompt):
+    for group, P in _prompt_groups(rollout, rows, share_prompt):
         cur, cost = [], P
         for i in group:
             need = P + int(r_len[i])
@@ -173,7 +175,7 @@ def compute_logprobs(model, rollout: Rollout, micro_batch_size: int, temperature
     model.eval()
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    for mb in plan_micro_batches(rollout, range(N), micro_batch_size, max_tokens, passes.share_prompt):
+    for mb in plan_micro_batches(rollout, range(N), micro_batch_size, max_tokens, passes.shares_prompts):
         logp, _, _ = sequence_logprobs(model, rollout, mb, temperature, passes=passes)
         out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     model.train(was_training)
@@ -195,7 +197,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
             n_tokens, n_seqs = float(mask_all.sum()), float(m1 - m0)
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
-            for mb in plan_micro_batches(r, range(m0, m1), p.micro_batch_size, p.max_tokens, p.passes.share_prompt):
+            for mb in plan_micro_batches(r, range(m0, m1), p.micro_batch_size, p.max_tokens,
+                                         p.passes.shares_prompts):
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
                 logp, ent, mask = sequence_logprobs(model, r, mb, p.temperature, with_entropy=True, passes=p.passes)
                 w = logp.shape[1]

@@ -95,7 +95,8 @@ def build_run(cfg: Config) -> Run:
         kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
         grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         max_tokens=cfg.actor.max_token_len_per_device,
-        passes=LogprobPass(cfg.actor.use_remove_padding, cfg.actor.share_prompt, cfg.actor.logprob_chunk))
+        passes=LogprobPass(cfg.actor.use_remove_padding and supports_packing(lm.model)[0], cfg.actor.share_prompt,
+                           cfg.actor.logprob_chunk))
     if cfg.actor.use_remove_padding and not supports_packing(lm.model)[0]:
         print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({supports_packing(lm.model)[1]}); "
               f"log-prob passes run on padded rows instead.")
