@@ -166,11 +166,9 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         qb = q.index_select(1, bk.q_idx.view(-1)).view(H, S, Q, d).transpose(0, 1)  # (S, H, Q, d)
         kb = k.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)  # (S, KVH, K, d)
         vb = v.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)
-        if KVH != H:
-            kb = kb.repeat_interleave(H // KVH, dim=1)
-            vb = vb.repeat_interleave(H // KVH, dim=1)
         ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=bk.mask, scale=scaling,
-                                                              dropout_p=dropout if module.training else 0.0)
+                                                              dropout_p=dropout if module.training else 0.0,
+                                                              enable_gqa=KVH != H)
         outs.append(ob.transpose(1, 2).reshape(S * Q, H, d).index_select(0, bk.valid))
     out = torch.cat(outs).index_select(0, layout.inverse)  # (T, H, d)
     return out[None], None
