@@ -49,6 +49,17 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert steps == sorted(steps) and len(steps) == 4 * 16
 
 
+def test_resume_with_changed_settings_says_which(tmp_path, capsys):
+    run = tmp_path / "r"
+    args = ["train", "--config", CONFIG, f"trainer.run_dir={run}", *SMALL]
+    assert main(args + ["trainer.total_steps=1"]) == 0
+    capsys.readouterr()
+    assert main(args + ["trainer.total_steps=2", "actor.lr=3e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "actor.lr 7e-05 -> 3e-05" in out
+    assert "total_steps" not in out.split("settings differ")[-1]
+
+
 def test_resume_false_refuses_an_existing_run_unless_overwrite(tmp_path, capsys):
     run = tmp_path / "r"
     args = ["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=1", *SMALL]

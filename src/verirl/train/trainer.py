@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from verirl.algo import ADVANTAGE_ESTIMATORS
 from verirl.config import Config, to_yaml
@@ -294,7 +295,7 @@ def _save(run: Run, step: int, sink: JsonlSink, dump: Optional[JsonlSink], summa
     t = run.cfg.trainer
     extra = {"sampler": run.sampler.state_dict(), "metrics_bytes": sink.tell(),
              "rollouts_bytes": dump.tell() if dump else 0, "eval_start": summary.get("eval_start"),
-             "run_dir": str(run.run_dir.resolve())}
+             "run_dir": str(run.run_dir.resolve()), "config": OmegaConf.to_container(OmegaConf.structured(run.cfg))}
     return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids, run.optimizer,
                            run.scheduler, extra, keep=t.keep_checkpoints)
 
@@ -313,7 +314,27 @@ def _continue(run: Run, console) -> int:
     truncate(metrics, ckpt.state["metrics_bytes"] if own else 0)  # drop steps logged after the checkpoint
     truncate(rollouts, ckpt.state.get("rollouts_bytes", 0) if own else 0)
     console.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
+    changed = config_changes(ckpt.state.get("config") or {}, OmegaConf.to_container(OmegaConf.structured(run.cfg)))
+    if changed:
+        console.print("[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): "
+                      + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
     return ckpt.step + 1
+
+
+IGNORED_ON_RESUME = {"trainer.total_steps", "trainer.resume", "trainer.overwrite", "trainer.run_dir",
+                     "log.progress", "log.console_every"}
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(key, old, new) for every setting that differs, but the ones that may change on a resume."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b, key = old.get(k), new.get(k), prefix + k
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, key + ".")
+        elif a != b and key not in IGNORED_ON_RESUME:
+            out.append((key, a, b))
+    return out
 
 
 def train(cfg: Config, console=None) -> dict:
