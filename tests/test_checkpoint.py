@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
