@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -57,6 +58,9 @@ def test_resume_with_changed_settings_says_which(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "resuming from" in out and "actor.lr 7e-05 -> 3e-05" in out
     assert "total_steps" not in out.split("settings differ")[-1]
+    # and the new lr is the one used: 2 optimizer steps per GRPO step, warm-up over 3 of them
+    lrs = [r["actor/lr"] for r in _metrics(run)]
+    assert lrs[0] == pytest.approx(7e-5 * (1 / 3 + 2 / 3) / 2) and lrs[1] == pytest.approx(3e-5)
 
 
 def test_resume_false_refuses_an_existing_run_unless_overwrite(tmp_path, capsys):

@@ -309,8 +309,9 @@ def _continue(run: Run, console) -> int:
         truncate(rollouts, 0)
         return 1
     restore_training_state(ckpt, run.model, run.optimizer, run.scheduler)
+    _apply_optimizer_settings(run)
     run.sampler.load_state_dict(ckpt.state["sampler"])
-    own = ckpt.state.get("run_dir") == str(run.run_dir.resolve())
+    own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
     truncate(metrics, ckpt.state["metrics_bytes"] if own else 0)  # drop steps logged after the checkpoint
     truncate(rollouts, ckpt.state.get("rollouts_bytes", 0) if own else 0)
     console.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
@@ -319,6 +320,16 @@ def _continue(run: Run, console) -> int:
         console.print("[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): "
                       + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
     return ckpt.step + 1
+
+
+def _apply_optimizer_settings(run: Run) -> None:
+    """The loaded optimizer state carries the old run's lr / betas / weight decay: put this config's
+    in (the same values when nothing changed, so an unchanged resume stays exact)."""
+    a = run.cfg.actor
+    run.scheduler.base_lrs = [a.lr] * len(run.optimizer.param_groups)
+    for g, fn in zip(run.optimizer.param_groups, run.scheduler.lr_lambdas):
+        g.update(initial_lr=a.lr, lr=a.lr * fn(run.scheduler.last_epoch), betas=tuple(a.betas),
+                 weight_decay=a.weight_decay)
 
 
 IGNORED_ON_RESUME = {"trainer.total_steps", "trainer.resume", "trainer.overwrite", "trainer.run_dir",
