@@ -74,15 +74,6 @@ def matmul_rate(threads: int) -> float:
     return 2 * 2048 ** 3 * reps / (time.perf_counter() - t)
 
 
-def prompts(path: str, count: int):
-    from verirl.data import TASKS, encode_prompts
-    from verirl.models import load_model
-
-    train, _ = TASKS["arith"](0, count, 10)
-    tok = load_model(path, "float32", "cpu").tokenizer
-    return encode_prompts(train, tok, 256, "bench", "error")
-
-
 def flops_per_token(model) -> tuple[float, float]:
     """(forward FLOPs per token in the transformer body, forward FLOPs per token in the output layer)."""
     emb = model.get_input_embeddings().weight
@@ -137,10 +128,11 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from verirl.data import TASKS
     from verirl.rewards.rules import acc
 
     torch.set_num_threads(threads)
-    data = prompts(path, 2000)
+    data, _ = TASKS["arith"](0, 2000, 10)  # TRL renders the chat messages with the model's template itself
     ds = Dataset.from_list([{"prompt": p.messages, "label": p.label} for p in data])
 
     def acc_reward(completions, label, **_):

@@ -272,7 +272,7 @@ def validate(cfg: Config) -> None:
                      ("rollout.max_new_tokens", r.max_new_tokens), ("data.max_prompt_length", d.max_prompt_length),
                      ("actor.mini_batch_prompts", act.mini_batch_prompts),
                      ("actor.micro_batch_size", act.micro_batch_size), ("actor.epochs", act.epochs),
-                     ("trainer.total_steps", t.total_steps), ("actor.lr", act.lr)]:
+                     ("trainer.total_steps", t.total_steps), ("actor.lr", act.lr), ("trainer.val_n", t.val_n)]:
         _positive(key, val)
     for key, val in [("rollout.temperature", r.temperature), ("algo.kl_coef", a.kl_coef),
                      ("algo.clip_ratio_low", a.clip_ratio_low), ("algo.clip_ratio_high", a.clip_ratio_high),
@@ -280,7 +280,8 @@ def validate(cfg: Config) -> None:
                      ("rollout.micro_batch_size", r.micro_batch_size),
                      ("actor.max_token_len_per_device", act.max_token_len_per_device),
                      ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device),
-                     ("actor.logprob_chunk", act.logprob_chunk)]:
+                     ("actor.logprob_chunk", act.logprob_chunk), ("trainer.keep_checkpoints", t.keep_checkpoints),
+                     ("trainer.test_freq", t.test_freq)]:
         _positive(key, val, allow_zero=True)
     longest = d.max_prompt_length + r.max_new_tokens
     for key, budget in [("actor.max_token_len_per_device", act.max_token_len_per_device),
@@ -344,16 +345,10 @@ def validate(cfg: Config) -> None:
     if str(t.resume).lower() not in ("auto", "false", "none", "") and not os.path.exists(str(t.resume)):
         raise ConfigError(f"trainer.resume={t.resume!r} is neither auto, false nor an existing path. Give auto "
                           f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
-    _positive("trainer.keep_checkpoints", t.keep_checkpoints, allow_zero=True)
-    _positive("trainer.test_freq", t.test_freq, allow_zero=True)
-    _positive("trainer.val_n", t.val_n)
-    if t.val_data and not os.path.exists(t.val_data):
-        raise ConfigError(f"trainer.val_data='{t.val_data}' does not exist. Give an existing file or folder, or \"\" "
-                          f"for the held-out split.")
     _choice("data.shuffle", d.shuffle, ["verl", "megatron", "sequential"])
     _choice("data.too_long", d.too_long, ["error", "filter"])
     for key, p in [("data.train_path", d.train_path), ("data.val_path", d.val_path),
-                   ("data.templates_file", d.templates_file)]:
+                   ("data.templates_file", d.templates_file), ("trainer.val_data", t.val_data)]:
         if p and not os.path.exists(p):
             raise ConfigError(f"{key}='{p}' does not exist. Give an existing file or folder.")
     if cfg.model.path != "tiny" and not os.path.isdir(cfg.model.path):

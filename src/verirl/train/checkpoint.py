@@ -178,8 +178,7 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     opt = torch.load(ckpt.path / "optimizer.pt", weights_only=True, map_location="cpu")
     optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])
-    from safetensors.torch import load_file as load_tensors
-    set_rng_state(ckpt.state["rng_rank0"], load_tensors(str(ckpt.path / "rng_rank0.safetensors")))
+    set_rng_state(ckpt.state["rng_rank0"], load_file(str(ckpt.path / "rng_rank0.safetensors")))
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:

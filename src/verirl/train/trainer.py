@@ -87,6 +87,7 @@ def build_run(cfg: Config) -> Run:
     ref = None
     if cfg.algo.kl_coef > 0:
         ref = copy.deepcopy(lm.model).eval().requires_grad_(False)
+    packable, why = supports_packing(lm.model)
     opt, sched = build_optimizer(lm.model, cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay,
                                  cfg.actor.warmup_steps)
     upd = UpdateParams(
@@ -96,10 +97,9 @@ def build_run(cfg: Config) -> Run:
         kl_type=cfg.algo.kl_type, entropy_coef=cfg.algo.entropy_coef, loss_agg_mode=cfg.algo.loss_agg_mode,
         grad_clip=cfg.actor.grad_clip, temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         max_tokens=cfg.actor.max_token_len_per_device,
-        passes=LogprobPass(cfg.actor.use_remove_padding and supports_packing(lm.model)[0], cfg.actor.share_prompt,
-                           cfg.actor.logprob_chunk))
-    if cfg.actor.use_remove_padding and not supports_packing(lm.model)[0]:
-        print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({supports_packing(lm.model)[1]}); "
+        passes=LogprobPass(cfg.actor.use_remove_padding and packable, cfg.actor.share_prompt, cfg.actor.logprob_chunk))
+    if cfg.actor.use_remove_padding and not packable:
+        print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({why}); "
               f"log-prob passes run on padded rows instead.")
     engine = build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids)
     rw = cfg.reward
@@ -140,6 +140,13 @@ def resolve_resume(t) -> Optional[Path]:
     return found
 
 
+def file_options(d, too_long: str) -> dict:
+    """load_prompts' keyword arguments from the data config (template, handler, keys, length limit)."""
+    return dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
+                map_keys=d.map_keys, additional_keys=list(d.additional_keys),
+                max_prompt_length=d.max_prompt_length, too_long=too_long)
+
+
 def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
     """(train prompts, held-out prompts, stop ids) from the built-in task or the user's files."""
     stop_ids = lm.stop_ids
@@ -151,9 +158,7 @@ def load_data(d, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
         val = encode_prompts(val, lm.tokenizer, d.max_prompt_length, f"{d.task} val", d.too_long)
         dropped, source = len(generated) - len(train), f"the built-in {d.task} task"
     else:
-        opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
-                    map_keys=d.map_keys, additional_keys=list(d.additional_keys),
-                    max_prompt_length=d.max_prompt_length, too_long=d.too_long)
+        opts = file_options(d, d.too_long)
         tr = load_prompts(d.train_path, lm.path, **opts)
         val = load_prompts(d.val_path, lm.path, **opts).prompts if d.val_path else []
         train, dropped, source = tr.prompts, tr.too_long, tr.source
@@ -242,13 +247,10 @@ def validate_run(run: Run, prompts: list[Prompt]) -> dict[str, float]:
 
 
 def _val_prompts(run: Run) -> list[Prompt]:
-    t, d = run.cfg.trainer, run.cfg.data
+    t = run.cfg.trainer
     if not t.val_data:
         return run.val
-    opts = dict(prompt_type=d.prompt_type, templates_file=d.templates_file, handler_name=d.handler_name,
-                map_keys=d.map_keys, additional_keys=list(d.additional_keys),
-                max_prompt_length=d.max_prompt_length, too_long="filter")
-    return load_prompts(t.val_data, resolve_path(run.cfg.model.path), **opts).prompts
+    return load_prompts(t.val_data, resolve_path(run.cfg.model.path), **file_options(run.cfg.data, "filter")).prompts
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
