@@ -115,3 +115,21 @@ def test_rule_table(rule, response, label, score):
 def test_held_out_accuracy_agrees_with_acc(response):
     from verirl.rewards import is_correct
     assert is_correct(response, "4") == (RULES["acc"](response, "4") == 1.0)
+
+
+def test_integer_shortcut_agrees_with_math_verify():
+    """Plain integers skip math-verify; its verdict on them must be the same."""
+    import random
+
+    from verirl.rewards.rules import _equivalent, _math_verify_equal
+
+    rng = random.Random(0)
+    pairs = [("38", "38"), ("038", "38"), ("-0", "0"), ("+5", "5"), ("-7", "7"), (" 12 ", "12"), ("12", "-12"),
+             ("1000000000000000000001", "1000000000000000000000"), ("007", "7"), ("0", "00")]
+    for _ in range(40):
+        a = rng.randint(-200, 200)
+        pairs.append((str(a), str(a + rng.choice([0, 0, 1, -1, 10]))))
+    for answer, label in pairs:
+        assert _equivalent(answer, label) == _math_verify_equal(answer, label), (answer, label)
+    assert _equivalent("3", "3") and not _equivalent("3", "4")
+    assert _equivalent("0.5", "\\frac{1}{2}")  # not integers: math-verify decides

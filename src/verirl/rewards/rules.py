@@ -32,7 +32,20 @@ def extract_boxed(text: str) -> Optional[str]:
     return None
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
 def _equivalent(answer: str, label: str) -> bool:
+    """math-verify's equivalence. Two plain integers (the answer of most arithmetic and GSM8K-style
+    tasks) are compared as integers, which is math-verify's verdict on them at a fraction of the cost
+    (~1 ms a call: a step of 64 samples spent ~50 ms of CPU in parse/verify; a test checks they agree)."""
+    a, b = answer.strip(), label.strip()
+    if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b):
+        return int(a) == int(b)
+    return _math_verify_equal(answer, label)
+
+
+def _math_verify_equal(answer: str, label: str) -> bool:
     gold = parse(f"${label}$" if "$" not in label and "\\boxed" not in label else label, parsing_timeout=None)
     pred = parse(f"${answer}$", parsing_timeout=None)
     if not gold or not pred:

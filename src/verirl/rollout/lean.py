@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from verirl.algo.attention import small_attention, small_enough
+
 SUPPORTED = {"llama", "qwen2", "mistral"}
 
 
@@ -110,10 +112,11 @@ class LeanDecoder:
         self.v = [t.repeat_interleave(n, 0) for t in self.v]
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
-        """ids/pos (B, T) written at cache columns start..start+T; mask (B, 1, T, start+T) bool.
-        Returns the logits of the last position (B, V)."""
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, bias: torch.Tensor) -> torch.Tensor:
+        """ids/pos (B, T) written at cache columns start..start+T; bias (B, 1, 1, T, start+T) additive
+        (0 = may attend, -inf = may not). Returns the logits of the last position (B, V)."""
         B, T = ids.shape
+        small = small_enough(T, start + T)
         h = F.embedding(ids, self.embed)
         cos, sin = self.rotary(h, pos)
         H, KVH, d = self.H, self.KVH, self.d
@@ -128,9 +131,12 @@ class LeanDecoder:
             self.k[i][:, :, start:end] = k
             self.v[i][:, :, start:end] = v
             keys, vals = self.k[i][:, :, :end], self.v[i][:, :, :end]
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale,
-                                               enable_gqa=KVH != H)
-            h = h + F.linear(o.transpose(1, 2).reshape(B, T, H * d), L.w_o, L.b_o)
+            if small:
+                o = small_attention(q.transpose(1, 2), keys, vals, bias, self.scale)  # (B, T, H, d)
+            else:
+                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, :, 0], scale=self.scale,
+                                                   enable_gqa=KVH != H).transpose(1, 2)
+            h = h + F.linear(o.reshape(B, T, H * d), L.w_o, L.b_o)
             x = _rms(h, L.ln2, L.eps2)
             g, u = F.linear(x, L.w_gu, L.b_gu).chunk(2, -1)
             h = h + F.linear(F.silu(g) * u, L.w_down, L.b_down)

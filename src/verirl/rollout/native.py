@@ -54,6 +54,7 @@ class _HFStepper:
 class _LeanStepper:
     def __init__(self, model):
         self.dec = LeanDecoder(model)
+        self.bias = None  # (B, total) additive key bias: -inf on left pads, 0 elsewhere
 
     def prefill(self, ids, mask, pos, total: int):
         B, P = ids.shape
@@ -61,16 +62,21 @@ class _LeanStepper:
         causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()
         m = causal[None] & mask.bool()[:, None, :]
         m |= torch.eye(P, dtype=torch.bool, device=ids.device)[None]  # pad rows see themselves: no NaN
-        return self.dec.forward(ids, pos, 0, m[:, None])
+        self.bias = self.dec.embed.new_zeros((B, total))
+        self.bias[:, :P].masked_fill_(~mask.bool(), float("-inf"))
+        full = self.dec.embed.new_zeros(m.shape).masked_fill_(~m, float("-inf"))
+        return self.dec.forward(ids, pos, 0, full[:, None, None])
 
     def repeat(self, n: int):
         self.dec.repeat(n)
+        self.bias = self.bias.repeat_interleave(n, 0)
 
     def select(self, rows):
         self.dec.select(rows)
+        self.bias = self.bias.index_select(0, rows)
 
     def step(self, tok, mask, pos, start: int):
-        return self.dec.forward(tok[:, None], pos[:, None], start, mask.bool()[:, None, None, :])
+        return self.dec.forward(tok[:, None], pos[:, None], start, self.bias[:, None, None, None, :start + 1])
 
 
 class NativeEngine:

@@ -13,9 +13,10 @@ run on real tokens only, and a prompt shared by n samples is computed once inste
 times (the gradient of the n responses flows back into the one prompt computation, so
 the result is exact, not an approximation).
 
-Attention itself runs through torch's SDPA on segments gathered into a few buckets of
-similar length (one SDPA call per bucket and layer); on CPU this measured faster than
-a block-diagonal mask over the whole row, whose cost grows with the row length squared.
+Attention itself runs on segments gathered into a few buckets of similar length (one call
+per bucket and layer): short segments through `verirl.algo.attention.small_attention`,
+long ones through torch's SDPA with the bucket's mask. On CPU this measured faster than a
+block-diagonal mask over the whole row, whose cost grows with the row length squared.
 With CUDA and flash-attn installed the same layout could go to its varlen kernel; that
 path is not wired in yet (no GPU to test it on).
 """
@@ -30,6 +31,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from verirl.algo.attention import small_attention, small_enough
 from verirl.algo.logprobs import head_logprobs
 from verirl.types import Rollout
 
@@ -45,6 +47,14 @@ class _Bucket:
     k_idx: torch.Tensor  # (S, Kmax) packed positions of each segment's keys
     mask: torch.Tensor  # (S, 1, Qmax, Kmax) bool, True = may attend
     valid: torch.Tensor  # (n,) flat indices into (S * Qmax) of real queries
+
+    def additive(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as (S, 1, 1, Qmax, Kmax) zeros and -inf, made once per dtype."""
+        cache = self.__dict__.setdefault("_additive", {})
+        if dtype not in cache:
+            cache[dtype] = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill(
+                ~self.mask, float("-inf"))[:, :, None]
+        return cache[dtype]
 
 
 @dataclass
@@ -145,6 +155,7 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
                        len(rows), max(width, 1))
 
 
+
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                      sliding_window=None, **kwargs):
     """An attention function for transformers' AttentionInterface: the packed layout while a packed
@@ -156,20 +167,25 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     if sliding_window is not None and layout.max_keys > sliding_window:
         raise NotImplementedError(f"packed attention does not apply a sliding window ({sliding_window} tokens) "
                                   f"to sequences of {layout.max_keys}; set actor.use_remove_padding=false.")
-    q, k, v = query[0], key[0], value[0]  # (H, T, d), (KVH, T, d)
-    H, d, KVH = q.shape[0], q.shape[-1], k.shape[0]
+    H, d, KVH = query.shape[1], query.shape[-1], key.shape[1]
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
+    scale = d ** -0.5 if scaling is None else scaling
+    p_drop = dropout if module.training else 0.0
     outs = []
     for bk in layout.buckets:
         S, Q = bk.q_idx.shape
         K = bk.k_idx.shape[1]
         # index_select (backward: index_add) rather than advanced indexing (backward: a sorting index_put)
-        qb = q.index_select(1, bk.q_idx.view(-1)).view(H, S, Q, d).transpose(0, 1)  # (S, H, Q, d)
-        kb = k.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)  # (S, KVH, K, d)
-        vb = v.index_select(1, bk.k_idx.view(-1)).view(KVH, S, K, d).transpose(0, 1)
-        ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=bk.mask, scale=scaling,
-                                                              dropout_p=dropout if module.training else 0.0,
-                                                              enable_gqa=KVH != H)
-        outs.append(ob.transpose(1, 2).reshape(S * Q, H, d).index_select(0, bk.valid))
+        qb = q.index_select(0, bk.q_idx.view(-1))  # (S * Q, H, d)
+        kb = k.index_select(0, bk.k_idx.view(-1)).view(S, K, KVH, d).transpose(1, 2)  # (S, KVH, K, d)
+        vb = v.index_select(0, bk.k_idx.view(-1)).view(S, K, KVH, d).transpose(1, 2)
+        if small_enough(Q, K) and not p_drop:
+            ob = small_attention(qb.view(S, Q, H, d), kb, vb, bk.additive(query.dtype), scale)
+        else:
+            ob = torch.nn.functional.scaled_dot_product_attention(
+                qb.view(S, Q, H, d).transpose(1, 2), kb, vb, attn_mask=bk.mask, scale=scale, dropout_p=p_drop,
+                enable_gqa=KVH != H).transpose(1, 2)  # (S, Q, H, d)
+        outs.append(ob.reshape(S * Q, H, d).index_select(0, bk.valid))
     out = torch.cat(outs).index_select(0, layout.inverse)  # (T, H, d)
     return out[None], None
 
