@@ -25,6 +25,9 @@ class Rollout:
     response_ids: torch.Tensor  # (N, R) right-padded with pad id
     response_mask: torch.Tensor  # (N, R) 1 up to AND including the first stop token (by position, never by id)
     stopped: torch.Tensor  # (N,) bool: ended on a stop token (False: cut at max_new_tokens)
+    # packed layouts of its rows (verirl.train.packing), made on first use and shared by the
+    # passes of a step; a rollout is not modified once made
+    packed: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def response_lengths(self) -> torch.Tensor:  # (N,)

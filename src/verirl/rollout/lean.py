@@ -3,10 +3,12 @@
 Generation is one small forward per token, so on a small model the time goes to Python
 and dispatch rather than arithmetic: transformers' forward builds masks, walks cache
 objects and calls ~30 modules per layer. This forward reads the same weights and runs
-the same arithmetic (the model's own RMSNorm formula and rotary function, SDPA) with
+the same arithmetic (the model's RMSNorm formula, its rotary table and rotate-half
+products, attention) with
 * q/k/v and gate/up projections fused into one matmul each (weights concatenated once
-  per generate call),
-* a preallocated KV cache written in place,
+  per generate call), the rotary applied to q and k together from a table built once,
+* a preallocated KV cache written in place, masks as additive key biases sliced per step,
+* short attention as two matmuls (`verirl.algo.attention`), long prefills through SDPA,
 * nothing but tensors between the layers.
 Its logits equal the model's own to float rounding (a test checks it, and that greedy
 decoding gives the same tokens as ``transformers.generate``).
@@ -61,6 +63,10 @@ def _cat(*ts):
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """The RMSNorm of Llama-family models. float32: torch's fused rms_norm (the same arithmetic, one
+    call); other dtypes: their formula (normalise in float32, round, then scale)."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], w, eps)
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -73,7 +79,6 @@ class LeanDecoder:
     def __init__(self, model):
         dec = model.get_decoder()
         cfg = model.config
-        self.rope = sys.modules[type(model).__module__].apply_rotary_pos_emb
         self.rotary = dec.rotary_emb
         self.embed = dec.get_input_embeddings().weight if hasattr(dec, "get_input_embeddings") else dec.embed_tokens.weight
         head = model.get_output_embeddings()
@@ -101,6 +106,11 @@ class LeanDecoder:
         shape = (batch, self.KVH, length, self.d)
         self.k = [like.new_empty(shape) for _ in self.layers]
         self.v = [like.new_empty(shape) for _ in self.layers]
+        # the model's rotary table for positions 0..length-1, once per call; rotate_half(x) * sin is
+        # computed as swap_halves(x) * (-sin1, sin2): the same products, no negation per step
+        cos, sin = self.rotary(like[:1, None], torch.arange(length, device=like.device)[None])
+        half = self.d // 2
+        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows of the cache."""
@@ -118,23 +128,24 @@ class LeanDecoder:
         B, T = ids.shape
         small = small_enough(T, start + T)
         h = F.embedding(ids, self.embed)
-        cos, sin = self.rotary(h, pos)
+        cos, sin = F.embedding(pos, self.cos)[:, :, None], F.embedding(pos, self.sin)[:, :, None]  # (B, T, 1, d)
         H, KVH, d = self.H, self.KVH, self.d
         end = start + T
         for i, L in enumerate(self.layers):
             x = _rms(h, L.ln1, L.eps1)
             qkv = F.linear(x, L.w_qkv, L.b_qkv)
-            q = qkv[..., :H * d].view(B, T, H, d).transpose(1, 2)
-            k = qkv[..., H * d:(H + KVH) * d].view(B, T, KVH, d).transpose(1, 2)
-            v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d).transpose(1, 2)
-            q, k = self.rope(q, k, cos, sin)
-            self.k[i][:, :, start:end] = k
-            self.v[i][:, :, start:end] = v
+            qk = qkv[..., :(H + KVH) * d].view(B, T, H + KVH, d)
+            swapped = qk.view(B, T, H + KVH, 2, d // 2).flip(-2).view(B, T, H + KVH, d)
+            qk = qk * cos + swapped * sin  # rotary on q and k at once
+            q, k = qk[:, :, :H], qk[:, :, H:]
+            v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d)
+            self.k[i][:, :, start:end] = k.transpose(1, 2)
+            self.v[i][:, :, start:end] = v.transpose(1, 2)
             keys, vals = self.k[i][:, :, :end], self.v[i][:, :, :end]
             if small:
-                o = small_attention(q.transpose(1, 2), keys, vals, bias, self.scale)  # (B, T, H, d)
+                o = small_attention(q, keys, vals, bias, self.scale)  # (B, T, H, d)
             else:
-                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, :, 0], scale=self.scale,
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=bias[:, :, 0], scale=self.scale,
                                                    enable_gqa=KVH != H).transpose(1, 2)
             h = h + F.linear(o.reshape(B, T, H * d), L.w_o, L.b_o)
             x = _rms(h, L.ln2, L.eps2)

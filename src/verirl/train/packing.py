@@ -221,7 +221,10 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
                     with_entropy: bool = False, share_prompt: bool = True, chunk: int = 0):
     """Like the padded pass: (logp (b, r), entropy (b, r) or None, mask (b, r)) for ``rows``, with
     no compute spent on pad tokens and the output layer applied in chunks to response positions only."""
-    pb = pack_rows(rollout, rows, share_prompt)
+    key = (tuple(rows), share_prompt)
+    pb = rollout.packed.get(key)  # the ref pass and the update pack the same rows
+    if pb is None:
+        pb = rollout.packed[key] = pack_rows(rollout, rows, share_prompt)
     with _packed_attention(model, pb.layout):
         hidden = model.get_decoder()(input_ids=pb.input_ids, position_ids=pb.position_ids,
                                      use_cache=False).last_hidden_state[0]

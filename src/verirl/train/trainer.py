@@ -325,13 +325,15 @@ def _continue(run: Run, console) -> int:
 
 
 def _apply_optimizer_settings(run: Run) -> None:
-    """The loaded optimizer state carries the old run's lr / betas / weight decay: put this config's
-    in (the same values when nothing changed, so an unchanged resume stays exact)."""
+    """The loaded optimizer state carries the old run's lr / betas / weight decay (and its fused /
+    for-each choice, which depends on the device it ran on): put this run's in (the same values when
+    nothing changed, so an unchanged resume stays exact)."""
     a = run.cfg.actor
+    impl = {k: run.optimizer.defaults.get(k) for k in ("fused", "foreach")}  # this machine's, not the saver's
     run.scheduler.base_lrs = [a.lr] * len(run.optimizer.param_groups)
     for g, fn in zip(run.optimizer.param_groups, run.scheduler.lr_lambdas):
         g.update(initial_lr=a.lr, lr=a.lr * fn(run.scheduler.last_epoch), betas=tuple(a.betas),
-                 weight_decay=a.weight_decay)
+                 weight_decay=a.weight_decay, **impl)
 
 
 IGNORED_ON_RESUME = {"trainer.total_steps", "trainer.resume", "trainer.overwrite", "trainer.run_dir",
