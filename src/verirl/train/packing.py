@@ -17,8 +17,10 @@ Attention itself runs on segments gathered into a few buckets of similar length 
 per bucket and layer): short segments through `verirl.algo.attention.small_attention`,
 long ones through torch's SDPA with the bucket's mask. On CPU this measured faster than a
 block-diagonal mask over the whole row, whose cost grows with the row length squared.
-With CUDA and flash-attn installed the same layout could go to its varlen kernel; that
-path is not wired in yet (no GPU to test it on).
+On CUDA with flash-attn installed and a half-precision model, all segments go instead through
+one call of flash-attn's varlen kernel (queries and keys gathered end to end, causal aligned
+to each segment's last key). That call is checked on CPU against a reference with the same
+arguments and semantics; it has not yet run on a GPU here.
 """
 from __future__ import annotations
 
@@ -58,11 +60,24 @@ class _Bucket:
 
 
 @dataclass
+class _Varlen:
+    """The same segments for a variable-length kernel (flash-attn's varlen): every segment's real
+    queries and keys gathered end to end, in the buckets' order, with cumulative lengths."""
+    q_pos: torch.Tensor  # (Nq,) packed positions of the queries, segment after segment
+    k_pos: torch.Tensor  # (Nk,) packed positions of the keys, segment after segment
+    cu_q: torch.Tensor  # (S + 1,) int32 offsets into q_pos
+    cu_k: torch.Tensor  # (S + 1,) int32 offsets into k_pos
+    max_q: int
+    max_k: int
+
+
+@dataclass
 class PackedLayout:
     """Which packed positions attend to which: a list of buckets and the order to undo."""
     buckets: list[_Bucket]
     inverse: torch.Tensor  # (T,) puts the bucket-ordered outputs back in packed order
     max_keys: int
+    varlen: _Varlen
 
 
 @dataclass
@@ -78,10 +93,22 @@ class PackedBatch:
     width: int  # r = the longest response among the rows
 
 
+def _varlen(segments: list[tuple[list[int], int]], device) -> _Varlen:
+    q_pos = [p for k, q in segments for p in k[len(k) - q:]]
+    k_pos = [p for k, _ in segments for p in k]
+    qlen = torch.tensor([0] + [q for _, q in segments])
+    klen = torch.tensor([0] + [len(k) for k, _ in segments])
+    t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return _Varlen(t(q_pos), t(k_pos), qlen.cumsum(0).to(device, torch.int32), klen.cumsum(0).to(device, torch.int32),
+                   int(qlen.max()), int(klen.max()))
+
+
 def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -> tuple[list[_Bucket], list[int]]:
     """segments: (key positions, number of queries = the last q keys). Groups segments of similar
-    key length so that padding inside a bucket stays small."""
-    order = sorted(range(len(segments)), key=lambda i: -len(segments[i][0]))
+    key length so that padding inside a bucket stays small. Sorts ``segments`` in place into the
+    buckets' order."""
+    segments.sort(key=lambda seg: -len(seg[0]))  # stable: equal lengths keep their packed order
+    order = list(range(len(segments)))
     buckets, flat_order = [], []
     i = 0
     while i < len(order):
@@ -150,10 +177,27 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     inverse[torch.as_tensor(flat_order, dtype=torch.long)] = torch.arange(len(flat_order))
     width = max((int(r_len[i]) for i in rows), default=0)
     t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    layout = PackedLayout(buckets, inverse.to(device), max(len(k) for k, _ in segments))
+    layout = PackedLayout(buckets, inverse.to(device), max(len(k) for k, _ in segments), _varlen(segments, device))
     return PackedBatch(t(ids)[None], t(pos)[None], layout, t(pred), t(labels), t(out_row), t(out_col),
                        len(rows), max(width, 1))
 
+
+
+_FLASH = {}
+
+
+def _flash_varlen(query: torch.Tensor):
+    """flash-attn's ``flash_attn_varlen_func`` for CUDA half-precision tensors when the package is
+    installed, else None (the buckets below are used)."""
+    if query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if "fn" not in _FLASH:
+        try:
+            from flash_attn import flash_attn_varlen_func
+        except ImportError:
+            flash_attn_varlen_func = None
+        _FLASH["fn"] = flash_attn_varlen_func
+    return _FLASH["fn"]
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -171,6 +215,12 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
     scale = d ** -0.5 if scaling is None else scaling
     p_drop = dropout if module.training else 0.0
+    varlen_fn = _flash_varlen(query)
+    if varlen_fn is not None:  # every segment in one call; causal aligned to the last key, as here
+        vl = layout.varlen
+        out = varlen_fn(q.index_select(0, vl.q_pos), k.index_select(0, vl.k_pos), v.index_select(0, vl.k_pos),
+                        vl.cu_q, vl.cu_k, vl.max_q, vl.max_k, dropout_p=p_drop, softmax_scale=scale, causal=True)
+        return out.index_select(0, layout.inverse)[None], None
     outs = []
     for bk in layout.buckets:
         S, Q = bk.q_idx.shape
