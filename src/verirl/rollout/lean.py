@@ -145,8 +145,8 @@ class LeanDecoder:
             if small:
                 o = small_attention(q, keys, vals, bias, self.scale)  # (B, T, H, d)
             else:
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=bias[:, :, 0], scale=self.scale,
-                                                   enable_gqa=KVH != H).transpose(1, 2)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=bias[:, :, 0],
+                                                   scale=self.scale, enable_gqa=KVH != H).transpose(1, 2)
             h = h + F.linear(o.reshape(B, T, H * d), L.w_o, L.b_o)
             x = _rms(h, L.ln2, L.eps2)
             g, u = F.linear(x, L.w_gu, L.b_gu).chunk(2, -1)

@@ -182,7 +182,6 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
                        len(rows), max(width, 1))
 
 
-
 _FLASH = {}
 
 
