@@ -18,7 +18,12 @@ Cases:
 
 Printed per case: s/step for each and the ratio TRL / verirl, generated tokens per second
 inside generation, peak resident memory of each process, and verirl's achieved FLOP/s in
-the update against this machine's float32 matmul rate (2048^3, measured at start).
+the update against this machine's float32 matmul rate (2048^3, measured at start). Also the
+work each does, in token-forwards a step (every token a forward pass sees, prefill, each
+decoding row-step, reference and policy passes; a forward that builds a graph counts 3x for
+its backward): TRL's counted by a hook on its embedding layers, verirl's from the rollout's
+batch sizes and the packed row's length. Their ratio is the step-time ratio two trainers of
+equal per-token efficiency would show.
 """
 from __future__ import annotations
 
@@ -100,7 +105,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
     ])
     run = build_run(cfg)
     body, head = flops_per_token(run.model)
-    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": []}
+    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": []}
     for step in range(1, warmup + steps + 1):
         t = time.perf_counter()
         m, _ = train_step(run, step)
@@ -116,6 +121,10 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         out["gen_tok_s"].append(gen / m["timing/rollout"])
         out["update_flops_s"].append(flops / m["timing/update"])
         out["tokens"].append(gen)
+        # token-forwards: the prefill (prompts left-padded to the longest), every decoding row-step,
+        # the reference forward and the update's forward + backward (counted 3x) over the packed row
+        sizes = run.engine.batch_sizes
+        out["work"].append(sizes[0] * m["prompt_length/max"] + sum(sizes[1:]) + 4 * body_tokens)
         out["phases"].append({k.split("/")[1]: m[k] for k in m if k.startswith("timing/")})
     run.scorer.close()
     return out
@@ -149,6 +158,7 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         dataloader_num_workers=0, seed=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0)
     gen_time = [0.0]
     gen_tokens = [0]
+    work = [0]  # token-forwards this step: tokens into the embedding layers, x3 for the policy's graded forward
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -156,15 +166,21 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
 
         def on_step_begin(self, *a, **k):
             self.t = time.perf_counter()
-            gen_time[0], gen_tokens[0] = 0.0, 0
+            gen_time[0], gen_tokens[0], work[0] = 0.0, 0, 0
 
         def on_step_end(self, *a, **k):
-            self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0]))
+            self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0], work[0]))
 
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[acc_reward], args=args, train_dataset=ds, processing_class=tok,
                           callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts would bury the results
+
+    def count(module, inputs, output):
+        work[0] += inputs[0].numel() * (3 if torch.is_grad_enabled() else 1)
+
+    for m in {id(x): x for x in (trainer.model, getattr(trainer, "ref_model", None)) if x is not None}.values():
+        m.get_input_embeddings().register_forward_hook(count)
     inner = trainer.model.generate
 
     def timed_generate(*a, **k):  # time TRL's generation and count what it produced
@@ -184,8 +200,8 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     trainer.model.generate = timed_generate
     trainer.train()
     measured = clock.steps[warmup:]
-    return {"step": [s for s, _, _ in measured], "gen_tok_s": [n / g for _, g, n in measured if g > 0],
-            "tokens": [n for _, _, n in measured]}
+    return {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
+            "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured]}
 
 
 def _child(side: str, case: str, args: dict, q) -> None:
@@ -240,6 +256,10 @@ def main() -> None:
             "verirl_tokens_per_step": med(ours["tokens"]), "trl_tokens_per_step": med(trl["tokens"]),
             "verirl_peak_rss_gb": ours["peak_rss_gb"], "trl_peak_rss_gb": trl["peak_rss_gb"],
             "mem_ratio_verirl_over_trl": ours["peak_rss_gb"] / trl["peak_rss_gb"],
+            "verirl_work_per_step": med(ours["work"]), "trl_work_per_step": med(trl["work"]),
+            "work_ratio_trl_over_verirl": med(trl["work"]) / med(ours["work"]),
+            "verirl_us_per_token_forward": 1e6 * med(ours["step"]) / med(ours["work"]),
+            "trl_us_per_token_forward": 1e6 * med(trl["step"]) / med(trl["work"]),
             "verirl_update_gflops": med(ours["update_flops_s"]) / 1e9,
             "update_fraction_of_matmul_peak": med(ours["update_flops_s"]) / peak,
         }
@@ -252,6 +272,10 @@ def main() -> None:
               f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
               f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
               f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)
+        print(f"  work (token-forwards a step; the update's forward + backward counts 3x): verirl "
+              f"{row['verirl_work_per_step']:.0f}  TRL {row['trl_work_per_step']:.0f}  ratio "
+              f"{row['work_ratio_trl_over_verirl']:.2f} | step time per token-forward: verirl "
+              f"{row['verirl_us_per_token_forward']:.1f} us  TRL {row['trl_us_per_token_forward']:.1f} us")
         print("  verirl phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["verirl_phases_s"].items()))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
