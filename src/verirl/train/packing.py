@@ -103,20 +103,18 @@ def _varlen(segments: list[tuple[list[int], int]], device) -> _Varlen:
                    int(qlen.max()), int(klen.max()))
 
 
-def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -> tuple[list[_Bucket], list[int]]:
-    """segments: (key positions, number of queries = the last q keys). Groups segments of similar
-    key length so that padding inside a bucket stays small. Sorts ``segments`` in place into the
-    buckets' order."""
-    segments.sort(key=lambda seg: -len(seg[0]))  # stable: equal lengths keep their packed order
-    order = list(range(len(segments)))
-    buckets, flat_order = [], []
+def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -> list[_Bucket]:
+    """segments, longest keys first: (key positions, number of queries = the last q keys). Groups
+    consecutive segments of similar key length so that padding inside a bucket stays small; the
+    buckets' queries, in order, are the segments' queries in order."""
+    buckets = []
     i = 0
-    while i < len(order):
-        k0 = len(segments[order[i]][0])
+    while i < len(segments):
+        k0 = len(segments[i][0])
         j = i
-        while j < len(order) and len(segments[order[j]][0]) >= ratio * k0:
+        while j < len(segments) and len(segments[j][0]) >= ratio * k0:
             j += 1
-        members = [segments[s] for s in order[i:j]]
+        members = segments[i:j]
         S, K, Q = len(members), k0, max(q for _, q in members)
         klen = torch.tensor([len(k) for k, _ in members])
         qlen = torch.tensor([q for _, q in members])
@@ -129,11 +127,9 @@ def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -
         mask = real_q & (c <= (klen - qlen)[:, None, None] + t)
         mask |= ~real_q & (c == 0)  # padded query rows see one key (no NaN); their output is dropped
         valid = (torch.arange(S * Q).view(S, Q))[real_q[:, :, 0]]
-        for k, q in members:
-            flat_order.extend(k[len(k) - q:])
         buckets.append(_Bucket(q_idx.to(device), k_idx.to(device), mask[:, None].to(device), valid.to(device)))
         i = j
-    return buckets, flat_order
+    return buckets
 
 
 def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) -> PackedBatch:
@@ -172,12 +168,13 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
             out_row.append(b)
             out_col.append(j)
     segments = [s for s in segments if s[1] > 0]  # an empty response has no queries of its own
-    buckets, flat_order = _bucket(segments, device)
-    inverse = torch.empty(len(ids), dtype=torch.long)
-    inverse[torch.as_tensor(flat_order, dtype=torch.long)] = torch.arange(len(flat_order))
+    segments.sort(key=lambda seg: -len(seg[0]))  # stable: equal lengths keep their packed order
+    varlen = _varlen(segments, device)  # its q_pos is also the order of the buckets' outputs
+    inverse = torch.empty(len(ids), dtype=torch.long, device=device)
+    inverse[varlen.q_pos] = torch.arange(len(varlen.q_pos), device=device)
     width = max((int(r_len[i]) for i in rows), default=0)
     t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    layout = PackedLayout(buckets, inverse.to(device), max(len(k) for k, _ in segments), _varlen(segments, device))
+    layout = PackedLayout(_bucket(segments, device), inverse, max(len(k) for k, _ in segments), varlen)
     return PackedBatch(t(ids)[None], t(pos)[None], layout, t(pred), t(labels), t(out_row), t(out_col),
                        len(rows), max(width, 1))
 
