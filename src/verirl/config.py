@@ -245,6 +245,11 @@ def to_yaml(cfg) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+def to_dict(cfg) -> dict:
+    """The config as plain nested dicts (JSON-able)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
 def describe(schema_cls: type = Config) -> str:
     """Every key with its default, for --help-config."""
     return to_yaml(schema_cls())

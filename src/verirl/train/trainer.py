@@ -19,10 +19,9 @@ from typing import Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from verirl.algo import ADVANTAGE_ESTIMATORS
-from verirl.config import Config, to_yaml
+from verirl.config import Config, to_dict, to_yaml
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.evaluate import accuracy, decode_responses, evaluate_samples
@@ -297,7 +296,7 @@ def _save(run: Run, step: int, sink: JsonlSink, dump: Optional[JsonlSink], summa
     t = run.cfg.trainer
     extra = {"sampler": run.sampler.state_dict(), "metrics_bytes": sink.tell(),
              "rollouts_bytes": dump.tell() if dump else 0, "eval_start": summary.get("eval_start"),
-             "run_dir": str(run.run_dir.resolve()), "config": OmegaConf.to_container(OmegaConf.structured(run.cfg))}
+             "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg)}
     return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids, run.optimizer,
                            run.scheduler, extra, keep=t.keep_checkpoints)
 
@@ -317,7 +316,7 @@ def _continue(run: Run, console) -> int:
     truncate(metrics, ckpt.state["metrics_bytes"] if own else 0)  # drop steps logged after the checkpoint
     truncate(rollouts, ckpt.state.get("rollouts_bytes", 0) if own else 0)
     console.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
-    changed = config_changes(ckpt.state.get("config") or {}, OmegaConf.to_container(OmegaConf.structured(run.cfg)))
+    changed = config_changes(ckpt.state.get("config") or {}, to_dict(run.cfg))
     if changed:
         console.print("[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): "
                       + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
