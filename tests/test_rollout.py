@@ -142,3 +142,20 @@ def test_lean_decoder_on_llama_matches_transformers_generate():
     a = NativeEngine(model, 0, [3]).generate(prompts, 2, params)
     b = HFEngine(model, 0, [3]).generate(prompts, 2, params)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+
+
+def test_hf_stepper_equals_the_lean_decoder(tiny, arith, monkeypatch):
+    """Models the lean decoder does not cover decode through their own forward (_HFStepper, which
+    keeps its own attention mask through repeats, compaction and steps): same greedy tokens."""
+    import verirl.rollout.native as native
+
+    _, val = arith
+    prompts = [p.ids for p in val[:6]]
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    lean = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(prompts, 2, params)
+    monkeypatch.setattr(native, "lean_supported", lambda model: False)
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    hf = eng.generate(prompts, 2, params)
+    assert eng.batch_sizes[-1] < eng.batch_sizes[1]  # rows were compacted on the way
+    assert torch.equal(lean.response_ids, hf.response_ids) and torch.equal(lean.response_mask, hf.response_mask)
+    assert torch.equal(lean.prompt_ids, hf.prompt_ids)

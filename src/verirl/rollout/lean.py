@@ -80,7 +80,7 @@ class LeanDecoder:
         dec = model.get_decoder()
         cfg = model.config
         self.rotary = dec.rotary_emb
-        self.embed = dec.get_input_embeddings().weight if hasattr(dec, "get_input_embeddings") else dec.embed_tokens.weight
+        self.embed = model.get_input_embeddings().weight
         head = model.get_output_embeddings()
         self.head_w, self.head_b = head.weight, head.bias
         self.norm_w, self.norm_eps = dec.norm.weight, dec.norm.variance_epsilon

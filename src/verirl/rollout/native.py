@@ -33,20 +33,25 @@ class _HFStepper:
 
     def __init__(self, model):
         self.model, self.kw, self.cache = model, _cache_kwarg(model), DynamicCache()
+        self.mask = None  # (B, keys so far) attention mask of the rows the cache holds
 
     def prefill(self, ids, mask, pos, total: int):
+        self.mask = mask
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **{self.kw: self.cache})
         return out.logits[:, -1]
 
     def repeat(self, n: int):
         self.cache.batch_repeat_interleave(n)
+        self.mask = self.mask.repeat_interleave(n, 0)
 
     def select(self, rows):
         self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
 
-    def step(self, tok, mask, pos, start: int):
-        out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None], use_cache=True,
+    def step(self, tok, pos, start: int):
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos[:, None], use_cache=True,
                          **{self.kw: self.cache})
         return out.logits[:, -1]
 
@@ -75,7 +80,7 @@ class _LeanStepper:
         self.dec.select(rows)
         self.bias = self.bias.index_select(0, rows)
 
-    def step(self, tok, mask, pos, start: int):
+    def step(self, tok, pos, start: int):
         return self.dec.forward(tok[:, None], pos[:, None], start, self.bias[:, None, None, None, :start + 1])
 
 
@@ -102,7 +107,6 @@ class NativeEngine:
         if n > 1:  # expand each prompt's cache to its n samples
             run.repeat(n)
             logits = logits.repeat_interleave(n, dim=0)
-            mask = mask.repeat_interleave(n, dim=0)
             pos = pos.repeat_interleave(n, dim=0)
         N = logits.shape[0]
         tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
@@ -124,12 +128,10 @@ class NativeEngine:
             if n_run <= 0.75 * running.numel():  # compact: drop the finished rows from the cache
                 idx = running.nonzero().squeeze(-1)
                 run.select(idx)
-                active, tok, mask, next_pos, running = active[idx], tok[idx], mask[idx], next_pos[idx], running[idx]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+                active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]
             self.batch_sizes.append(tok.shape[0])
-            logits = run.step(tok, mask, next_pos, P + t)
+            logits = run.step(tok, next_pos, P + t)
             next_pos = next_pos + 1
         model.train(was_training)
-        full_ids, full_mask = left_pad(prompt_ids, self.pad_id, device)
-        return build_rollout(full_ids.repeat_interleave(n, 0), full_mask.repeat_interleave(n, 0), tokens,
+        return build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
                              self.stop_ids, self.pad_id)
