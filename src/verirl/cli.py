@@ -95,15 +95,20 @@ def main(argv: list[str] | None = None) -> int:
             from verirl.train.sft import sft
             sft(cfg)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
-        if os.environ.get("VERIRL_DEBUG"):
-            raise
-        kind = "config error" if isinstance(e, ConfigError) else "error"
-        print(f"verirl {args.command}: {kind}: {e}", file=sys.stderr)
-        return 2
+        return _user_error(args.command, e, "config error" if isinstance(e, ConfigError) else "error")
     except KeyboardInterrupt:
         print(f"verirl {args.command}: interrupted.", file=sys.stderr)
         return 130
     return 0
+
+
+def _user_error(command: str, e: Exception, kind: str = "error") -> int:
+    """One paragraph on stderr and exit status 2; with VERIRL_DEBUG=1 the exception is re-raised
+    (traceback)."""
+    if os.environ.get("VERIRL_DEBUG"):
+        raise e
+    print(f"verirl {command}: {kind}: {e}", file=sys.stderr)
+    return 2
 
 
 def _eval(args) -> int:
@@ -150,10 +155,7 @@ def _eval(args) -> int:
                                    args.temperature, args.seed,
                                    progress=lambda k: status.update(f"sampled {k}/{len(prompts)} prompts"))
     except (FileNotFoundError, ValueError) as e:
-        if os.environ.get("VERIRL_DEBUG"):
-            raise
-        print(f"verirl eval: error: {e}", file=sys.stderr)
-        return 2
+        return _user_error("eval", e)
     res.update({"model": args.model, "data": args.data, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "verifiers": rules})
     keys = [k for k in res["overall"] if k != "prompts"]
@@ -179,10 +181,7 @@ def _export(args) -> int:
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir)
     except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as e:
-        if os.environ.get("VERIRL_DEBUG"):
-            raise
-        print(f"verirl export: error: {e}", file=sys.stderr)
-        return 2
+        return _user_error("export", e)
     print(f"exported {args.checkpoint} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
     return 0
 
