@@ -70,25 +70,22 @@ def main() -> None:
           f"{micro} hold {padded_tokens} ({padded_tokens / real:.2f}x); packed: {len(packed_mbs)} micro-batches "
           f"under {budget} tokens")
 
-    def padded(grad: bool):
+    def passes(fn, mbs, grad: bool):
+        roll.packed.clear()  # pay the packing every time, as a training step does once
         out = []
-        for mb in padded_mbs:
+        for mb in mbs:
             with torch.set_grad_enabled(grad):
-                lp, _, m = response_logprobs(model, roll, mb)
+                lp, _, m = fn(mb)
                 if grad:
                     (lp * m).sum().backward()
             out.append((mb, lp.detach(), m))
         return out
 
+    def padded(grad: bool):
+        return passes(lambda mb: response_logprobs(model, roll, mb), padded_mbs, grad)
+
     def packed(grad: bool):
-        out = []
-        for mb in packed_mbs:
-            with torch.set_grad_enabled(grad):
-                lp, _, m = packed_logprobs(model, roll, mb, share_prompt=False)
-                if grad:
-                    (lp * m).sum().backward()
-            out.append((mb, lp.detach(), m))
-        return out
+        return passes(lambda mb: packed_logprobs(model, roll, mb, share_prompt=False), packed_mbs, grad)
 
     def full(parts):
         R = roll.response_ids.shape[1]
