@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# Each `make run` gets its own directory: runs/tiny_grpo/YYYYmmdd-HHMMSS/
+# The embedded default (`verirl train` alone runs the tiny recipe); each `make run` gets its own
+# directory: runs/tiny_grpo/YYYYmmdd-HHMMSS/
 run: $(STAMP)
-	$(BIN)/verirl train --config configs/tiny_grpo.yaml trainer.run_dir=runs/tiny_grpo/$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	$(BIN)/verirl train trainer.run_dir=runs/tiny_grpo/$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)

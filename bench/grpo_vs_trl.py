@@ -91,7 +91,8 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
     import torch
 
     from verirl.config import load_config
-    from verirl.train.trainer import build_run, train_step
+    from verirl.train.build import build_run
+    from verirl.train.step import train_step
 
     torch.set_num_threads(threads)
     run_dir = tempfile.mkdtemp(prefix="bench-ours-")
@@ -100,8 +101,8 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         f"rollout.max_new_tokens={MAX_NEW}", "rollout.temperature=1.0", f"actor.lr={lr}", f"algo.kl_coef={kl}",
         "algo.kl_type=low_var_kl", f"actor.mini_batch_prompts={N_PROMPTS}", f"actor.micro_batch_size={N_PROMPTS * N_SAMPLES}",
         "data.max_prompt_length=256", "reward.verifiers=[acc]", "reward.weights=[1.0]", "reward.tasks={}",
-        "trainer.eval_at_start=false", "trainer.eval_at_end=false", f"trainer.threads={threads}",
-        f"trainer.run_dir={run_dir}", "data.train_size=2000", "data.val_size=10",
+        "eval.before_train=false", "eval.at_end=false", f"trainer.threads={threads}",
+        f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10",
     ])
     run = build_run(cfg)
     body, head = flops_per_token(run.model)

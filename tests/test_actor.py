@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from verirl.rollout import NativeEngine, SamplingParams
-from verirl.train.actor import UpdateParams, build_optimizer, compute_logprobs, response_logprobs, update_policy
+from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, response_logprobs, update_policy
 from verirl.types import TrainBatch
 
 
@@ -16,15 +16,15 @@ def batch(tiny, arith):
     roll = engine.generate([p.ids for p in train[:3]], 4, SamplingParams(max_new_tokens=20, seed=3))
     assert len(set(roll.response_lengths.tolist())) > 1, "want responses of different lengths"
     adv = torch.linspace(-1.0, 1.0, 12)
-    ref = compute_logprobs(tiny.model, roll, 12) - 0.05 * torch.arange(roll.response_ids.shape[1]).float()
+    ref = compute_logprobs(tiny.model, roll, LogprobPass(micro_batch_size=12)) - 0.05 * torch.arange(roll.response_ids.shape[1]).float()
     return TrainBatch(roll, adv, ref_logprobs=ref)
 
 
 def _grads(tiny, batch, micro, mode):
     model = copy.deepcopy(tiny.model)
     opt, sched = build_optimizer(model, lr=0.0, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
-    p = UpdateParams(group_size=4, mini_batch_prompts=3, micro_batch_size=micro, kl_coef=0.1, entropy_coef=0.01,
-                     loss_agg_mode=mode, grad_clip=0.0)
+    p = UpdateParams(group_size=4, mini_batch_prompts=3, forward=LogprobPass(micro_batch_size=micro), kl_coef=0.1,
+                     entropy_coef=0.01, loss_agg_mode=mode, grad_clip=0.0)
     stats = update_policy(model, opt, sched, batch, p)
     return {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}, stats
 
@@ -52,8 +52,8 @@ def test_on_policy_ratio_is_one_and_nothing_is_clipped(tiny, batch):
 
 def test_logprobs_do_not_depend_on_batch_composition(tiny, batch):
     """Trimming pads per micro-batch and restarting positions must not change a sequence's log-probs."""
-    whole = compute_logprobs(tiny.model, batch.rollout, 12)
-    single = compute_logprobs(tiny.model, batch.rollout, 1)
+    whole = compute_logprobs(tiny.model, batch.rollout, LogprobPass(micro_batch_size=12))
+    single = compute_logprobs(tiny.model, batch.rollout, LogprobPass(micro_batch_size=1))
     mask = batch.rollout.response_mask.bool()
     assert (whole - single)[mask].abs().max() < 1e-5
 

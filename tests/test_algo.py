@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from verirl.algo import aggregate, clipped_policy_loss, grpo_advantages, kl_penalty, logprobs_from_logits
+from verirl.algo.advantages import rloo_advantages
 from verirl.algo.logprobs import entropy_from_logits
 
 
@@ -26,6 +27,24 @@ def test_grpo_advantages_epsilon_and_shape_errors():
         [1 / (math.sqrt(2) + 1e-6), -1 / (math.sqrt(2) + 1e-6)])
     with pytest.raises(ValueError, match="multiple of group_size"):
         grpo_advantages(torch.ones(5), 2)
+
+
+def test_rloo_advantages_by_hand():
+    # group 1: [1, 0, 0, 1]: the other three of an r=1 average 1/3 -> 2/3; of an r=0, 2/3 -> -2/3
+    #          unbiased std of the group sqrt(1/3)
+    # group 2: [2, 2, 2, 2]: all equal -> exactly zero, also divided by a zero std
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    loo = [2 / 3, -2 / 3, -2 / 3, 2 / 3]
+    assert rloo_advantages(r, 4, norm_by_std=False).tolist() == pytest.approx(loo + [0] * 4)
+    s = math.sqrt(1 / 3)
+    adv = rloo_advantages(r, 4, norm_by_std=True, epsilon=0.0)
+    assert adv.tolist() == pytest.approx([a / s for a in loo] + [0] * 4, abs=1e-6)
+    assert adv[4:].tolist() == [0.0] * 4  # not NaN
+    # epsilon joins the std, as in grpo
+    assert rloo_advantages(r[:4], 4, norm_by_std=True, epsilon=0.5).tolist() == pytest.approx(
+        [a / (s + 0.5) for a in loo])
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        rloo_advantages(torch.ones(5), 2)
 
 
 def test_low_var_kl_by_hand_and_clamp():

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from verirl.cli import main
 
-CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_grpo.yaml")
+CONFIG = "tiny"  # the recipe shipped in the package
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=2", "rollout.n=4", "rollout.max_new_tokens=20",
-         "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false", "log.console_every=0",
+         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
          "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true", "actor.warmup_steps=3"]
 VOLATILE = ("timing/", "perf/")  # wall-clock figures differ between any two runs
 
@@ -163,7 +163,8 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
     from verirl.config import load_config
     from verirl.rollout import SamplingParams
     from verirl.train.actor import response_logprobs
-    from verirl.train.trainer import build_run, train_step
+    from verirl.train.build import build_run
+    from verirl.train.step import train_step
 
     run_dir = tmp_path / "r"
     cfg = load_config(CONFIG, [f"trainer.run_dir={run_dir}", "trainer.total_steps=2", "trainer.save_freq=1",
@@ -171,11 +172,14 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
     run = build_run(cfg)
     for step in (1, 2):
         train_step(run, step)
-    from verirl.metrics import JsonlSink
-    from verirl.train.trainer import _save
-    sink = JsonlSink(run_dir / "metrics.jsonl")
-    _save(run, 2, sink, None, {})
-    sink.close()
+    from rich.console import Console
+
+    from verirl.train.build import LogSettings
+    from verirl.train.trainer import RunLog, save
+    log = RunLog(run_dir, False, Console(), LogSettings(progress=False, console_every=0))
+    log.open(0, 0)
+    save(run, 2, log, {})
+    log.close()
     run.scorer.close()
     out = tmp_path / "exported"
     assert main(["export", str(run_dir), str(out)]) == 0

@@ -39,21 +39,22 @@ def test_majority_vote():
     assert majority_correct(["3", "4"], [True, False]) == 1.0  # a tie goes to the answer seen first
     assert majority_correct([None, None], [False, False]) == 0.0
     m = sample_metrics([[1.0, -1.0], [1.0, 1.0]], [[True, False], [True, True]], [["2", "3"], ["5", "5"]], [1, 2])
-    assert m == {"avg@2": 0.5, "pass@1": 0.75, "pass@2": 1.0, "maj@2": 1.0}
+    assert m == {"reward_mean": 0.5, "pass@1": 0.75, "pass@2": 1.0, "maj@2": 1.0}
 
 
 def test_verirl_eval_on_the_embedded_model(tmp_path, capsys):
     out = tmp_path / "eval.json"
-    assert main(["eval", "--model", "tiny", "--data", "arith", "--n", "4", "--val-size", "40",
+    assert main(["eval", "--model", "tiny", "--data", "arith", "--n", "4", "--size", "40",
                  "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     o = res["overall"]
     assert res["n"] == 4 and o["prompts"] == 40
-    assert set(o) == {"prompts", "avg@4", "pass@1", "pass@2", "pass@4", "maj@4"}
+    assert set(o) == {"prompts", "greedy_acc", "reward_mean", "pass@1", "pass@2", "pass@4", "maj@4"}
     assert 0 <= o["pass@1"] <= o["pass@2"] <= o["pass@4"] <= 1  # more draws never hurt
     assert 0 < o["pass@4"]  # the shipped model gets some right (~20% greedy)
     # acc scores 1 / -0.5 / -1: the mean score is below the fraction right
-    assert o["avg@4"] <= o["pass@1"]
+    assert o["reward_mean"] <= o["pass@1"]
+    assert 0 < o["greedy_acc"] < 1
     assert set(res["groups"]) == {"task/add", "task/mul"}
     assert sum(g["prompts"] for g in res["groups"].values()) == 40
     table = capsys.readouterr().out
@@ -65,18 +66,55 @@ def test_verirl_eval_bad_input_is_one_clear_line(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_validation_during_training_logs_val_metrics(tmp_path):
-    from pathlib import Path
-    config = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_grpo.yaml")
+def test_right_is_the_tasks_own_answer_check():
+    """12.0 for 12: acc (mathematical equality) counts it right, exact (the same string) does not; a
+    sample is right by the first answer rule its task is routed to, not by the weighted reward."""
+    from verirl.evaluate import answer_right
+    from verirl.rewards import Scorer
+
+    texts = ["<think>x</think><answer>\\boxed{12.0}</answer>"] * 2 + ["no answer"]
+    samples = [{"label": "12", "task": "add"}, {"label": "12", "task": "mul"}, {"label": "3", "task": "other"}]
+    scorer = Scorer(["format", "acc", "exact"], [0.1, 1.0, 1.0], {"add": ["acc", "format"], "mul": ["exact", "format"]})
+    result = scorer(texts, samples)
+    assert result.per_rule["acc"][:2] == [1.0, None] and result.per_rule["exact"][:2] == [None, 0.0]
+    assert [answer_right(result, i, t, s["label"]) for i, (t, s) in enumerate(zip(texts, samples))] == \
+        [True, False, False]
+    only_format = Scorer(["format"], [1.0])(texts[:1], samples[:1])  # no answer rule: acc's test
+    assert answer_right(only_format, 0, texts[0], "12") is True
+
+
+def test_evaluation_during_training_logs_val_metrics(tmp_path):
     run = tmp_path / "r"
-    assert main(["train", "--config", config, f"trainer.run_dir={run}", "trainer.total_steps=3",
-                 "trainer.test_freq=2", "trainer.val_before_train=true", "trainer.val_n=2", "data.val_size=8",
-                 "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2", "reward.workers=0",
-                 "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false"]) == 0
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=3", "eval.every=2", "eval.n=2",
+                 "eval.size=8", "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2",
+                 "reward.workers=0", "eval.at_end=false", "log.progress=false"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert {"val/avg@2", "val/pass@1", "val/pass@2", "val/maj@2", "val/task/add/pass@1"} <= set(rows[0])
-    assert "val/pass@1" in rows[2] and "val/pass@1" in rows[3]  # every 2 steps and at the end
+    assert {"val/greedy_acc", "val/reward_mean", "val/pass@1", "val/pass@2", "val/maj@2",
+            "val/task/add/pass@1", "val/task/mul/greedy_acc"} <= set(rows[0])
+    assert "val/pass@1" in rows[2] and "val/pass@1" in rows[3]  # every 2 steps and after the last one
     assert "val/pass@1" not in rows[1]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 3 and "val_before_train" in summary
+    assert summary["steps"] == 3 and summary["eval_start"] == {k: v for k, v in rows[0].items() if k != "step"}
+    assert "eval_end" not in summary  # eval.at_end=false
+
+
+def test_old_evaluation_keys_are_aliases_that_name_the_new_key(tmp_path, capsys):
+    from verirl.config import load_config
+
+    old = ["trainer.test_freq=5", "trainer.val_before_train=false", "trainer.val_n=3", "data.val_size=12",
+           "trainer.eval_at_end=false", f"trainer.val_data={tmp_path}"]
+    cfg = load_config("tiny", old)
+    e = cfg.eval
+    assert (e.every, e.before_train, e.n, e.size, e.at_end, e.data) == (5, False, 3, 12, False, str(tmp_path))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == len(old)
+    for line, new in zip(lines, ["eval.every", "eval.before_train", "eval.n", "eval.size", "eval.at_end",
+                                 "eval.data"]):
+        assert f"is now {new}" in line
+    yaml = tmp_path / "old.yaml"
+    yaml.write_text("trainer:\n  eval_samples: 7\n  total_steps: 3\ndata:\n  additional_keys: [labels, task]\n")
+    cfg = load_config(str(yaml))
+    assert cfg.eval.n == 7 and cfg.trainer.total_steps == 3 and cfg.data.dataset_additional_keys == ["labels", "task"]
+    err = capsys.readouterr().err
+    assert "trainer.eval_samples" in err and "eval.n" in err and "data.dataset_additional_keys" in err

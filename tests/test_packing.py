@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from verirl.algo.logprobs import head_logprobs
 from verirl.config import ConfigError, load_config
+from verirl.ops.head_logprobs import head_logprobs
 from verirl.rollout import NativeEngine, SamplingParams
 from verirl.rollout.base import left_pad
 from verirl.train.actor import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
@@ -65,7 +65,7 @@ def test_packed_gradient_equals_padded(tiny, sampled):
 
 def test_small_segment_attention_equals_sdpa(tiny, sampled, monkeypatch):
     """The matmul path for short segments and SDPA's kernel: the same gradients, in float64."""
-    import verirl.algo.attention as attention
+    import verirl.ops.attention as attention
 
     def grads(small):
         monkeypatch.setattr(attention, "SMALL_SEGMENT", small)
@@ -157,8 +157,8 @@ def test_token_budget_gives_the_full_batch_gradient(tiny, sampled, share, padded
     def grads(micro, budget):
         model = copy.deepcopy(tiny.model)
         opt, sched = build_optimizer(model, 0.0, (0.9, 0.99), 0.0, 0)
-        p = UpdateParams(group_size=4, mini_batch_prompts=4, micro_batch_size=micro, grad_clip=0.0,
-                         entropy_coef=0.01, max_tokens=budget, passes=LogprobPass(not padded, share))
+        how = LogprobPass(micro_batch_size=micro, max_tokens=budget, remove_padding=not padded, share_prompt=share)
+        p = UpdateParams(group_size=4, mini_batch_prompts=4, forward=how, grad_clip=0.0, entropy_coef=0.01)
         stats = update_policy(model, opt, sched, batch, p)
         return {n: q.grad.clone() for n, q in model.named_parameters()}, stats
 
@@ -170,7 +170,7 @@ def test_token_budget_gives_the_full_batch_gradient(tiny, sampled, share, padded
 
 
 def test_sequence_logprobs_falls_back_to_padded_when_asked(tiny, sampled):
-    a, _, m = sequence_logprobs(tiny.model, sampled, [0, 5], passes=LogprobPass(remove_padding=False))
+    a, _, m = sequence_logprobs(tiny.model, sampled, [0, 5], LogprobPass(remove_padding=False))
     b, _, _ = sequence_logprobs(tiny.model, sampled, [0, 5])
     assert (a - b)[m.bool()].abs().max() <= 1e-5
     assert (a != b)[~m.bool()].any()  # the padded path computed (masked) values on pads: it really ran
@@ -209,7 +209,6 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
 
     def run(fn):
         monkeypatch.setattr(packing, "_flash_varlen", lambda query: fn)
-        sampled.packed.clear()
         model = copy.deepcopy(tiny.model)
         lp, ent, mask = packed_logprobs(model, sampled, list(range(16)), with_entropy=True, share_prompt=share)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
@@ -219,4 +218,3 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
     assert (la - lb).abs().max() <= 1e-5
     for n in ga:
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
-    sampled.packed.clear()

@@ -139,13 +139,15 @@ def test_train_from_raw_jsonl_with_template_stop_words(tmp_path, capsys):
                               "stop_words": ["<|endoftext|>"], "replace_eos": True}]))
     src = _jsonl(tmp_path / "raw.jsonl", ROWS)
     run = tmp_path / "run"
-    assert main(["train", f"data.train_path={src}", f"data.val_path={src}", "data.prompt_type=short",
+    assert main(["train", f"data.train_path={src}", f"eval.data={src}", "data.prompt_type=short",
                  f"data.templates_file={f}", "data.additional_keys=[labels,task]", "data.shuffle=megatron",
                  f"trainer.run_dir={run}", "trainer.total_steps=2", "data.prompts_per_step=2",
-                 "actor.mini_batch_prompts=2", "rollout.n=2", "trainer.eval_samples=1", "log.progress=false",
+                 "actor.mini_batch_prompts=2", "rollout.n=2", "eval.n=1", "log.progress=false",
                  "rollout.max_new_tokens=8"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and "reward/task/add/mean" in rows[0] or "reward/task/other/mean" in rows[0]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation on eval.data before training
+    assert "val/greedy_acc" in rows[0] and "val/pass@1" in rows[2]
+    assert "reward/task/add/mean" in rows[1] or "reward/task/other/mean" in rows[1]
     # replace_eos: <|endoftext|> (id 0) is now the only stop token
     gen = json.loads((run / "final" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 0

@@ -86,7 +86,7 @@ GOOD = "<think>Step 1: 48 / 2 = 24. Step 2: 48 + 24 = 72.</think><answer>\\boxed
     ("base_acc", GOOD, "72", 1.0),
     ("base_acc", GOOD, "71", 0.0),
     ("base_acc", "x " + GOOD, "72", 0.0),
-    # math (seed 001): wrong 0; right 0.7 + format 0.2 + steps 0.1
+    # math (graded): wrong 0; right 0.7 + format 0.2 + steps 0.1
     ("math", GOOD, "72", 1.0),
     ("math", GOOD, "73", 0.0),
     ("math", "<think>72</think><answer>\\boxed{72}</answer>", "72", 0.9),

@@ -32,13 +32,15 @@ def test_module_spec(monkeypatch):
 
 
 def test_bad_specs_are_config_errors():
+    from verirl.checks import check_train
     from verirl.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(None, ["reward.verifiers=[nope.py:f]", "reward.weights=[1]"])
+        check_train(load_config(None, ["reward.verifiers=[nope.py:f]", "reward.weights=[1]"]))
     with pytest.raises(ConfigError, match="has no function 'missing'"):
-        load_config(None, [f"reward.verifiers=[{spec('missing')}]", "reward.weights=[1]"])
+        check_train(load_config(None, [f"reward.verifiers=[{spec('missing')}]", "reward.weights=[1]"]))
     cfg = load_config(None, [f"reward.verifiers=[acc,{spec('boom')}]", "reward.weights=[1,1]",
                              "reward.tasks={math: [acc, boom]}"])  # routing may use the function's name
+    check_train(cfg)
     assert cfg.reward.tasks["math"] == ["acc", "boom"]
 
 

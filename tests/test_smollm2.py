@@ -34,8 +34,8 @@ def test_two_grpo_steps_on_smollm2_with_its_own_chat_template(smol_dir, tmp_path
     run = tmp_path / "run"
     rc = main(["train", f"model.path={smol_dir}", f"trainer.run_dir={run}", "trainer.total_steps=2",
                "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=4", "rollout.max_new_tokens=24",
-               "data.max_prompt_length=128", "data.train_size=50", "data.val_size=4", "trainer.eval_at_start=false",
-               "trainer.eval_at_end=false", "algo.kl_coef=0.001", "algo.entropy_coef=0.01", "actor.lr=1e-5", "actor.max_token_len_per_device=512",
+               "data.max_prompt_length=128", "data.train_size=50", "eval.size=4", "eval.before_train=false",
+               "eval.at_end=false", "algo.kl_coef=0.001", "algo.entropy_coef=0.01", "actor.lr=1e-5", "actor.max_token_len_per_device=512",
                "log.progress=false", "trainer.dump_rollouts=true"])
     assert rc == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]

@@ -1,13 +1,11 @@
 """A short real GRPO run of the shipped tiny model through the CLI."""
 import json
-from pathlib import Path
-
 import pytest
 from transformers import AutoModelForCausalLM
 
 from verirl.cli import main
 
-CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_grpo.yaml")
+CONFIG = "tiny"  # the recipe shipped in the package
 
 REQUIRED = ["step", "reward/mean", "reward/acc/mean", "reward/format/mean", "response_length/mean",
             "response_length/max", "response_length/min", "response_length/clip_ratio", "prompt_length/mean",
@@ -20,11 +18,13 @@ def test_short_grpo_run_end_to_end(tmp_path, capsys):
     run = tmp_path / "run"
     rc = main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=3",
                "data.prompts_per_step=4", "actor.mini_batch_prompts=2", "rollout.n=4", "actor.micro_batch_size=5",
-               "trainer.dump_rollouts=true", "data.val_size=8", "trainer.eval_samples=1", "actor.warmup_steps=2",
+               "trainer.dump_rollouts=true", "eval.size=8", "eval.n=1", "actor.warmup_steps=2",
                "log.progress=false", "log.console_every=1"])
     assert rc == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the held-out evaluation before training
+    assert "val/greedy_acc" in rows[0] and "val/greedy_acc" in rows[3] and "val/greedy_acc" not in rows[1]
+    rows = rows[1:]
     for key in REQUIRED:
         assert key in rows[0], key
     # two mini-batches per step: not on-policy, so the old log-prob pass ran
@@ -38,11 +38,12 @@ def test_short_grpo_run_end_to_end(tmp_path, capsys):
     assert {"step", "prompt", "response", "label", "task", "scores", "reward", "response_length", "stopped"} <= set(dump[0])
     assert (run / "config.yaml").exists()
     summary = json.loads((run / "summary.json").read_text())
-    assert 0 <= summary["eval_end"]["greedy"] <= 1
+    assert 0 <= summary["eval_end"]["val/greedy_acc"] <= 1
+    assert summary["eval_end"]["val/greedy_acc"] == rows[-1]["val/greedy_acc"]  # evaluated once, logged twice
     model = AutoModelForCausalLM.from_pretrained(run / "final")  # a real Hugging Face directory
     assert model.generation_config.eos_token_id is not None
     out = capsys.readouterr().out
-    assert "held-out accuracy" in out
+    assert "held-out at start" in out and "held-out greedy_acc" in out
     # the run directory is not silently overwritten
     assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "log.progress=false",
                  "trainer.resume=false"]) == 2
@@ -54,7 +55,7 @@ def test_on_policy_skips_old_log_prob(tmp_path, engine):
     assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=1",
                  f"rollout.engine={engine}",
                  "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=4", "algo.kl_coef=0",
-                 "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false"]) == 0
+                 "eval.before_train=false", "eval.at_end=false", "log.progress=false"]) == 0
     row = json.loads((run / "metrics.jsonl").read_text())
     assert row["timing/old_log_prob"] == 0.0 and row["timing/ref"] == 0.0
     assert "actor/kl" not in row  # no reference pass: no made-up KL
@@ -64,7 +65,7 @@ def test_reward_rises_on_the_embedded_default(tmp_path):
     """200 steps of the shipped recipe (about a minute): the reward must climb, not just run."""
     run = tmp_path / "learn"
     assert main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=200",
-                 "trainer.eval_at_start=false", "trainer.eval_at_end=false", "log.progress=false",
+                 "eval.before_train=false", "eval.at_end=false", "log.progress=false",
                  "log.console_every=0"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     first = sum(r["reward/mean"] for r in rows[:50]) / 50

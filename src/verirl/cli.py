@@ -1,7 +1,8 @@
 """`verirl train | sft | preprocess | export | eval`.
 
-Errors a user can fix (config, files, batch shapes) print one paragraph and exit 2;
-set VERIRL_DEBUG=1 to see the traceback too.
+Errors a user can fix (`verirl.errors.UserError`: config, files, data, checkpoints, batch
+shapes) print one paragraph and exit 2; set VERIRL_DEBUG=1 to see the traceback too. Any
+other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import os
 import sys
 
 EPILOG = """examples:
-  verirl train --config configs/tiny_grpo.yaml
-  verirl train --config configs/tiny_grpo.yaml trainer.total_steps=50 actor.lr=2e-4 trainer.run_dir=runs/try
-  verirl train --help-config        # every key with its default
+  verirl train                      # the embedded default (the tiny recipe), what `make run` runs
+  verirl train trainer.total_steps=50 actor.lr=2e-4 trainer.run_dir=runs/try   # the tiny recipe, changed
+  verirl train --config my.yaml     # your own file, on top of the defaults for a real model
+  verirl train --help-config        # every key with its default (the defaults for a real model)
+  verirl train --config tiny --help-config   # the same, resolved for the tiny recipe (what `verirl train` runs)
   verirl sft --config configs/tiny_sft.yaml   # rebuild the shipped tiny model
   verirl preprocess --config configs/preprocess_example.yaml input=data/raw.jsonl output_prefix=data/train
   verirl export runs/tiny_grpo/20261129-120000 exported/   # newest checkpoint -> a Hugging Face directory
-  verirl eval --model exported/ --data arith --n 8          # avg@8, pass@1..8, maj@8 on the held-out split
+  verirl eval --model exported/ --data arith --n 8          # greedy_acc, pass@1..8, maj@8 on the held-out split
 
 A run checkpoints every trainer.save_freq steps into RUN_DIR/checkpoints and continues from
 the newest one when started again with the same trainer.run_dir (trainer.resume=auto).
@@ -35,20 +38,23 @@ def _parser() -> argparse.ArgumentParser:
                         ("sft", "supervised warm start on a built-in task (builds the tiny model)"),
                         ("preprocess", "raw json/jsonl/parquet/arrow -> tokenized prompts (MindSpeed-RL keys)")]:
         s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("--config", "-c", help="YAML config file")
-        s.add_argument("--help-config", action="store_true", help="print every config key with its default")
+        s.add_argument("--config", "-c", help="a YAML config file" + (
+            ", or a recipe shipped with verirl (tiny); default: tiny" if name == "train" else ""))
+        s.add_argument("--help-config", action="store_true",
+                       help="print every config key with its default; with --config, with the file's values")
         s.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
     e = sub.add_parser("export", help="a checkpoint -> a Hugging Face model directory (transformers, vLLM)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N")
     e.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
-    v = sub.add_parser("eval", help="sample n responses per prompt: avg@n, pass@k, maj@n (table + JSON)",
+    v = sub.add_parser("eval", help="greedy accuracy and n samples per prompt: pass@k, maj@n, mean reward",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("--model", default="tiny", help="a Hugging Face model directory, or tiny (default)")
     v.add_argument("--data", default="arith",
                    help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
                         "held-out split (default)")
-    v.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
+    v.add_argument("--n", type=int, default=8, help="samples per prompt (default 8; 0 = greedy only)")
+    v.add_argument("--no-greedy", action="store_true", help="skip the greedy decode (val greedy_acc)")
     v.add_argument("--template", default="tokenizer", help="prompt template for raw files (default: the model's own)")
     v.add_argument("--templates-file", default="", help="your own templates.json (MindSpeed-RL format)")
     v.add_argument("--handler", default="R1AlpacaStyleInstructionHandler", help="or VerlParquetHandler")
@@ -59,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--engine", default="native", choices=["native", "hf"])
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
-    v.add_argument("--val-size", type=int, default=200, help="with --data arith: held-out problems (default 200)")
+    v.add_argument("--size", "--val-size", dest="size", type=int, default=200,
+                   help="with --data arith: held-out problems, as eval.size (default 200)")
     v.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
     return p
 
@@ -70,17 +77,23 @@ def main(argv: list[str] | None = None) -> int:
         return _export(args)
     if args.command == "eval":
         return _eval(args)
-    from verirl.config import Config, ConfigError, SFTConfig, describe, load_config
-    from verirl.data.preprocess import PreprocessConfig
+    from verirl.config import Config, PreprocessConfig, SFTConfig, describe, load_config, to_yaml
+    from verirl.errors import UserError
 
     schema = {"train": Config, "sft": SFTConfig, "preprocess": PreprocessConfig}[args.command]
     if args.help_config:
-        print(describe(schema))
+        if not args.config and not args.overrides:
+            print(describe(schema))
+            return 0
+        try:
+            print(to_yaml(load_config(args.config, args.overrides, schema)))
+        except UserError as e:
+            return _user_error(args.command, e)
         return 0
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
-        cfg = load_config(args.config, args.overrides, schema)
+        cfg = load_config(args.config or ("tiny" if args.command == "train" else None), args.overrides, schema)
         if args.command == "train":
             from verirl.train.trainer import TrainingInterrupted, train
             try:
@@ -94,20 +107,29 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from verirl.train.sft import sft
             sft(cfg)
-    except (ConfigError, FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
-        return _user_error(args.command, e, "config error" if isinstance(e, ConfigError) else "error")
+    except UserError as e:
+        return _user_error(args.command, e)
+    except Exception as e:
+        if type(e).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, on any device
+            raise
+        return _user_error(args.command, UserError(
+            f"out of memory: {e} Lower actor.micro_batch_size or actor.max_token_len_per_device, "
+            f"ref.log_prob_max_token_len_per_device, rollout.micro_batch_size or data.prompts_per_step."))
     except KeyboardInterrupt:
         print(f"verirl {args.command}: interrupted.", file=sys.stderr)
         return 130
     return 0
 
 
-def _user_error(command: str, e: Exception, kind: str = "error") -> int:
+def _user_error(command: str, e: Exception) -> int:
     """One paragraph on stderr and exit status 2; with VERIRL_DEBUG=1 the exception is re-raised
     (traceback)."""
+    from verirl.errors import ConfigError
+
     if os.environ.get("VERIRL_DEBUG"):
         raise e
-    print(f"verirl {command}: {kind}: {e}", file=sys.stderr)
+    kind = "config error" if isinstance(e, ConfigError) else "error"
+    print(f"verirl {command}: {kind}: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
 
 
@@ -118,8 +140,10 @@ def _eval(args) -> int:
     from rich.table import Table
 
     from verirl.data import arith_split, encode_prompts
+    from verirl.checks import check_rules
     from verirl.data.dataset import load_prompts
-    from verirl.evaluate import evaluate_samples
+    from verirl.errors import ConfigError, DataError, UserError
+    from verirl.evaluate import evaluate
     from verirl.models import load_model
     from verirl.rewards import Scorer
     from verirl.rollout import build_engine
@@ -128,33 +152,34 @@ def _eval(args) -> int:
     hf_logging.disable_progress_bar()
     console = Console(stderr=args.json == "-")
     try:
-        if args.n < 1:
-            raise ValueError(f"--n {args.n}: give at least one sample per prompt.")
+        if args.n < 0 or (args.n == 0 and args.no_greedy):
+            raise ConfigError(f"--n {args.n}: give at least one sample per prompt (or 0 with greedy decoding).")
+        rules = [r for r in args.verifiers.split(",") if r]
+        check_rules(rules, {})
         if args.model != "tiny" and not os.path.isdir(args.model):
-            raise FileNotFoundError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
+            raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
         lm = load_model(args.model, "float32", "auto")
         if args.data == "arith":
-            _, prompts = arith_split(0, 0, args.val_size)
+            _, prompts = arith_split(0, 0, args.size)
             prompts = encode_prompts(prompts, lm.tokenizer, args.max_prompt_length, "arith val", "filter")
         else:
             if not os.path.exists(args.data):
-                raise FileNotFoundError(f"--data {args.data}: no such file or folder (or use --data arith).")
+                raise ConfigError(f"--data {args.data}: no such file or folder (or use --data arith).")
             prompts = load_prompts(args.data, lm.path, prompt_type=args.template, templates_file=args.templates_file,
                                    handler_name=args.handler, map_keys={}, additional_keys=["labels"],
                                    max_prompt_length=args.max_prompt_length, too_long="filter").prompts
         if args.limit:
             prompts = prompts[:args.limit]
         if not prompts:
-            raise ValueError(f"--data {args.data}: no prompts to evaluate.")
-        rules = [r for r in args.verifiers.split(",") if r]
+            raise DataError(f"--data {args.data}: no prompts to evaluate.")
         scorer = Scorer(rules, [1.0] * len(rules), workers=0)
         engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids)
-        with console.status(f"sampling {args.n} x {len(prompts)} prompts...") as status:
-            res = evaluate_samples(engine, lm.tokenizer, prompts, args.n, scorer, args.max_new_tokens,
-                                   args.temperature, args.seed,
-                                   progress=lambda k: status.update(f"sampled {k}/{len(prompts)} prompts"))
-    except (FileNotFoundError, ValueError) as e:
+        with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
+            res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, greedy=not args.no_greedy, seed=args.seed,
+                           progress=lambda k: status.update(f"evaluated {k}/{len(prompts)} prompts"))
+    except UserError as e:
         return _user_error("eval", e)
     res.update({"model": args.model, "data": args.data, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "verifiers": rules})
@@ -177,10 +202,11 @@ def _eval(args) -> int:
 
 
 def _export(args) -> int:
+    from verirl.errors import UserError
     from verirl.train.checkpoint import export_checkpoint
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir)
-    except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as e:
+    except UserError as e:
         return _user_error("export", e)
     print(f"exported {args.checkpoint} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
     return 0

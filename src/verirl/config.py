@@ -1,9 +1,18 @@
 """The one typed config of verirl, and the only place defaults live.
 
 Sections mirror the phases of a step: data -> model -> rollout -> reward -> algo ->
-actor (the policy update) -> trainer (the loop) -> log. A run is configured by a YAML
-file plus ``a.b=c`` overrides on the command line, merged through OmegaConf structured
-configs so that unknown keys and wrong types are caught before anything heavy starts.
+actor (the policy update) -> trainer (the loop) -> eval -> log. A run is configured by a
+YAML file (or a recipe shipped inside the package, e.g. ``tiny``) plus ``a.b=c`` overrides
+on the command line, merged through OmegaConf structured configs so that unknown keys and
+wrong types are caught before anything heavy starts.
+
+The dataclass defaults are for a real model (a Hugging Face directory of 0.5B-7B
+parameters on one accelerator); the embedded default run on the tiny model is the ``tiny``
+recipe (`verirl train` with no ``--config``). Each default says why in its comment.
+
+This module checks what needs nothing else: types, ranges, finiteness and the batch
+arithmetic (`validate`). Checks that need a registry of names or the file system live in
+`verirl.checks`. It imports no other room of verirl (`verirl.errors` aside).
 
 Batch sizes
 -----------
@@ -19,52 +28,53 @@ Batch sizes
 from __future__ import annotations
 
 import difflib
+import math
 import os
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError, OmegaConfBaseException
 
+from verirl.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config problem, with the key, the value and the fix in one paragraph."""
+__all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "to_dict", "describe", "RECIPES"]
 
 
 @dataclass
 class DataConfig:
-    task: str = "arith"  # built-in task generator (see `verirl.data.tasks`)
+    task: str = "arith"  # built-in task generator (see `verirl.data.tasks`), used when train_path is empty
     train_size: int = 20000  # problems drawn for training by the built-in generator
-    val_size: int = 200  # held-out problems, never trained on (accuracy at start and end)
     prompts_per_step: int = 8  # PROMPTS per step (each is sampled rollout.n times)
-    max_prompt_length: int = 128  # tokens; longer prompts are filtered or refused (data.too_long)
-    too_long: str = "error"  # error (refuse to start, naming the row) | filter (drop and count)
+    max_prompt_length: int = 512  # tokens (veRL's default); longer prompts are filtered or refused (data.too_long)
+    too_long: str = "error"  # error (refuse to start, naming the row) / filter (drop and count)
     seed: int = 0  # seeds the task generator and the prompt order
-    shuffle: str = "verl"  # verl (torch RandomSampler order) | megatron | sequential
+    shuffle: str = "verl"  # verl (torch RandomSampler order) / megatron / sequential
     # Your own data instead of the built-in task: a file or folder, raw or already preprocessed
     # (a .parquet from `verirl preprocess`, with its .manifest.json). Raw files are preprocessed on the
-    # fly with the keys below and cached next to the run (RUN_DIR/data/).
+    # fly with the keys below and cached under $VERIRL_CACHE/data (default ~/.cache/verirl/data).
     train_path: str = ""
-    val_path: str = ""  # held-out data for accuracy at start and end ("" = none, or the built-in split)
-    prompt_type: str = "tokenizer"  # template for raw files: a templates.json name, or tokenizer
+    prompt_type: str = "tokenizer"  # template for raw files: a templates.json name, or tokenizer (the model's own)
     templates_file: str = ""  # your own templates.json (MindSpeed-RL format)
     handler_name: str = "R1AlpacaStyleInstructionHandler"  # or VerlParquetHandler
     map_keys: dict[str, str] = field(default_factory=dict)  # canonical -> data set field (see preprocess)
-    additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # extra columns kept (task, ...)
+    dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # extra columns kept (task, ...)
 
 
 @dataclass
 class ModelConfig:
-    path: str = "tiny"  # "tiny" = the model shipped with verirl, or a Hugging Face directory
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda | npu
+    path: str = "tiny"  # a Hugging Face directory, or tiny (the 1M-parameter model shipped with verirl)
+    dtype: str = "float32"  # float32 / bfloat16 / float16
+    device: str = "auto"  # auto (cuda, then npu, then cpu) / cpu / cuda / npu
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "native"  # native (own KV-cache sampler) | hf (transformers generate)
-    n: int = 8  # samples per prompt (the GRPO group size)
-    max_new_tokens: int = 32  # response length cap, tokens (the stop token counts)
+    engine: str = "native"  # native (own KV-cache sampler) / hf (transformers generate)
+    n: int = 8  # samples per prompt (the GRPO group size; 8 is the common choice)
+    max_new_tokens: int = 512  # response length cap, tokens, the stop token included (veRL's default)
     temperature: float = 1.0  # sampling temperature (0 = greedy); log-probs are taken at the same temperature
     top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens with this much mass
     top_k: int = 0  # 0 = off
@@ -85,19 +95,19 @@ class RewardConfig:
 @dataclass
 class AlgoConfig:
     adv_estimator: str = "grpo"  # grpo (group mean/std) / rloo (leave-one-out baseline)
-    norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr.GRPO does not
-    adv_epsilon: float = 1e-6  # added to the group std (TRL uses 1e-4)
-    kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 skips the reference pass
+    norm_adv_by_std: bool = True  # divide by the group std (GRPO; rloo too); false = Dr. GRPO
+    adv_epsilon: float = 1e-6  # added to the group std (veRL's; TRL uses 1e-4)
+    kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 (DAPO's and TRL's default) skips the reference pass
     kl_type: str = "low_var_kl"  # k3, clamped to [-10, 10]; also: kl (k1), mse (k2), abs
     clip_ratio_low: float = 0.2  # ratio floor 1 - low (for negative advantages)
     clip_ratio_high: float = 0.2  # ratio ceiling 1 + high (DAPO clip-higher: 0.28)
     entropy_coef: float = 0.0  # entropy bonus weight (subtracted from the loss)
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg_mode: str = "token-mean"  # token-mean (veRL's default) / seq-mean-token-mean / seq-mean-token-sum
 
 
 @dataclass
 class ActorConfig:
-    lr: float = 1e-4  # AdamW peak learning rate
+    lr: float = 1e-6  # AdamW peak learning rate (veRL's default for the actor of a real model)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to lr
@@ -126,18 +136,24 @@ class TrainerConfig:
     seed: int = 0  # seeds python, numpy, torch and the rollout sampling
     save_freq: int = 100  # write a checkpoint every N steps, and always at the end (0 = only at the end)
     keep_checkpoints: int = 2  # keep the newest N checkpoints in RUN_DIR/checkpoints (0 = keep all)
-    resume: str = "auto"  # auto: continue from RUN_DIR's newest checkpoint, if any | false | a checkpoint path
+    resume: str = "auto"  # auto: continue from RUN_DIR's newest checkpoint, if any / false / a checkpoint path
     overwrite: bool = False  # with resume=false: delete the previous run in run_dir instead of refusing
     dump_rollouts: bool = False  # write RUN_DIR/rollouts.jsonl, one line per response
-    eval_at_start: bool = True  # held-out accuracy on data.val_size problems
-    eval_at_end: bool = True  # the same held-out accuracy after the last step
-    eval_samples: int = 4  # sampled responses per held-out problem (plus one greedy)
-    # validation logged as val/... metrics: avg@n, pass@k, maj@n, overall and per task / data_source
-    test_freq: int = 0  # validate every N steps (0 = never)
-    val_before_train: bool = False  # also validate before the first step (logged as step 0)
-    val_data: str = ""  # a data file for validation ("" = the held-out split: data.val_path or the built-in one)
-    val_n: int = 4  # samples per validation prompt
     threads: int = 0  # torch intra-op threads; 0 = all cores
+
+
+@dataclass
+class EvalConfig:
+    # Held-out evaluation with the training engine and rules, logged under val/ in metrics.jsonl and
+    # summary.json: val/greedy_acc, val/pass@k, val/maj@n, val/reward_mean, overall and per task / data_source.
+    data: str = ""  # a data file or folder (raw or preprocessed); "" = the held-out split of the built-in task
+    size: int = 200  # held-out problems of the built-in task (never trained on)
+    n: int = 4  # sampled responses per problem (pass@k for k up to n, maj@n); 0 = greedy only
+    temperature: float = 1.0  # temperature of the n samples
+    greedy: bool = True  # also decode each problem greedily once (val/greedy_acc)
+    before_train: bool = True  # evaluate before the first step (logged as step 0)
+    every: int = 0  # evaluate every N steps (0 = never)
+    at_end: bool = True  # evaluate after the last step
 
 
 @dataclass
@@ -156,6 +172,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
 
@@ -175,6 +192,51 @@ class SFTConfig:
     eval_every: int = 25  # steps between held-out greedy checks
     target_greedy: float = 0.20  # stop once held-out greedy accuracy reaches this (0 = run max_steps)
     threads: int = 0  # torch threads; 0 = all cores
+
+
+@dataclass
+class PreprocessConfig:
+    """`verirl preprocess`: MindSpeed-RL's data keys, so its data configs carry over (see docs/data.md)."""
+    input: str = ""  # a .json/.jsonl/.parquet/.arrow file or a folder of them
+    tokenizer_name_or_path: str = "tiny"  # a tokenizer directory, or tiny
+    output_prefix: str = ""  # writes PREFIX.parquet and PREFIX.manifest.json
+    handler_name: str = "R1AlpacaStyleInstructionHandler"  # or VerlParquetHandler
+    tokenizer_type: str = "HuggingFaceTokenizer"  # the only kind supported
+    workers: int = 1  # processes that tokenize
+    log_interval: int = 1000  # rows between progress updates
+    prompt_type: str = "qwen_r1"  # template name (empty, qwen, qwen_r1, qwen_math_r1, llama3, ...) or tokenizer
+    templates_file: str = ""  # a templates.json of your own (MindSpeed-RL format); adds/overrides by name
+    # canonical field -> data set field (nested with dots, e.g. reward_model.ground_truth); "" = unused.
+    # Unset fields take the handler's default (instruction: prompt=problem, response=answer).
+    map_keys: dict[str, str] = field(default_factory=dict)  # prompt/query/response/system -> field ({} = defaults)
+    dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # kept for the rewards
+    max_prompt_length: int = 0  # tokens; 0 = no limit
+    too_long: str = "filter"  # filter (count and drop) / error
+    on_bad_row: str = "error"  # error (stop, naming file/row/key) / skip (count and go on)
+
+
+# Renamed keys: the old name still works and prints one line naming the new one.
+RENAMED: dict[type, dict[str, str]] = {
+    Config: {
+        "trainer.eval_at_start": "eval.before_train", "trainer.val_before_train": "eval.before_train",
+        "trainer.eval_at_end": "eval.at_end", "trainer.eval_samples": "eval.n", "trainer.val_n": "eval.n",
+        "trainer.test_freq": "eval.every", "trainer.val_data": "eval.data", "data.val_path": "eval.data",
+        "data.val_size": "eval.size", "data.additional_keys": "data.dataset_additional_keys",
+    },
+    PreprocessConfig: {"additional_keys": "dataset_additional_keys"},
+}
+
+# Defaults that changed when the tiny model's values moved into the `tiny` recipe (documented in docs/config.md).
+CHANGED_DEFAULTS = [
+    ("actor.lr", 1e-4, 1e-6, "veRL's actor default; 1e-4 diverges on a real model"),
+    ("data.max_prompt_length", 128, 512, "veRL's default; real prompts with a template run past 128 tokens"),
+    ("rollout.max_new_tokens", 32, 512, "veRL's default; reasoning responses run past 32 tokens"),
+]
+
+# Recipes shipped inside the package: `--config NAME` (`verirl train` alone = `--config tiny`).
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+RECIPES = {"tiny": "the embedded default: GRPO on the shipped 1M-parameter model and the built-in arithmetic "
+                   "task, 700 steps on a CPU (what `make run` runs)"}
 
 
 # ---------------------------------------------------------------- loading
@@ -213,24 +275,89 @@ def _wrap(err: OmegaConfBaseException, source: str, cls: type) -> ConfigError:
     return ConfigError(f"Config error in {source}: {str(err).splitlines()[0]}")
 
 
+def recipe_file(name: str) -> Path:
+    """The YAML file of a recipe shipped inside the package."""
+    return RECIPE_DIR / f"{name}.yaml"
+
+
+def _source(path: str) -> tuple[Path, str]:
+    """(file to read, how to name it in messages) for --config: a recipe name or a YAML file."""
+    if path in RECIPES:
+        return recipe_file(path), f"recipe '{path}' ({recipe_file(path)})"
+    if not os.path.exists(path):
+        raise ConfigError(f"Config file '{path}' does not exist. Pass an existing YAML file to --config, or a "
+                          f"recipe shipped with verirl: {', '.join(RECIPES)}.")
+    return Path(path), f"'{path}'"
+
+
+def _renamed(key: str, schema_cls: type, source: str) -> str:
+    """The current name of ``key``; an old name prints one line naming the new one."""
+    new = RENAMED.get(schema_cls, {}).get(key)
+    if new is None:
+        return key
+    print(f"config: {key} ({source}) is now {new}; using it as {new}. Rename it to silence this line.",
+          file=sys.stderr)
+    return new
+
+
+def upgrade_dict(old: dict, schema_cls: type = Config) -> dict:
+    """A config saved by an older verirl (e.g. in a checkpoint), as nested dicts, with renamed keys
+    moved to their new names (silently: nothing is being configured)."""
+    out = {section: dict(values) if isinstance(values, dict) else values for section, values in old.items()}
+    for old_key, new_key in RENAMED.get(schema_cls, {}).items():
+        *parents, leaf = old_key.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *new_parents, new_leaf = new_key.split(".")
+        target = out
+        for p in new_parents:
+            target = target.setdefault(p, {})
+        target.setdefault(new_leaf, value)
+    return out
+
+
+def _rename_file_keys(file_cfg: DictConfig, schema_cls: type, source: str) -> None:
+    for old, new in RENAMED.get(schema_cls, {}).items():
+        *parents, leaf = old.split(".")
+        node = OmegaConf.select(file_cfg, ".".join(parents)) if parents else file_cfg
+        if not isinstance(node, DictConfig) or leaf not in node:
+            continue
+        value = node[leaf]
+        del node[leaf]
+        _renamed(old, schema_cls, f"in {source}")
+        if OmegaConf.select(file_cfg, new) is None:  # the new name, when also given, wins
+            OmegaConf.update(file_cfg, new, value, force_add=True)
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None, schema_cls: type = Config):
-    """Defaults <- YAML file <- ``a.b=c`` overrides; then `validate` (for the GRPO `Config`)."""
+    """Defaults <- YAML file or recipe <- ``a.b=c`` overrides; then `validate` (for the GRPO `Config`).
+
+    Old key names (`RENAMED`) are accepted with one line naming the new key."""
     schema = OmegaConf.structured(schema_cls)
     cfg = schema
     if path:
-        if not os.path.exists(path):
-            raise ConfigError(f"Config file '{path}' does not exist. Pass an existing YAML file to --config.")
+        file, source = _source(path)
         try:
-            file_cfg = OmegaConf.load(path)
+            file_cfg = OmegaConf.load(file)
         except Exception as e:  # yaml errors carry line numbers
-            raise ConfigError(f"Config file '{path}' is not valid YAML: {e}") from None
+            raise ConfigError(f"Config file {source} is not valid YAML: {e}") from None
+        if not isinstance(file_cfg, DictConfig):
+            raise ConfigError(f"Config file {source} must hold a mapping of sections (data:, actor:, ...) at its "
+                              f"top level, not a {type(file_cfg).__name__}.")
+        _rename_file_keys(file_cfg, schema_cls, source)
         try:
             cfg = OmegaConf.merge(cfg, file_cfg)
         except OmegaConfBaseException as e:
-            raise _wrap(e, f"'{path}'", schema_cls) from None
+            raise _wrap(e, source, schema_cls) from None
     for ov in overrides or []:
         if "=" not in ov:
             raise ConfigError(f"Override '{ov}' is not of the form key.sub=value (e.g. actor.lr=1e-4).")
+        key, value = ov.split("=", 1)
+        ov = f"{_renamed(key.strip(), schema_cls, 'on the command line')}={value}"
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
         except OmegaConfBaseException as e:
@@ -257,109 +384,80 @@ def describe(schema_cls: type = Config) -> str:
 
 # ---------------------------------------------------------------- validation
 
-def _choice(key: str, value: Any, allowed: list[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {allowed}. Pick one of them.")
-
-
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}.")
 
 
-def validate(cfg: Config) -> None:
-    """Refuse impossible settings before anything heavy starts, with the arithmetic spelled out."""
-    from verirl.algo import AGGREGATIONS, KL_ESTIMATORS, ADVANTAGE_ESTIMATORS
-    from verirl.rewards import RULES
+def _finite(obj: Any, prefix: str = "") -> None:
+    """Every float in the config is a finite number (inf and nan pass YAML's float type)."""
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _finite(value, key + ".")
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}={value} is not a finite number. Give a finite value.")
 
-    d, r, a, act, t = cfg.data, cfg.rollout, cfg.algo, cfg.actor, cfg.trainer
-    for key, val in [("data.prompts_per_step", d.prompts_per_step), ("rollout.n", r.n),
-                     ("rollout.max_new_tokens", r.max_new_tokens), ("data.max_prompt_length", d.max_prompt_length),
-                     ("actor.mini_batch_prompts", act.mini_batch_prompts),
-                     ("actor.micro_batch_size", act.micro_batch_size), ("actor.epochs", act.epochs),
-                     ("trainer.total_steps", t.total_steps), ("actor.lr", act.lr), ("trainer.val_n", t.val_n)]:
+
+def validate(cfg: Config) -> None:
+    """Refuse impossible settings before anything heavy starts, with the arithmetic spelled out.
+
+    Types, ranges, finiteness and batch shapes only: names (rules, engines, estimators) and
+    paths are checked by `verirl.checks`, which knows the registries and the file system."""
+    _finite(cfg)
+    data, rollout, algo, actor, trainer = cfg.data, cfg.rollout, cfg.algo, cfg.actor, cfg.trainer
+    for key, val in [("data.prompts_per_step", data.prompts_per_step), ("rollout.n", rollout.n),
+                     ("rollout.max_new_tokens", rollout.max_new_tokens),
+                     ("data.max_prompt_length", data.max_prompt_length),
+                     ("actor.mini_batch_prompts", actor.mini_batch_prompts),
+                     ("actor.micro_batch_size", actor.micro_batch_size), ("actor.epochs", actor.epochs),
+                     ("trainer.total_steps", trainer.total_steps), ("actor.lr", actor.lr),
+                     ("reward.timeout", cfg.reward.timeout)]:
         _positive(key, val)
-    for key, val in [("rollout.temperature", r.temperature), ("algo.kl_coef", a.kl_coef),
-                     ("algo.clip_ratio_low", a.clip_ratio_low), ("algo.clip_ratio_high", a.clip_ratio_high),
-                     ("trainer.save_freq", t.save_freq), ("actor.warmup_steps", act.warmup_steps),
-                     ("rollout.micro_batch_size", r.micro_batch_size),
-                     ("actor.max_token_len_per_device", act.max_token_len_per_device),
+    for key, val in [("rollout.temperature", rollout.temperature), ("algo.kl_coef", algo.kl_coef),
+                     ("algo.clip_ratio_low", algo.clip_ratio_low), ("algo.clip_ratio_high", algo.clip_ratio_high),
+                     ("trainer.save_freq", trainer.save_freq), ("actor.warmup_steps", actor.warmup_steps),
+                     ("rollout.micro_batch_size", rollout.micro_batch_size), ("rollout.top_k", rollout.top_k),
+                     ("actor.max_token_len_per_device", actor.max_token_len_per_device),
                      ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device),
-                     ("actor.logprob_chunk", act.logprob_chunk), ("trainer.keep_checkpoints", t.keep_checkpoints),
-                     ("trainer.test_freq", t.test_freq)]:
+                     ("actor.logprob_chunk", actor.logprob_chunk), ("trainer.keep_checkpoints", trainer.keep_checkpoints),
+                     ("eval.every", cfg.eval.every), ("eval.size", cfg.eval.size), ("eval.n", cfg.eval.n),
+                     ("eval.temperature", cfg.eval.temperature), ("algo.adv_epsilon", algo.adv_epsilon)]:
         _positive(key, val, allow_zero=True)
-    longest = d.max_prompt_length + r.max_new_tokens
-    for key, budget in [("actor.max_token_len_per_device", act.max_token_len_per_device),
+    longest = data.max_prompt_length + rollout.max_new_tokens
+    for key, budget in [("actor.max_token_len_per_device", actor.max_token_len_per_device),
                         ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device)]:
         if 0 < budget < longest:
             raise ConfigError(
                 f"{key}={budget} is smaller than the longest possible sequence: data.max_prompt_length "
-                f"{d.max_prompt_length} + rollout.max_new_tokens {r.max_new_tokens} = {longest} tokens. "
+                f"{data.max_prompt_length} + rollout.max_new_tokens {rollout.max_new_tokens} = {longest} tokens. "
                 f"Set it to at least {longest} (a few times more packs several sequences per forward), or 0.")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1].")
-    if d.prompts_per_step % act.mini_batch_prompts:
+    if cfg.eval.n == 0 and not cfg.eval.greedy:
+        raise ConfigError("eval.n=0 with eval.greedy=false evaluates nothing: give eval.n > 0 samples per problem, "
+                          "or eval.greedy=true.")
+    if not 0 < rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={rollout.top_p} must be in (0, 1].")
+    if data.prompts_per_step % actor.mini_batch_prompts:
         raise ConfigError(
-            f"data.prompts_per_step={d.prompts_per_step} is not divisible by actor.mini_batch_prompts="
-            f"{act.mini_batch_prompts}: {d.prompts_per_step} / {act.mini_batch_prompts} = "
-            f"{d.prompts_per_step / act.mini_batch_prompts:.3g} mini-batches per step. Both count prompts; "
-            f"choose a mini-batch that divides the step (e.g. actor.mini_batch_prompts={d.prompts_per_step})."
+            f"data.prompts_per_step={data.prompts_per_step} is not divisible by actor.mini_batch_prompts="
+            f"{actor.mini_batch_prompts}: {data.prompts_per_step} / {actor.mini_batch_prompts} = "
+            f"{data.prompts_per_step / actor.mini_batch_prompts:.3g} mini-batches per step. Both count prompts; "
+            f"choose a mini-batch that divides the step (e.g. actor.mini_batch_prompts={data.prompts_per_step})."
         )
-    if r.n < 2 and a.adv_estimator == "grpo":
-        raise ConfigError(f"rollout.n={r.n}: GRPO normalises rewards within a group of samples of one prompt, "
-                          f"so it needs rollout.n >= 2 (8 is typical).")
-    _choice("rollout.engine", r.engine, ["native", "hf"])
-    _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
-    _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda", "npu"])
-    _choice("algo.adv_estimator", a.adv_estimator, sorted(ADVANTAGE_ESTIMATORS))
-    _choice("algo.kl_type", a.kl_type, sorted(KL_ESTIMATORS))
-    _choice("algo.loss_agg_mode", a.loss_agg_mode, sorted(AGGREGATIONS))
-    if len(act.betas) != 2 or not all(0 <= b < 1 for b in act.betas):
-        raise ConfigError(f"actor.betas={list(act.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99].")
-    rw = cfg.reward
-    if not rw.verifiers:
+    if rollout.n < 2:
+        raise ConfigError(f"rollout.n={rollout.n}: group advantages compare the samples of one prompt with each "
+                          f"other, so they need rollout.n >= 2 (8 is typical).")
+    if len(actor.betas) != 2 or not all(0 <= b < 1 for b in actor.betas):
+        raise ConfigError(f"actor.betas={list(actor.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99].")
+    reward = cfg.reward
+    if not reward.verifiers:
         raise ConfigError("reward.verifiers is empty: name at least one rule, e.g. [acc, format].")
-    if len(rw.weights) != len(rw.verifiers):
+    if len(reward.weights) != len(reward.verifiers):
         raise ConfigError(
-            f"reward.weights has {len(rw.weights)} entries but reward.verifiers has {len(rw.verifiers)} "
-            f"({list(rw.verifiers)}): give one weight per verifier, in the same order."
-        )
-    names_ok = set(rw.verifiers)
-    for name in rw.verifiers:
-        if name in RULES:
-            continue
-        if ":" not in name:
-            close = difflib.get_close_matches(name, list(RULES), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"reward.verifiers: unknown rule '{name}'. Known rules: {sorted(RULES)}, or your own "
-                              f"as path/to/file.py:function or package.module:function.{hint}")
-        from verirl.rewards import load_rule
-        try:
-            names_ok.add(load_rule(name).name)
-        except Exception as e:
-            raise ConfigError(f"reward.verifiers: {e}") from None
-    if rw.timeout <= 0:
-        raise ConfigError(f"reward.timeout={rw.timeout} must be > 0 seconds.")
-    for task, names in rw.tasks.items():
-        for name in names:
-            if name not in names_ok:
-                raise ConfigError(
-                    f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
-                    f"{list(rw.verifiers)}. Add it there (with a weight) or remove it from the task."
-                )
-    if str(t.resume).lower() not in ("auto", "false", "none", "") and not os.path.exists(str(t.resume)):
-        raise ConfigError(f"trainer.resume={t.resume!r} is neither auto, false nor an existing path. Give auto "
-                          f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
-    _choice("data.shuffle", d.shuffle, ["verl", "megatron", "sequential"])
-    _choice("data.too_long", d.too_long, ["error", "filter"])
-    for key, p in [("data.train_path", d.train_path), ("data.val_path", d.val_path),
-                   ("data.templates_file", d.templates_file), ("trainer.val_data", t.val_data)]:
-        if p and not os.path.exists(p):
-            raise ConfigError(f"{key}='{p}' does not exist. Give an existing file or folder.")
-    if cfg.model.path != "tiny" and not os.path.isdir(cfg.model.path):
-        raise ConfigError(
-            f"model.path='{cfg.model.path}' is not a directory. Give a Hugging Face model directory "
-            f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl."
+            f"reward.weights has {len(reward.weights)} entries but reward.verifiers has {len(reward.verifiers)} "
+            f"({list(reward.verifiers)}): give one weight per verifier, in the same order."
         )
 
 
@@ -370,10 +468,14 @@ _DOC_HEAD = """# Configuration reference
 Generated from `src/verirl/config.py` by `python -m verirl.config > docs/config.md` (a test
 checks that it is current).
 
-A run is `verirl train --config FILE.yaml key.sub=value ...`: defaults, then the file, then the
-overrides. `verirl train --help-config` prints every key with its default. Unknown keys and
-wrong types are refused with the closest valid names; impossible batch shapes are refused
-with the arithmetic spelled out. The resolved config is written to `RUN_DIR/config.yaml`.
+A run is `verirl train --config FILE.yaml key.sub=value ...`: the defaults below, then the
+file, then the overrides. `--config` also takes the name of a recipe shipped inside the package
+(`src/verirl/recipes/NAME.yaml`); `verirl train` with no `--config` runs the `tiny` recipe, the
+embedded default that `make run` runs. The defaults below are for a real model; the `tiny`
+recipe sets what the 1M-parameter model needs. `verirl train --help-config` prints every key with
+its default. Unknown keys and wrong types are refused with the closest valid names; impossible
+batch shapes are refused with the arithmetic spelled out. The resolved config is written to
+`RUN_DIR/config.yaml`.
 
 **Counting rule**: `data.prompts_per_step` and `actor.mini_batch_prompts` count *prompts*;
 each prompt is sampled `rollout.n` times, so a step holds `prompts_per_step * n` sequences.
@@ -401,10 +503,20 @@ def markdown_reference() -> str:
     for f in fields(Config):
         out += [f"## `{f.name}`", ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
     out += ["## `verirl sft`", ""] + _table(SFTConfig, "") + [""]
-    from verirl.data.preprocess import PreprocessConfig
     out += ["## `verirl preprocess`", "", "MindSpeed-RL's data keys; see docs/data.md.", ""]
     out += _table(PreprocessConfig, "") + [""]
-    return "\n".join(out)
+    out += ["## Recipes", "", "| `--config` | what |", "|---|---|"]
+    out += [f"| `{name}` | {what} |" for name, what in RECIPES.items()] + [""]
+    out += ["## Defaults changed for real models", "",
+            "A `--config FILE` starts from the defaults above, chosen for a real model. Before the `tiny` recipe",
+            "existed, three of them were the tiny model's; a file that relied on them now gets:", "",
+            "| key | was | now | why |", "|---|---|---|---|"]
+    out += [f"| `{key}` | `{was}` | `{now}` | {why} |" for key, was, now, why in CHANGED_DEFAULTS] + [""]
+    out += ["## Renamed keys", "", "The old name still works and prints one line naming the new one.", "",
+            "| old | new |", "|---|---|"]
+    for renamed in RENAMED.values():
+        out += [f"| `{old}` | `{new}` |" for old, new in renamed.items()]
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Evaluation with the training engine and verifiers: held-out accuracy (greedy, sampled) and
-`verirl eval`'s avg@n / pass@k / maj@n."""
+"""Evaluation with the training engine and rules: one loop (`evaluate`) for the held-out numbers of a
+training run (``val/...``) and for `verirl eval`: greedy accuracy, pass@k, maj@n, mean reward."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from verirl.rewards import is_correct
+from verirl.rewards import ANSWER_RULES, RewardResult, is_correct
 from verirl.rollout import Engine, SamplingParams
 from verirl.types import Prompt
 
@@ -15,27 +15,6 @@ def decode_responses(tokenizer, rollout) -> list[str]:
     for ids, m in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist()):
         out.append(tokenizer.decode([i for i, k in zip(ids, m) if k], skip_special_tokens=True))
     return out
-
-
-def accuracy(engine: Engine, tokenizer, prompts: Sequence[Prompt], max_new_tokens: int, samples: int = 4,
-             temperature: float = 1.0, seed: int = 12345, batch_prompts: int = 100) -> dict[str, float]:
-    """{'greedy': fraction right with greedy decoding, 'sampled': mean over ``samples`` draws at
-    ``temperature``} plus the same per task (``greedy/<task>``)."""
-    res: dict[str, list[float]] = {}
-    for mode, n, temp in [("greedy", 1, 0.0), ("sampled", samples, temperature)]:
-        if n == 0:
-            continue
-        for b in range(0, len(prompts), batch_prompts):
-            chunk = prompts[b:b + batch_prompts]
-            roll = engine.generate([p.ids for p in chunk], n,
-                                   SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, seed=seed + b))
-            texts = decode_responses(tokenizer, roll)
-            for i, text in enumerate(texts):
-                p = chunk[i // n]
-                ok = float(is_correct(text, p.label))
-                res.setdefault(mode, []).append(ok)
-                res.setdefault(f"{mode}/{p.task}", []).append(ok)
-    return {k: sum(v) / len(v) for k, v in res.items()}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -67,52 +46,85 @@ def majority_correct(answers: Sequence[Optional[str]], correct: Sequence[bool]) 
     return float(correct[first[best]])
 
 
-def sample_metrics(scores: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]],
+def sample_metrics(rewards: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]],
                    answers: Sequence[Sequence[Optional[str]]], ks: Sequence[int]) -> dict[str, float]:
-    """avg@n, pass@k for each k, maj@n over prompts (each a list of its n samples)."""
-    n = len(scores[0])
-    out = {f"avg@{n}": sum(sum(s) / n for s in scores) / len(scores)}
-    for k in ks:
-        out[f"pass@{k}"] = sum(pass_at_k(n, sum(c), k) for c in correct) / len(correct)
+    """pass@k for each k, maj@n and reward_mean (the mean weighted reward, avg@n) over prompts, each
+    a list of its n samples."""
+    n = len(rewards[0])
+    out = {f"pass@{k}": sum(pass_at_k(n, sum(c), k) for c in correct) / len(correct) for k in ks}
     out[f"maj@{n}"] = sum(majority_correct(a, c) for a, c in zip(answers, correct)) / len(correct)
+    out["reward_mean"] = sum(sum(r) / n for r in rewards) / len(rewards)
     return out
 
 
-def evaluate_samples(engine: Engine, tokenizer, prompts: Sequence[Prompt], n: int, scorer, max_new_tokens: int,
-                     temperature: float = 1.0, seed: int = 0, batch_prompts: int = 64,
-                     ks: Optional[Sequence[int]] = None, progress=None) -> dict:
-    """Sample ``n`` responses per prompt with the training engine, score them with ``scorer`` (the
-    same rules as training), and report avg@n (mean score), pass@k (k <= n, unbiased) and maj@n
-    (majority vote over extracted answers), overall and per task / data_source.
+def answer_right(result: RewardResult, i: int, response: str, label: str) -> bool:
+    """Whether sample ``i`` is right by its task's own answer check: the first answer rule (`ANSWER_RULES`)
+    that scored it, at that rule's "right" score; with none, the `acc` rule's test."""
+    for name, scores in result.per_rule.items():
+        if name in ANSWER_RULES and scores[i] is not None:
+            return scores[i] >= ANSWER_RULES[name]
+    return is_correct(response, label)
 
-    A response counts as correct when its answer equals the label (the `acc` rule's test)."""
+
+def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n: int, max_new_tokens: int,
+             temperature: float = 1.0, greedy: bool = True, seed: int = 0, batch_prompts: int = 64,
+             ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None) -> dict:
+    """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature`` with
+    the given engine; score every response with ``scorer`` (the training rules, weights and routing).
+
+    Returns ``{"n", "overall", "groups"}``; overall and each group (``task/<task>``,
+    ``data_source/<source>``) hold ``prompts``, ``greedy_acc`` (right with greedy decoding),
+    ``pass@k`` for k <= n (unbiased; pass@1 is the mean over samples), ``maj@n`` (majority vote
+    over extracted answers) and ``reward_mean`` (the mean weighted reward of the samples, avg@n).
+    "Right" is the task's own answer check (`answer_right`), not the weighted reward. With n = 0
+    only greedy_acc is reported. Sampling is seeded per batch of prompts (``seed + first index``)."""
     from verirl.rewards.rules import extract_answer
 
-    ks = sorted({k for k in (ks or [1, 2, 4, 8, 16, 32, 64]) if k <= n} | {1, n})
+    if n < 0 or (n == 0 and not greedy):
+        raise ValueError(f"evaluate needs n > 0 samples or greedy decoding; got n={n}, greedy={greedy}")
+    ks = sorted({k for k in (ks or [1, 2, 4, 8, 16, 32, 64]) if k <= n} | ({1, n} if n else set()))
     groups: dict[str, list[int]] = {}
-    per_prompt: list[tuple[list[float], list[bool], list[Optional[str]]]] = []
+    rows: list[dict] = []  # per prompt: greedy right, and the n samples' rewards, rights, answers
     for b in range(0, len(prompts), batch_prompts):
         chunk = prompts[b:b + batch_prompts]
-        roll = engine.generate([p.ids for p in chunk], n, SamplingParams(max_new_tokens=max_new_tokens,
-                                                                          temperature=temperature, seed=seed + b))
-        texts = decode_responses(tokenizer, roll)
-        samples = [{**p.extra, "label": p.label, "task": p.task} for p in chunk for _ in range(n)]
-        totals = scorer(texts, samples).totals
+        ids = [p.ids for p in chunk]
+        texts: list[str] = []
+        if greedy:
+            texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
+        if n:
+            texts += decode_responses(tokenizer, engine.generate(
+                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed + b)))
+        per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
+        result = scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_text])
+        right = [answer_right(result, i, t, p.label) for i, (t, p) in enumerate(zip(texts, per_text))]
+        g = len(chunk) if greedy else 0
         for j, p in enumerate(chunk):
-            sl = slice(j * n, (j + 1) * n)
-            ans = [extract_answer(t) for t in texts[sl]]
-            per_prompt.append((totals[sl], [is_correct(t, p.label) for t in texts[sl]], ans))
-            idx = len(per_prompt) - 1
-            groups.setdefault(f"task/{p.task}", []).append(idx)
+            s = slice(g + j * n, g + (j + 1) * n)
+            rows.append({"greedy": right[j] if greedy else None, "rewards": result.totals[s], "right": right[s],
+                         "answers": [extract_answer(t) for t in texts[s]]})
+            groups.setdefault(f"task/{p.task}", []).append(len(rows) - 1)
             if p.extra.get("data_source"):
-                groups.setdefault(f"data_source/{p.extra['data_source']}", []).append(idx)
+                groups.setdefault(f"data_source/{p.extra['data_source']}", []).append(len(rows) - 1)
         if progress:
             progress(min(b + batch_prompts, len(prompts)))
 
     def metrics(idx: Sequence[int]) -> dict[str, float]:
-        rows = [per_prompt[i] for i in idx]
-        return {"prompts": float(len(rows)),
-                **sample_metrics([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], ks)}
+        sel = [rows[i] for i in idx]
+        out = {"prompts": float(len(sel))}
+        if greedy:
+            out["greedy_acc"] = sum(r["greedy"] for r in sel) / len(sel)
+        if n:
+            out.update(sample_metrics([r["rewards"] for r in sel], [r["right"] for r in sel],
+                                      [r["answers"] for r in sel], ks))
+        return out
 
-    return {"n": n, "overall": metrics(range(len(per_prompt))),
-            "groups": {g: metrics(idx) for g, idx in sorted(groups.items())}}
+    return {"n": n, "overall": metrics(range(len(rows))),
+            "groups": {name: metrics(idx) for name, idx in sorted(groups.items())}}
+
+
+def val_metrics(result: dict) -> dict[str, float]:
+    """`evaluate`'s result as flat ``val/...`` metrics: val/greedy_acc, val/task/add/pass@1, ..."""
+    out = {f"val/{k}": v for k, v in result["overall"].items() if k != "prompts"}
+    for group, m in result["groups"].items():
+        out.update({f"val/{group}/{k}": v for k, v in m.items() if k != "prompts"})
+    return out

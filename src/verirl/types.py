@@ -25,9 +25,6 @@ class Rollout:
     response_ids: torch.Tensor  # (N, R) right-padded with pad id
     response_mask: torch.Tensor  # (N, R) 1 up to AND including the first stop token (by position, never by id)
     stopped: torch.Tensor  # (N,) bool: ended on a stop token (False: cut at max_new_tokens)
-    # packed layouts of its rows (verirl.train.packing), made on first use and shared by the
-    # passes of a step; a rollout is not modified once made
-    packed: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def response_lengths(self) -> torch.Tensor:  # (N,)
@@ -38,7 +35,7 @@ class Rollout:
         return self.prompt_mask.sum(-1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainBatch:
     """What the policy update consumes: a rollout plus per-sequence advantages and reference quantities."""
     rollout: Rollout

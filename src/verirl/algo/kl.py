@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from verirl.registry import Registry
+
 
 def _k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp - ref_logp
@@ -23,7 +25,8 @@ def _k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(kl, min=-10.0, max=10.0)
 
 
-KL_ESTIMATORS = {"kl": _k1, "k1": _k1, "abs": _abs, "mse": _k2, "k2": _k2, "low_var_kl": _k3, "k3": _k3}
+KL_ESTIMATORS = Registry("algo.kl_type", {"kl": _k1, "k1": _k1, "abs": _abs, "mse": _k2, "k2": _k2,
+                                           "low_var_kl": _k3, "k3": _k3})
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:

@@ -5,6 +5,8 @@ from typing import Optional
 
 import torch
 
+from verirl.registry import Registry
+
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                         clip_low: float = 0.2, clip_high: float = 0.2
@@ -40,11 +42,11 @@ def _seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor, num_tokens, nu
     return per_seq.sum() / max(float(denom), 1.0)
 
 
-AGGREGATIONS = {
+AGGREGATIONS = Registry("algo.loss_agg_mode", {
     "token-mean": _token_mean,  # every token of the mini-batch weighs the same (DAPO, veRL default)
     "seq-mean-token-mean": _seq_mean_token_mean,  # each sequence weighs the same (original GRPO, TRL "grpo")
     "seq-mean-token-sum": _seq_mean_token_sum,  # Dr. GRPO-style sum over tokens, mean over sequences
-}
+})
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from verirl.cache import cache_root
 from verirl.data.load import list_files
+from verirl.errors import DataError
 from verirl.types import Prompt
 
 
@@ -50,7 +51,8 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
                  cache_dir: Optional[str] = None) -> LoadedData:
     import pyarrow.parquet as pq
 
-    from verirl.data.preprocess import PreprocessConfig, preprocess
+    from verirl.config import PreprocessConfig
+    from verirl.data.preprocess import preprocess
 
     p = Path(path)
     if not _is_preprocessed(p):
@@ -59,7 +61,7 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
                                 prompt_type=prompt_type, templates_file=templates_file, map_keys=dict(map_keys),
                                 dataset_additional_keys=keys, on_bad_row="error")
         settings = {k: v for k, v in asdict(pcfg).items() if k not in ("input", "output_prefix")}
-        root = Path(cache_dir or os.environ.get("VERIRL_CACHE", Path.home() / ".cache" / "verirl")) / "data"
+        root = (Path(cache_dir) if cache_dir else cache_root()) / "data"
         prefix = root / f"{p.stem}-{_cache_key(path, settings)}"
         if not Path(str(prefix) + ".parquet").exists():
             pcfg.output_prefix = str(prefix)
@@ -69,14 +71,14 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     table = pq.read_table(p)
     if "labels" not in table.column_names:
-        raise ValueError(f"{p}: no 'labels' column, so the verifiers have no ground truth. Preprocess with "
+        raise DataError(f"{p}: no 'labels' column, so the verifiers have no ground truth. Preprocess with "
                          f"dataset_additional_keys including labels.")
     prompts, dropped = [], 0
     for i, row in enumerate(table.to_pylist()):
         ids = row.pop("prompt_ids")
         if len(ids) > max_prompt_length:
             if too_long == "error":
-                raise ValueError(f"{p} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
+                raise DataError(f"{p} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
                                  f"{max_prompt_length}. Raise it, or set data.too_long=filter to drop such rows.")
             dropped += 1
             continue
@@ -84,6 +86,6 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
         task = row.get("task") or row.get("data_source") or "default"
         prompts.append(Prompt(messages=[], label=str(label), task=str(task), ids=list(ids), extra=row))
     if not prompts:
-        raise ValueError(f"{path}: no usable prompts ({dropped} over data.max_prompt_length={max_prompt_length}).")
+        raise DataError(f"{path}: no usable prompts ({dropped} over data.max_prompt_length={max_prompt_length}).")
     return LoadedData(prompts, list(manifest.get("stop_words") or []), bool(manifest.get("replace_eos")),
                       dropped, str(p))

@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
 
+from verirl.errors import DataError
+
 SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
 
 
-class RowError(ValueError):
+class RowError(DataError):
     """A row or file that cannot be used; ``reason`` is the short key it is counted under."""
 
     def __init__(self, message: str, reason: str):
@@ -26,15 +28,15 @@ class RowError(ValueError):
 def list_files(path: str | Path) -> list[Path]:
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"input '{path}' does not exist. Give a .json, .jsonl, .parquet or .arrow file, "
+        raise DataError(f"input '{path}' does not exist. Give a .json, .jsonl, .parquet or .arrow file, "
                                 f"or a folder of them.")
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
         if not files:
-            raise FileNotFoundError(f"input folder '{path}' holds no .json, .jsonl, .parquet or .arrow file.")
+            raise DataError(f"input folder '{path}' holds no .json, .jsonl, .parquet or .arrow file.")
         return files
     if p.suffix not in SUFFIXES:
-        raise ValueError(f"input '{path}': unknown file type '{p.suffix}'; use .json, .jsonl, .parquet or .arrow.")
+        raise DataError(f"input '{path}': unknown file type '{p.suffix}'; use .json, .jsonl, .parquet or .arrow.")
     return [p]
 
 

@@ -1,6 +1,6 @@
 """`verirl preprocess`: raw data set -> tokenized prompts + the keys the rewards need.
 
-The config keys are MindSpeed-RL's (seed 000 section 1.1), so its data configs carry over:
+The config keys (`verirl.config.PreprocessConfig`) are MindSpeed-RL's, so its data configs carry over:
 ``input``, ``tokenizer_name_or_path``, ``output_prefix``, ``handler_name``, ``tokenizer_type``,
 ``workers``, ``log_interval``, ``prompt_type``, ``map_keys``, ``dataset_additional_keys``.
 
@@ -19,36 +19,19 @@ import json
 import multiprocessing as mp
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from verirl.config import PreprocessConfig
 from verirl.data.load import RowError, list_files, read_rows
+from verirl.errors import ConfigError
+from verirl.registry import Registry
 
-HANDLERS = {"R1AlpacaStyleInstructionHandler": "instruction", "instruction": "instruction",
-            "VerlParquetHandler": "verl", "verl": "verl"}
+HANDLERS = Registry("data.handler_name", {"R1AlpacaStyleInstructionHandler": "instruction", "instruction": "instruction",
+                                          "VerlParquetHandler": "verl", "verl": "verl"})
 DEFAULT_MAP = {"instruction": {"prompt": "problem", "query": "", "response": "answer", "system": ""},
                "verl": {"prompt": "prompt", "query": "", "response": "reward_model.ground_truth", "system": ""}}
-
-
-@dataclass
-class PreprocessConfig:
-    input: str = ""  # a .json/.jsonl/.parquet/.arrow file or a folder of them
-    tokenizer_name_or_path: str = "tiny"  # a tokenizer directory, or tiny
-    output_prefix: str = ""  # writes PREFIX.parquet and PREFIX.manifest.json
-    handler_name: str = "R1AlpacaStyleInstructionHandler"  # or VerlParquetHandler
-    tokenizer_type: str = "HuggingFaceTokenizer"  # the only kind supported
-    workers: int = 1  # processes that tokenize
-    log_interval: int = 1000  # rows between progress updates
-    prompt_type: str = "qwen_r1"  # template name (empty, qwen, qwen_r1, qwen_math_r1, llama3, ...) or tokenizer
-    templates_file: str = ""  # a templates.json of your own (MindSpeed-RL format); adds/overrides by name
-    # canonical field -> data set field (nested with dots, e.g. reward_model.ground_truth); "" = unused.
-    # Unset fields take the handler's default (instruction: prompt=problem, response=answer).
-    map_keys: dict[str, str] = field(default_factory=dict)  # prompt/query/response/system -> field ({} = defaults)
-    dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])  # kept for the rewards
-    max_prompt_length: int = 0  # tokens; 0 = no limit
-    too_long: str = "filter"  # filter (count and drop) | error
-    on_bad_row: str = "error"  # error (stop, naming file/row/key) | skip (count and go on)
 
 
 def get_field(row: dict, path: str) -> Any:
@@ -182,13 +165,11 @@ def _process_chunk(chunk: list[tuple[str, int, dict]]) -> list[dict | RowError]:
 
 
 def validate_preprocess(cfg: PreprocessConfig) -> None:
-    from verirl.config import ConfigError
     if not cfg.input:
         raise ConfigError("preprocess: 'input' is empty: give a data file or folder.")
     if not cfg.output_prefix:
         raise ConfigError("preprocess: 'output_prefix' is empty: give a path prefix, e.g. data/math/train.")
-    if cfg.handler_name not in HANDLERS:
-        raise ConfigError(f"preprocess: handler_name={cfg.handler_name!r} is not one of {sorted(HANDLERS)}.")
+    HANDLERS.check(cfg.handler_name, "handler_name")
     if cfg.tokenizer_type not in ("HuggingFaceTokenizer", "hf"):
         raise ConfigError(f"preprocess: tokenizer_type={cfg.tokenizer_type!r}: only HuggingFaceTokenizer is supported.")
     if cfg.on_bad_row not in ("error", "skip") or cfg.too_long not in ("filter", "error"):

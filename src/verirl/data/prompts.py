@@ -5,7 +5,14 @@ from typing import Iterator, Sequence
 
 import torch
 
+from verirl.errors import CheckpointError, DataError
+from verirl.registry import Registry
 from verirl.types import Prompt
+
+TOO_LONG = Registry("data.too_long", {"error": "refuse to start, naming the row", "filter": "drop and count"})
+SHUFFLES = Registry("data.shuffle", {"verl": "torch RandomSampler's order, as veRL draws it",
+                                     "megatron": "numpy RandomState(seed + epoch).permutation per epoch",
+                                     "sequential": "the file order"})
 
 
 def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source: str = "data",
@@ -14,6 +21,7 @@ def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source
 
     A prompt longer than ``max_length`` tokens is an error naming the row, or, with
     ``too_long="filter"``, left out of the returned list."""
+    TOO_LONG.check(too_long)
     kept = []
     for i, p in enumerate(prompts):
         ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
@@ -22,7 +30,7 @@ def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source
         if len(ids) > max_length:
             if too_long == "filter":
                 continue
-            raise ValueError(f"{source} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
+            raise DataError(f"{source} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
                              f"{max_length}. Raise data.max_prompt_length, shorten the prompt, or set "
                              f"data.too_long=filter to drop such rows.")
         p.ids = list(ids)
@@ -43,13 +51,10 @@ class PromptSampler:
     ``position`` counts prompts drawn so far; `state_dict` / `load_state_dict` resume exactly.
     """
 
-    MODES = ("verl", "megatron", "sequential")
-
     def __init__(self, size: int, seed: int, mode: str = "verl"):
-        if mode not in self.MODES:
-            raise ValueError(f"data.shuffle={mode!r} is not one of {list(self.MODES)}.")
+        SHUFFLES.check(mode)
         if size <= 0:
-            raise ValueError("the data set is empty: no prompts to sample.")
+            raise DataError("the data set is empty: no prompts to sample.")
         self.size, self.seed, self.mode = size, seed, mode
         self.position = 0
         self._epoch = -1
@@ -87,7 +92,7 @@ class PromptSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if (state["seed"], state["mode"], state["size"]) != (self.seed, self.mode, self.size):
-            raise ValueError(f"sampler state is for seed={state['seed']} mode={state['mode']} size={state['size']}, "
+            raise CheckpointError(f"sampler state is for seed={state['seed']} mode={state['mode']} size={state['size']}, "
                              f"this run has seed={self.seed} mode={self.mode} size={self.size}.")
         self.__init__(self.size, self.seed, self.mode)  # replay from the start: exact for every mode
         self.position = state["position"]

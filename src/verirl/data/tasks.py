@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+from verirl.registry import Registry
 from verirl.types import Prompt
 
 INSTRUCTION = "Reply <think> </think> <answer> \\boxed{} </answer>."
@@ -56,4 +57,4 @@ def arith_split(seed: int, train_size: int, val_size: int) -> tuple[list[Prompt]
     return train, val
 
 
-TASKS = {"arith": arith_split}
+TASKS = Registry("data.task", {"arith": arith_split})

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from verirl.errors import ConfigError
+
 BUILTIN_FILE = Path(__file__).resolve().parent / "templates.json"
 SLOT_KEYS = ("format_prefix", "format_user", "format_assistant", "format_system", "format_observation",
              "format_separator")
@@ -59,7 +61,7 @@ class Template:
             key = {"user": "format_user", "assistant": "format_assistant", "tool": "format_observation",
                    "observation": "format_observation"}.get(str(role))
             if key is None:
-                raise ValueError(f"template '{self.name}': message {i} has role {role!r}; "
+                raise ConfigError(f"template '{self.name}': message {i} has role {role!r}; "
                                  f"expected system, user, assistant or tool.")
             if role == "user" and i > 0:
                 text += self._fill("format_separator", "", bos_token, eos_token)
@@ -69,19 +71,19 @@ class Template:
 
 def _parse(obj: dict, source: str, index: int) -> Template:
     if not isinstance(obj, dict) or "name" not in obj:
-        raise ValueError(f"{source}: entry {index} is not an object with a 'name'.")
+        raise ConfigError(f"{source}: entry {index} is not an object with a 'name'.")
     slots = {}
     for key in SLOT_KEYS:
         if key in obj:
             val = obj[key]
             if not isinstance(val, dict) or not isinstance(val.get("slots"), list):
-                raise ValueError(f"{source}: template '{obj['name']}' key '{key}' must be "
+                raise ConfigError(f"{source}: template '{obj['name']}' key '{key}' must be "
                                  f'{{"slots": [...]}}, got {val!r}.')
             slots[key] = val["slots"]
     unknown = set(obj) - set(SLOT_KEYS) - {"name", "default_system", "stop_words", "replace_eos", "efficient_eos",
                                            "format_function", "format_tools", "tool_format", "mm_plugin"}
     if unknown:
-        raise ValueError(f"{source}: template '{obj['name']}' has unknown keys {sorted(unknown)}.")
+        raise ConfigError(f"{source}: template '{obj['name']}' has unknown keys {sorted(unknown)}.")
     return Template(obj["name"], slots, obj.get("default_system") or "", list(obj.get("stop_words") or []),
                     bool(obj.get("replace_eos", False)))
 
@@ -91,13 +93,13 @@ def load_templates(path: Optional[str | Path] = None) -> dict[str, Template]:
     out = {}
     for src in [BUILTIN_FILE] + ([Path(path)] if path else []):
         if not Path(src).exists():
-            raise FileNotFoundError(f"templates file '{src}' does not exist.")
+            raise ConfigError(f"templates file '{src}' does not exist.")
         try:
             entries = json.loads(Path(src).read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise ValueError(f"templates file '{src}' is not valid JSON: line {e.lineno}: {e.msg}.") from None
+            raise ConfigError(f"templates file '{src}' is not valid JSON: line {e.lineno}: {e.msg}.") from None
         if not isinstance(entries, list):
-            raise ValueError(f"templates file '{src}' must hold a JSON list of templates.")
+            raise ConfigError(f"templates file '{src}' must hold a JSON list of templates.")
         for i, obj in enumerate(entries):
             t = _parse(obj, str(src), i)
             out[t.name] = t
@@ -107,6 +109,6 @@ def load_templates(path: Optional[str | Path] = None) -> dict[str, Template]:
 def get_template(name: str, path: Optional[str | Path] = None) -> Template:
     templates = load_templates(path)
     if name not in templates:
-        raise ValueError(f"prompt_type '{name}' is not a template; known: {sorted(templates)} "
+        raise ConfigError(f"prompt_type '{name}' is not a template; known: {sorted(templates)} "
                          f"(or 'tokenizer' for the tokenizer's own chat template).")
     return templates[name]

@@ -5,6 +5,12 @@ import importlib.util
 
 import torch
 
+from verirl.errors import ModelError
+from verirl.registry import Registry
+
+DEVICES = Registry("model.device", {"auto": "cuda, then npu, then cpu", "cpu": "the CPU",
+                                    "cuda": "cuda:LOCAL_RANK", "npu": "Ascend NPU through torch_npu"})
+
 
 def npu_available() -> bool:
     if importlib.util.find_spec("torch_npu") is None:
@@ -15,6 +21,7 @@ def npu_available() -> bool:
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' picks cuda, then npu, then cpu; an explicit name that is absent is an error."""
+    DEVICES.check(name)
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -22,8 +29,8 @@ def resolve_device(name: str = "auto") -> torch.device:
             return torch.device("npu")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("model.device=cuda but no CUDA device is visible. Use model.device=auto or cpu.")
+        raise ModelError("model.device=cuda but no CUDA device is visible. Use model.device=auto or cpu.")
     if name == "npu" and not npu_available():
-        raise RuntimeError("model.device=npu but torch_npu is not installed or sees no NPU. "
+        raise ModelError("model.device=npu but torch_npu is not installed or sees no NPU. "
                            "Install torch_npu or use model.device=auto.")
     return torch.device(name)

@@ -10,10 +10,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
+from verirl.errors import ModelError
 from verirl.models.device import resolve_device
+from verirl.registry import Registry
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = Registry("model.dtype", {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16})
 
 
 @dataclass
@@ -32,8 +34,8 @@ def resolve_path(path: str) -> str:
 def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
     """Union of the EOS ids of generation_config.json, config.json and the tokenizer.
 
-    Warns when they disagree: Qwen2.5 base and instruct differ here, and a run that
-    never sees its real EOS never learns to stop (seed 000 section 3.3)."""
+    Warns when they disagree: Qwen2.5 base and instruct differ here, and a rollout that does
+    not stop at the model's real EOS never shows the policy that token, so it never learns to stop."""
     sources: dict[str, list[int]] = {}
     gen = getattr(model, "generation_config", None)
     for name, val in [("generation_config.json", getattr(gen, "eos_token_id", None)),
@@ -43,7 +45,7 @@ def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
             sources[name] = [val] if isinstance(val, int) else list(val)
     ids = sorted({i for v in sources.values() for i in v})
     if not ids:
-        raise ValueError(f"{path}: no EOS token id in generation_config.json, config.json or the tokenizer. "
+        raise ModelError(f"{path}: no EOS token id in generation_config.json, config.json or the tokenizer. "
                          f"Set eos_token_id in generation_config.json.")
     gen_ids = set(sources.get("generation_config.json", ids))
     if any(not set(v) <= gen_ids for v in sources.values()):  # generate() would not stop on one of them
@@ -56,11 +58,15 @@ def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
 def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto") -> LoadedModel:
     real = resolve_path(path)
     if not os.path.isdir(real) or not os.path.exists(os.path.join(real, "config.json")):
-        raise FileNotFoundError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
-                                f"(no config.json). Point model.path at one, or rebuild the tiny model "
-                                f"with `make weights`.")
-    tokenizer = AutoTokenizer.from_pretrained(real)
-    model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        raise ModelError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
+                         f"(no config.json). Point model.path at one, or rebuild the tiny model "
+                         f"with `make weights`.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(real)
+        model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError) as e:  # a damaged file, an architecture transformers does not know
+        raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
+                         f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e
     model.to(resolve_device(device))
     stops = stop_token_ids(path, model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]

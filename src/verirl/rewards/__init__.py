@@ -8,8 +8,8 @@ each rule's scores (None where the rule does not apply to the sample's task), so
 means are taken over the samples each rule scored.
 """
 from verirl.rewards.custom import Rule, batched, load_rule
-from verirl.rewards.rules import RULES, extract_answer, extract_boxed, is_correct
+from verirl.rewards.rules import ANSWER_RULES, RULES, extract_answer, extract_boxed, is_correct
 from verirl.rewards.scoring import RewardResult, Scorer, default_workers, score_batch
 
-__all__ = ["RULES", "Rule", "batched", "load_rule", "extract_answer", "extract_boxed", "is_correct",
+__all__ = ["ANSWER_RULES", "RULES", "Rule", "batched", "load_rule", "extract_answer", "extract_boxed", "is_correct",
            "RewardResult", "Scorer", "default_workers", "score_batch"]

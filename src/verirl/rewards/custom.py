@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
+from verirl.errors import ConfigError
 from verirl.rewards.rules import RULES
 
 LIST_PARAM_NAMES = {"responses", "completions", "solutions", "texts"}
@@ -37,12 +38,12 @@ def resolve(spec: str) -> Callable:
     if spec in RULES:
         return RULES[spec]
     if ":" not in spec:
-        raise ValueError(f"reward rule '{spec}' is not a built-in ({sorted(RULES)}) and not of the form "
-                         f"path/to/file.py:function or package.module:function.")
+        raise ConfigError(f"{RULES.unknown(spec)} Your own rule is named path/to/file.py:function or "
+                          f"package.module:function.")
     target, name = spec.rsplit(":", 1)
     if target.endswith(".py"):
         if not os.path.exists(target):
-            raise ValueError(f"reward rule '{spec}': file '{target}' does not exist.")
+            raise ConfigError(f"reward rule '{spec}': file '{target}' does not exist.")
         mod_name = f"verirl_user_rule_{abs(hash(os.path.abspath(target)))}"
         loader_spec = importlib.util.spec_from_file_location(mod_name, target)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
@@ -52,10 +53,10 @@ def resolve(spec: str) -> Callable:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ValueError(f"reward rule '{spec}': cannot import module '{target}' ({e}).") from None
+            raise ConfigError(f"reward rule '{spec}': cannot import module '{target}' ({e}).") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"reward rule '{spec}': '{target}' has no function '{name}'.")
+        raise ConfigError(f"reward rule '{spec}': '{target}' has no function '{name}'.")
     return fn
 
 
@@ -76,7 +77,7 @@ def load_rule(spec: str) -> Rule:
         return Rule(spec, name, bool(getattr(fn, "_verirl_batched", False)), None)
     ps = list(sig.parameters.values())
     if not ps:
-        raise ValueError(f"reward rule '{spec}' takes no arguments; it must take the response(s) first.")
+        raise ConfigError(f"reward rule '{spec}' takes no arguments; it must take the response(s) first.")
     is_batched = bool(getattr(fn, "_verirl_batched", False)) or ps[0].name in LIST_PARAM_NAMES
     if any(p.kind is p.VAR_KEYWORD for p in ps[1:]):
         params = None

@@ -38,10 +38,6 @@ class RewardPool:
             self._pool.map(_warm, range(self.workers))
         return self._pool
 
-    def run(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]) -> list[list[tuple[Optional[float], str]]]:
-        """Each call -> its per-response results, in order."""
-        return self.collect(self.start(calls))
-
     def start(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]):
         """Send the calls to the workers and return at once; `collect` waits for them."""
         pool = self._get()

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Callable, Optional
+from typing import Optional
 
 from math_verify import parse, verify
+
+from verirl.registry import Registry
 
 # We call math-verify without its signal-based timeouts (they only work on the main thread);
 # its one-off warning about that is noise for our users.
@@ -37,8 +39,8 @@ _INTEGER = re.compile(r"[+-]?\d+")
 
 def _equivalent(answer: str, label: str) -> bool:
     """math-verify's equivalence. Two plain integers (the answer of most arithmetic and GSM8K-style
-    tasks) are compared as integers, which is math-verify's verdict on them at a fraction of the cost
-    (~1 ms a call: a step of 64 samples spent ~50 ms of CPU in parse/verify; a test checks they agree)."""
+    tasks) are compared as integers, which is math-verify's verdict on them without its parse and
+    verify (a LaTeX parse and a sympy comparison per call); a test checks they agree."""
     a, b = answer.strip(), label.strip()
     if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b):
         return int(a) == int(b)
@@ -130,7 +132,7 @@ _LOGIC = re.compile(r"\b(?:because|therefore|thus|so|since|hence)\b|∴|=", re.I
 
 
 def math_graded(response: str, label: str, **_: object) -> float:
-    """Seed 001's graded MATH reward: a wrong (or missing) answer scores 0; a right one scores
+    """A graded reward for MATH-style answers: a wrong (or missing) answer scores 0; a right one scores
     0.7 (math-verify equivalence) + 0.2 (``<think>..</think><answer>..</answer>`` format)
     + 0.1 (ordered reasoning: at least two step markers, or step markers and logic words)."""
     answer = extract_answer(response)
@@ -166,10 +168,14 @@ def gsm8k(response: str, label: str, **_: object) -> float:
         return 0.0
 
 
-RULES: dict[str, Callable[..., float]] = {
+RULES: Registry = Registry("reward.verifiers", {
     "acc": acc, "exact": exact, "format": format_rule, "step": step, "strict_format": strict_format,
     "base_acc": base_acc, "math": math_graded, "gsm8k": gsm8k,
-}
+})
+
+# The rules that check the final answer, and the score from which each counts it as right: what
+# evaluation calls "right" (val/greedy_acc, pass@k, maj@n), as opposed to the weighted reward.
+ANSWER_RULES: dict[str, float] = {"acc": 1.0, "exact": 1.0, "base_acc": 1.0, "gsm8k": 1.0, "math": 0.7}
 
 
 def is_correct(response: str, label: str) -> bool:

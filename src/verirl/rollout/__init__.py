@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from verirl.registry import Registry
 from verirl.rollout.base import Engine, SamplingParams, build_rollout, concat_rollouts, left_pad
 from verirl.rollout.hf import HFEngine
 from verirl.rollout.native import NativeEngine
 
-ENGINES = {"native": NativeEngine, "hf": HFEngine}
+ENGINES = Registry("rollout.engine", {"native": NativeEngine, "hf": HFEngine})
 
 
 def build_engine(name: str, model, pad_id: int, stop_ids: list[int]) -> Engine:

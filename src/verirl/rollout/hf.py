@@ -5,6 +5,7 @@ from typing import Sequence
 
 import torch
 
+from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.types import Rollout
 
@@ -23,10 +24,8 @@ class HFEngine:
         greedy = params.temperature <= 0
         kwargs = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p,
                                     "top_k": params.top_k or None}
-        was_training = self.model.training
-        self.model.eval()
-        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=not greedy,
-                                  max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_ids,
-                                  pad_token_id=self.pad_id, **kwargs)
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=not greedy,
+                                      max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_ids,
+                                      pad_token_id=self.pad_id, **kwargs)
         return build_rollout(ids, mask, out[:, ids.shape[1]:], self.stop_ids, self.pad_id)

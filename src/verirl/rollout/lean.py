@@ -8,7 +8,7 @@ products, attention) with
 * q/k/v and gate/up projections fused into one matmul each (weights concatenated once
   per generate call), the rotary applied to q and k together from a table built once,
 * a preallocated KV cache written in place, masks as additive key biases sliced per step,
-* short attention as two matmuls (`verirl.algo.attention`), long prefills through SDPA,
+* short attention as two matmuls (`verirl.ops.attention`), long prefills through SDPA,
 * nothing but tensors between the layers.
 Its logits equal the model's own to float rounding (a test checks it, and that greedy
 decoding gives the same tokens as ``transformers.generate``).
@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from verirl.algo.attention import small_attention, small_enough
+from verirl.ops.attention import small_attention, small_enough
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
 

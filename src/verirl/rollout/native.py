@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
 from verirl.rollout.sampling import sample_next
@@ -98,40 +99,38 @@ class NativeEngine:
             gen = torch.Generator(device=device).manual_seed(params.seed)
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        was_training = model.training
-        model.eval()
-        R = params.max_new_tokens
-        run = _LeanStepper(model) if lean_supported(model) else _HFStepper(model)
-        logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
-        self.batch_sizes = [ids.shape[0]]
-        if n > 1:  # expand each prompt's cache to its n samples
-            run.repeat(n)
-            logits = logits.repeat_interleave(n, dim=0)
-            pos = pos.repeat_interleave(n, dim=0)
-        N = logits.shape[0]
-        tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
-        active = torch.arange(N, device=device)  # rows of the full batch the cache still holds
-        running = torch.ones(N, dtype=torch.bool, device=device)  # of those, the ones not yet stopped
-        next_pos = pos[:, -1] + 1
-        stops = torch.as_tensor(self.stop_ids, device=device)
-        P = ids.shape[1]
-        for t in range(R):
-            tok = sample_next(logits, params.temperature, params.top_k, params.top_p, gen)
-            tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
-            tokens[active, t] = tok
-            running &= ~torch.isin(tok, stops)
-            if t == R - 1:
-                break
-            n_run = int(running.sum())
-            if n_run == 0:
-                break
-            if n_run <= 0.75 * running.numel():  # compact: drop the finished rows from the cache
-                idx = running.nonzero().squeeze(-1)
-                run.select(idx)
-                active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]
-            self.batch_sizes.append(tok.shape[0])
-            logits = run.step(tok, next_pos, P + t)
-            next_pos = next_pos + 1
-        model.train(was_training)
+        with eval_mode(model):
+            R = params.max_new_tokens
+            run = _LeanStepper(model) if lean_supported(model) else _HFStepper(model)
+            logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
+            self.batch_sizes = [ids.shape[0]]
+            if n > 1:  # expand each prompt's cache to its n samples
+                run.repeat(n)
+                logits = logits.repeat_interleave(n, dim=0)
+                pos = pos.repeat_interleave(n, dim=0)
+            N = logits.shape[0]
+            tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
+            active = torch.arange(N, device=device)  # rows of the full batch the cache still holds
+            running = torch.ones(N, dtype=torch.bool, device=device)  # of those, the ones not yet stopped
+            next_pos = pos[:, -1] + 1
+            stops = torch.as_tensor(self.stop_ids, device=device)
+            P = ids.shape[1]
+            for t in range(R):
+                tok = sample_next(logits, params.temperature, params.top_k, params.top_p, gen)
+                tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
+                tokens[active, t] = tok
+                running &= ~torch.isin(tok, stops)
+                if t == R - 1:
+                    break
+                n_run = int(running.sum())
+                if n_run == 0:
+                    break
+                if n_run <= 0.75 * running.numel():  # compact: drop the finished rows from the cache
+                    idx = running.nonzero().squeeze(-1)
+                    run.select(idx)
+                    active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]
+                self.batch_sizes.append(tok.shape[0])
+                logits = run.step(tok, next_pos, P + t)
+                next_pos = next_pos + 1
         return build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
                              self.stop_ids, self.pad_id)

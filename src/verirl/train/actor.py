@@ -20,16 +20,35 @@ from typing import Optional, Sequence, Union
 import torch
 
 from verirl.algo import aggregate, clipped_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
-from verirl.train.packing import packed_logprobs, supports_packing
+from verirl.errors import ConfigError
+from verirl.models import eval_mode
+from verirl.train.packing import PackCache, packed_logprobs, supports_packing
 from verirl.types import Rollout, TrainBatch
 
 
-@dataclass
+@dataclass(frozen=True)
+class LogprobPass:
+    """How a log-prob pass runs over a rollout: how it is cut into micro-batches, and how each
+    forward runs (see the module docstring)."""
+    micro_batch_size: int = 64  # sequences per forward when max_tokens is 0
+    max_tokens: int = 0  # token budget per forward (a shared prompt counted once); 0 = micro_batch_size
+    temperature: float = 1.0  # log-probs of the distribution the rollout sampled from
+    remove_padding: bool = True  # packed rows (when the model supports it), else padded rows
+    share_prompt: bool = True  # packed: each prompt computed once for its samples
+    chunk: int = 0  # output-layer rows per chunk; 0 = about 32M logits per chunk
+
+    @property
+    def prompt_once(self) -> bool:
+        """Whether a prompt is computed once for all its samples in a micro-batch."""
+        return self.remove_padding and self.share_prompt
+
+
+@dataclass(frozen=True)
 class UpdateParams:
     """Plain arguments for `update_policy` (built from the config by the trainer)."""
     group_size: int  # rollout.n
-    mini_batch_prompts: int
-    micro_batch_size: int  # sequences
+    mini_batch_prompts: int  # prompts per optimizer step
+    forward: LogprobPass = LogprobPass()  # how the policy's forward + backward runs
     epochs: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -38,25 +57,6 @@ class UpdateParams:
     entropy_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
-    temperature: float = 1.0
-    max_tokens: int = 0  # token budget per micro-batch; 0 = micro_batch_size sequences
-    passes: "LogprobPass" = None  # how the forward runs; None = LogprobPass()
-
-    def __post_init__(self):
-        if self.passes is None:
-            self.passes = LogprobPass()
-
-
-@dataclass
-class LogprobPass:
-    """How a log-prob forward runs (see the module docstring)."""
-    remove_padding: bool = True
-    share_prompt: bool = True
-    chunk: int = 0  # output-layer rows per chunk; 0 = about 32M logits per chunk
-
-    @property
-    def shares_prompts(self) -> bool:
-        return self.remove_padding and self.share_prompt
 
 
 Rows = Union[slice, Sequence[int]]
@@ -100,7 +100,7 @@ def plan_micro_batches(rollout: Rollout, rows: Sequence[int], micro_batch_size: 
         for i in group:
             need = P + int(r_len[i])
             if need > max_tokens:
-                raise ValueError(f"sequence {i} has {need} tokens ({P} prompt + {int(r_len[i])} response), more than "
+                raise ConfigError(f"sequence {i} has {need} tokens ({P} prompt + {int(r_len[i])} response), more than "
                                  f"the micro-batch token budget {max_tokens}; raise actor.max_token_len_per_device "
                                  f"(or ref.log_prob_max_token_len_per_device) to at least data.max_prompt_length + "
                                  f"rollout.max_new_tokens.")
@@ -155,34 +155,32 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     return logp, ent, resp_mask.float()
 
 
-def sequence_logprobs(model, rollout: Rollout, rows: Rows, temperature: float = 1.0, with_entropy: bool = False,
-                      passes: Optional[LogprobPass] = None):
+def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = LogprobPass(),
+                      with_entropy: bool = False, layouts: Optional[PackCache] = None):
     """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
-    response, by the packed path when ``passes.remove_padding`` (and the model allows it), else padded."""
-    passes = passes or LogprobPass()
-    if passes.remove_padding and supports_packing(model)[0]:
-        return packed_logprobs(model, rollout, _rows(rollout, rows), temperature, with_entropy,
-                               passes.share_prompt, passes.chunk)
-    return response_logprobs(model, rollout, rows, temperature, with_entropy)
+    response, by the packed path when ``how.remove_padding`` (and the model allows it), else padded.
+    ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows."""
+    if how.remove_padding and supports_packing(model)[0]:
+        return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
+                               how.share_prompt, how.chunk, layouts)
+    return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
 
 
 @torch.no_grad()
-def compute_logprobs(model, rollout: Rollout, micro_batch_size: int, temperature: float = 1.0,
-                     passes: Optional[LogprobPass] = None, max_tokens: int = 0) -> torch.Tensor:
+def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
+                     layouts: Optional[PackCache] = None) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
-    passes = passes or LogprobPass()
-    was_training = model.training
-    model.eval()
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    for mb in plan_micro_batches(rollout, range(N), micro_batch_size, max_tokens, passes.shares_prompts):
-        logp, _, _ = sequence_logprobs(model, rollout, mb, temperature, passes=passes)
-        out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
-    model.train(was_training)
+    with eval_mode(model):
+        for mb in plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once):
+            logp, _, _ = sequence_logprobs(model, rollout, mb, how, layouts=layouts)
+            out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     return out
 
 
-def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams) -> dict[str, float]:
+def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams,
+                  layouts: Optional[PackCache] = None) -> dict[str, float]:
     """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics."""
     model.train()
     r = batch.rollout
@@ -197,10 +195,10 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
             n_tokens, n_seqs = float(mask_all.sum()), float(m1 - m0)
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
-            for mb in plan_micro_batches(r, range(m0, m1), p.micro_batch_size, p.max_tokens,
-                                         p.passes.shares_prompts):
+            for mb in plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
+                                         p.forward.prompt_once):
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
-                logp, ent, mask = sequence_logprobs(model, r, mb, p.temperature, with_entropy=True, passes=p.passes)
+                logp, ent, mask = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
                 pg, clipped = clipped_policy_loss(logp, old, batch.advantages[sel], p.clip_low, p.clip_high)
@@ -236,8 +234,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
 
 def build_optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float, warmup_steps: int):
     """AdamW with linear warm-up from 0 to ``lr`` over ``warmup_steps`` optimizer steps. On CPU and
-    CUDA, torch's fused AdamW (one kernel over all parameters: 0.5 vs 1.8 ms a step for the embedded
-    model on 2 CPU cores); elsewhere the default (for-each) implementation."""
+    CUDA, torch's fused AdamW (one kernel over all parameters; docs/performance.md has its cost);
+    elsewhere the default (for-each) implementation."""
     params = [q for q in model.parameters() if q.requires_grad]
     fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.dtype.is_floating_point for q in params)
     opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused or None)

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from verirl.errors import CheckpointError
 FORMAT = 1
 LATEST = "latest"
 
@@ -153,11 +154,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
     path = Path(path)
     state_file = path / "state.json"
     if not state_file.exists():
-        raise FileNotFoundError(f"{path} is not a verirl checkpoint (no state.json). Give a directory like "
+        raise CheckpointError(f"{path} is not a verirl checkpoint (no state.json). Give a directory like "
                                 f"RUN_DIR/checkpoints/step_000020, or the run directory itself.")
     state = json.loads(state_file.read_text())
     if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')} is not {FORMAT}, the one this verirl reads.")
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')} is not {FORMAT}, the one this verirl reads.")
     return Checkpoint(path, state)
 
 
@@ -171,7 +172,7 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "
+        raise CheckpointError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "
                          f"unexpected {sorted(unexpected)[:3]}).")
     if tied:
         model.tie_weights()
@@ -185,15 +186,15 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     """Copy a checkpoint's Hugging Face model directory to ``out_dir`` (atomically)."""
     found = find_checkpoint(Path(checkpoint))
     if found is None:
-        raise FileNotFoundError(f"no verirl checkpoint in {checkpoint}: give RUN_DIR, RUN_DIR/checkpoints or "
+        raise CheckpointError(f"no verirl checkpoint in {checkpoint}: give RUN_DIR, RUN_DIR/checkpoints or "
                                 f"RUN_DIR/checkpoints/step_N.")
     ckpt = load_checkpoint(found)
     if ckpt.state.get("world_size", 1) != 1:
-        raise NotImplementedError(f"{found} is sharded over {ckpt.state['world_size']} ranks; merging shards "
+        raise CheckpointError(f"{found} is sharded over {ckpt.state['world_size']} ranks; merging shards "
                                   f"is not implemented yet.")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} exists and is not empty; choose a new output directory.")
+        raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(ckpt.model_dir, tmp)

@@ -14,9 +14,11 @@ times (the gradient of the n responses flows back into the one prompt computatio
 the result is exact, not an approximation).
 
 Attention itself runs on segments gathered into a few buckets of similar length (one call
-per bucket and layer): short segments through `verirl.algo.attention.small_attention`,
-long ones through torch's SDPA with the bucket's mask. On CPU this measured faster than a
-block-diagonal mask over the whole row, whose cost grows with the row length squared.
+per bucket and layer): short segments through `verirl.ops.attention.small_attention`,
+long ones through torch's SDPA with the bucket's mask. A bucket costs about its number of
+segments times the square of its longest segment, whereas one block-diagonal mask over the
+whole row costs the square of the row length, most of it on pairs of tokens that may not
+attend to each other.
 On CUDA with flash-attn installed and a half-precision model, all segments go instead through
 one call of flash-attn's varlen kernel (queries and keys gathered end to end, causal aligned
 to each segment's last key). That call is checked on CPU against a reference with the same
@@ -27,14 +29,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verirl.algo.attention import small_attention, small_enough
-from verirl.algo.logprobs import head_logprobs
+from verirl.errors import ConfigError
+from verirl.ops.attention import small_attention, small_enough
+from verirl.ops.head_logprobs import head_logprobs
 from verirl.types import Rollout
 
 ATTN_NAME = "verirl_packed"
@@ -205,7 +208,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
     if sliding_window is not None and layout.max_keys > sliding_window:
-        raise NotImplementedError(f"packed attention does not apply a sliding window ({sliding_window} tokens) "
+        raise ConfigError(f"packed attention does not apply a sliding window ({sliding_window} tokens) "
                                   f"to sequences of {layout.max_keys}; set actor.use_remove_padding=false.")
     H, d, KVH = query.shape[1], query.shape[-1], key.shape[1]
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
@@ -263,14 +266,30 @@ def supports_packing(model) -> tuple[bool, str]:
     return True, ""
 
 
+class PackCache:
+    """The packed layouts of one rollout's rows, made on first use: the passes of a step (old, ref,
+    update) pack the same micro-batches, so each is laid out once. One cache per rollout."""
+
+    def __init__(self, rollout: Rollout):
+        self.rollout = rollout
+        self._packed: dict[tuple, PackedBatch] = {}
+
+    def get(self, rollout: Rollout, rows: Sequence[int], share_prompt: bool) -> PackedBatch:
+        if rollout is not self.rollout:
+            raise ValueError("PackCache holds the layouts of another rollout; make one cache per rollout.")
+        key = (tuple(rows), share_prompt)
+        if key not in self._packed:
+            self._packed[key] = pack_rows(rollout, rows, share_prompt)
+        return self._packed[key]
+
+
 def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: float = 1.0,
-                    with_entropy: bool = False, share_prompt: bool = True, chunk: int = 0):
+                    with_entropy: bool = False, share_prompt: bool = True, chunk: int = 0,
+                    layouts: Optional[PackCache] = None):
     """Like the padded pass: (logp (b, r), entropy (b, r) or None, mask (b, r)) for ``rows``, with
-    no compute spent on pad tokens and the output layer applied in chunks to response positions only."""
-    key = (tuple(rows), share_prompt)
-    pb = rollout.packed.get(key)  # the ref pass and the update pack the same rows
-    if pb is None:
-        pb = rollout.packed[key] = pack_rows(rollout, rows, share_prompt)
+    no compute spent on pad tokens and the output layer applied in chunks to response positions only.
+    ``layouts`` (optional) keeps the packed layout for the next pass over the same rows."""
+    pb = layouts.get(rollout, rows, share_prompt) if layouts is not None else pack_rows(rollout, rows, share_prompt)
     with _packed_attention(model, pb.layout):
         hidden = model.get_decoder()(input_ids=pb.input_ids, position_ids=pb.position_ids,
                                      use_cache=False).last_hidden_state[0]

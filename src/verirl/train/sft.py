@@ -13,12 +13,13 @@ import torch
 
 from verirl.config import SFTConfig
 from verirl.data import TASKS, encode_prompts, reference_response
-from verirl.evaluate import accuracy
+from verirl.evaluate import evaluate
 from verirl.models import load_model, save_hf
 from verirl.models.tiny import build_model, build_tokenizer
 from verirl.rollout import NativeEngine
 from verirl.train.actor import build_optimizer
-from verirl.train.trainer import seed_everything
+from verirl.rewards import Scorer
+from verirl.train.build import seed_everything
 
 
 def _batch(prompts, tokenizer, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,6 +58,7 @@ def sft(cfg: SFTConfig, console=None) -> dict:
     encode_prompts(val, tokenizer, 512, "sft val")
     opt, sched = build_optimizer(model, cfg.lr, (0.9, 0.99), 0.0, cfg.warmup_steps)
     engine = NativeEngine(model, pad_id, stop_ids)
+    scorer = Scorer(["acc"], [1.0], workers=0)  # held-out greedy accuracy: acc's answer check
     gen = torch.Generator().manual_seed(cfg.seed)
     t0, acc, step = time.time(), {"greedy": 0.0}, 0
     console.print(f"SFT from {cfg.init}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
@@ -72,7 +74,8 @@ def sft(cfg: SFTConfig, console=None) -> dict:
         opt.step()
         sched.step()
         if step % cfg.eval_every == 0:
-            acc = accuracy(engine, tokenizer, val, 32, samples=0)
+            acc = {"greedy": evaluate(engine, tokenizer, val, scorer, n=0, max_new_tokens=32,
+                                       batch_prompts=100)["overall"]["greedy_acc"]}
             console.print(f"sft step {step:>5}  loss {float(loss.detach()):.4f}  held-out greedy {acc['greedy']:.3f}  "
                           f"({time.time() - t0:.0f}s)")
             if cfg.target_greedy > 0 and acc["greedy"] >= cfg.target_greedy:

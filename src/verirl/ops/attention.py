@@ -1,11 +1,11 @@
 """Causal attention for short segments, as two matmuls and a softmax.
 
 GRPO batches are full of short segments (a prompt of tens of tokens, responses of tens of
-tokens, one new token per decoding step). For those, SDPA's flash kernel with a mask
-spends its time in per-call set-up; two batched matmuls and a softmax did the same work
-1.7-2x faster forward + backward on a 2-core CPU (bucket shapes of the embedded model's
-GRPO step; docs/performance.md). At 128 x 128 tokens the two were even; by 512 x 512 the
-flash kernel is faster and holds no (query x key) matrix, so callers use `small_enough`.
+tokens, one new token per decoding step). For those, SDPA's flash kernel with a mask spends
+its time in per-call set-up, while two batched matmuls and a softmax do the same work with
+none. For long segments the flash kernel wins and holds no (query x key) matrix. So the
+rule is: short segments (at most `SMALL_SEGMENT` query x key pairs) go through
+`small_attention`, long ones through SDPA; callers decide with `small_enough`.
 """
 from __future__ import annotations
 

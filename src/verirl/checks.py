@@ -1,0 +1,81 @@
+"""Checks that need more than the config itself: names looked up in the registries, and paths on
+the file system. `verirl.config.validate` has already checked types, ranges and batch shapes;
+`check_train` runs before anything heavy (no model loaded, nothing written), so a run that
+cannot start says why in one paragraph and leaves no trace."""
+from __future__ import annotations
+
+import os
+
+from verirl.config import Config
+from verirl.errors import ConfigError
+
+
+def check_train(cfg: Config) -> None:
+    """Every name in ``cfg`` is known to its registry and every path exists; raises `ConfigError`."""
+    from verirl.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
+    from verirl.data.prompts import SHUFFLES, TOO_LONG
+    from verirl.data.tasks import TASKS
+    from verirl.models.device import DEVICES
+    from verirl.models.load import DTYPES
+    from verirl.rollout import ENGINES
+
+    for registry, name in [(ENGINES, cfg.rollout.engine), (DTYPES, cfg.model.dtype), (DEVICES, cfg.model.device),
+                           (ADVANTAGE_ESTIMATORS, cfg.algo.adv_estimator), (KL_ESTIMATORS, cfg.algo.kl_type),
+                           (AGGREGATIONS, cfg.algo.loss_agg_mode), (SHUFFLES, cfg.data.shuffle),
+                           (TOO_LONG, cfg.data.too_long)]:
+        registry.check(name)
+    if not cfg.data.train_path:
+        TASKS.check(cfg.data.task)
+    check_rules(cfg.reward.verifiers, cfg.reward.tasks)
+    check_paths(cfg)
+    if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
+        check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
+
+
+def check_data_reading(handler_name: str, prompt_type: str, templates_file: str) -> None:
+    """The handler is known and the template exists (in templates.json or the user's file)."""
+    from verirl.data.preprocess import HANDLERS
+    from verirl.data.templates import get_template
+
+    HANDLERS.check(handler_name)
+    if prompt_type != "tokenizer":
+        get_template(prompt_type, templates_file or None)
+
+
+def check_rules(verifiers, tasks) -> None:
+    """Each verifier is a built-in rule or a loadable ``file.py:fn`` / ``module:fn``; each rule a task
+    is routed to is one of the verifiers."""
+    from verirl.rewards import RULES, load_rule
+
+    names_ok = set(verifiers)
+    for name in verifiers:
+        if name in RULES:
+            continue
+        try:
+            names_ok.add(load_rule(name).name)
+        except ValueError as e:
+            raise ConfigError(str(e) if str(e).startswith("reward.verifiers") else f"reward.verifiers: {e}") from None
+    for task, names in tasks.items():
+        for name in names:
+            if name not in names_ok:
+                raise ConfigError(
+                    f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
+                    f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
+
+
+def check_paths(cfg: Config) -> None:
+    """Data files, the templates file, the evaluation data, the model directory and an explicit
+    resume checkpoint exist."""
+    for key, path in [("data.train_path", cfg.data.train_path), ("data.templates_file", cfg.data.templates_file),
+                      ("eval.data", cfg.eval.data)]:
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{key}='{path}' does not exist. Give an existing file or folder.")
+    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        what = "has no config.json" if os.path.isdir(cfg.model.path) else "is not a directory"
+        raise ConfigError(
+            f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
+            f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl.")
+    resume = str(cfg.trainer.resume)
+    if resume.lower() not in ("auto", "false", "none", "") and not os.path.exists(resume):
+        raise ConfigError(f"trainer.resume={resume!r} is neither auto, false nor an existing path. Give auto "
+                          f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")

@@ -1,0 +1,95 @@
+"""Log p(label) and entropy through the output layer, without the full logits.
+
+A chunked autograd function: the forward and the backward each compute the (rows x vocab)
+logits one chunk of rows at a time, so memory holds one chunk's logits, never all of them.
+The numbers are those of `verirl.algo.logprobs` applied to ``hidden @ weight.T + bias``,
+to float rounding.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def auto_chunk(vocab: int, budget_elems: int = 1 << 25) -> int:
+    """Rows per chunk so one chunk's float32 logits stay near ``budget_elems`` (128 MB by default)."""
+    return max(16, budget_elems // max(vocab, 1))
+
+
+class _ChunkedHeadLogprobs(torch.autograd.Function):
+    """log p(label) and entropy through the output layer, ``chunk`` rows at a time.
+
+    The full (rows x vocab) logits never exist: the forward keeps only the inputs, and the
+    backward recomputes each chunk's logits (one extra matmul) to form
+    d logp / dz = onehot - p and d H / dz = -p (z - E_p[z])."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature: float, chunk: int, with_entropy: bool):
+        M = hidden.shape[0]
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # float32, or float64 when given float64
+        logp = hidden.new_empty(M, dtype=acc)
+        ent = hidden.new_zeros(M, dtype=acc)
+        for s in range(0, M, chunk):
+            z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
+            lse = torch.logsumexp(z, -1)
+            logp[s:s + chunk] = z.gather(-1, labels[s:s + chunk, None]).squeeze(-1) - lse
+            if with_entropy:
+                p = torch.exp(z - lse[:, None])
+                ent[s:s + chunk] = lse - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels)
+        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        ctx.mark_non_differentiable(labels)
+        ctx.set_materialize_grads(False)  # an unused output (entropy for metrics only) costs no backward work
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, labels = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        g_h = torch.empty_like(hidden) if need_h else None
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk]
+            z = _chunk_logits(h, weight, bias, t)
+            p = torch.softmax(z, -1)
+            if g_logp is not None:
+                gl = g_logp[s:s + chunk].to(acc)
+                dz = p * (-gl)[:, None]  # d logp / dz = onehot(label) - p
+                dz.scatter_add_(-1, labels[s:s + chunk, None], gl[:, None])
+            else:
+                dz = torch.zeros_like(p)
+            if ctx.with_entropy and g_ent is not None:
+                ge = g_ent[s:s + chunk].to(acc)
+                mean_z = (p * z).sum(-1, keepdim=True)
+                dz -= ge[:, None] * p * (z - mean_z)  # d H / dz = -p (z - E[z])
+            if t != 1.0:
+                dz /= t
+            dz = dz.to(hidden.dtype)
+            if need_h:
+                g_h[s:s + chunk] = dz @ weight
+            if need_w:
+                g_w.addmm_(dz.t().to(acc), h.to(acc))
+            if need_b:
+                g_b += dz.to(acc).sum(0)
+        return (g_h, g_w.to(weight.dtype) if need_w else None, g_b.to(bias.dtype) if need_b else None,
+                None, None, None, None)
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float) -> torch.Tensor:
+    z = torch.nn.functional.linear(h, weight, bias)
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    return z / temperature if temperature != 1.0 else z
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias=None,
+                  temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False):
+    """hidden (M, h) states that predict ``labels`` (M,) through the output layer (weight (V, h), bias).
+
+    Returns (log p(label) (M,), entropy (M,) or None), float32, computed in chunks of rows so
+    that memory holds one chunk's logits at a time (``chunk`` 0 = about 32M logits)."""
+    chunk = chunk or auto_chunk(weight.shape[0])
+    logp, ent = _ChunkedHeadLogprobs.apply(hidden, weight, bias, labels, float(temperature), int(chunk),
+                                           bool(with_entropy))
+    return logp, (ent if with_entropy else None)

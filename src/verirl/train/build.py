@@ -1,0 +1,254 @@
+"""From a config to the plain objects a run is made of. `build_run` turns the config into them:
+everything after it (the step, the update, the evaluation, the loop) takes the values it was
+handed. The config itself is only saved (config.yaml, checkpoints), compared with a checkpoint's
+on resume, and named in the run's first line."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from verirl.algo import ADVANTAGE_ESTIMATORS
+from verirl.config import Config, DataConfig, to_yaml
+from verirl.data import PromptSampler, TASKS, encode_prompts
+from verirl.data.dataset import load_prompts
+from verirl.errors import CheckpointError, DataError
+from verirl.models import load_model
+from verirl.rewards import Scorer, default_workers
+from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
+from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
+from verirl.train.packing import supports_packing
+from verirl.types import Prompt
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one GRPO step needs, as plain values."""
+    prompts_per_step: int
+    group_size: int  # rollout.n: samples per prompt
+    sampling: SamplingParams  # its seed is replaced by the step's own (`sampling_at`)
+    seed: int  # trainer.seed
+    generate_batch: int  # sequences per generate call; 0 = the whole step at once
+    old_pass: Optional[LogprobPass]  # None: on-policy, the update uses its own log-probs, detached
+    ref_pass: Optional[LogprobPass]  # None: no KL term, no reference model
+    advantages: Callable[[torch.Tensor], torch.Tensor]  # (N,) rewards -> (N,) advantages
+    update: UpdateParams
+    dump_rollouts: bool  # the step returns one record per response
+
+    def sampling_at(self, step: int) -> SamplingParams:
+        """The rollout's sampling parameters at ``step``: a seed of its own, so a resumed run samples
+        the same responses."""
+        return dataclasses.replace(self.sampling, seed=self.seed * 1_000_003 + step)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Held-out evaluation during a run (`verirl.evaluate.evaluate`'s arguments and when to call it)."""
+    prompts: list[Prompt]
+    n: int
+    temperature: float
+    greedy: bool
+    max_new_tokens: int
+    seed: int
+    before_train: bool
+    every: int
+    at_end: bool
+
+    def due(self, step: int, last: int) -> bool:
+        """Whether to evaluate after ``step``: every ``every`` steps, and after the last one."""
+        if not self.prompts:
+            return False
+        return bool(self.every and step % self.every == 0) or (step == last and (self.at_end or bool(self.every)))
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW's settings, put back into a restored optimizer (a resume may change them)."""
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """What the run shows on the console."""
+    progress: bool  # the progress bar
+    console_every: int  # a metrics line every N steps (0 = never)
+
+
+@dataclass
+class Run:
+    """Everything a run is made of, built once from the config."""
+    cfg: Config  # kept to be saved (config.yaml, checkpoints) and compared on resume; nothing else reads it
+    model: torch.nn.Module
+    ref: Optional[torch.nn.Module]
+    tokenizer: object
+    engine: Engine
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    optimizer_settings: OptimizerSettings
+    stop_ids: list[int]
+    pad_id: int
+    train: list[Prompt]
+    sampler: PromptSampler
+    step: StepSettings
+    eval: EvalSettings
+    scorer: Scorer
+    run_dir: Path
+    total_steps: int
+    save_freq: int  # a checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int  # the newest N are kept (0 = all)
+    log: LogSettings
+    resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_run(cfg: Config) -> Run:
+    """Load the model and data and build every object of the run; writes RUN_DIR/config.yaml once
+    the inputs are known to be good."""
+    if cfg.trainer.threads > 0:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.trainer.seed)
+    run_dir = Path(cfg.trainer.run_dir)
+    resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+    lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
+    eval_prompts = val
+    if cfg.eval.data:
+        eval_prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(cfg.data, too_long="filter")).prompts
+    if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
+        clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+    adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
+    optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
+    reward = cfg.reward
+    workers = default_workers() if reward.workers < 0 else reward.workers
+    scorer = Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout)
+    evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
+                              cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
+                              cfg.eval.every, cfg.eval.at_end)
+    return Run(cfg, lm.model, ref, lm.tokenizer, build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids),
+               optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
+               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), step_settings(cfg, lm.model),
+               evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
+               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every),
+               load_checkpoint(resume) if resume else None)
+
+
+def step_settings(cfg: Config, model) -> StepSettings:
+    """The step's plain values: sampling, both log-prob passes with their budgets, the advantage
+    function, the update's parameters."""
+    rollout, actor, algo = cfg.rollout, cfg.actor, cfg.algo
+    packable, why = supports_packing(model)
+    if actor.use_remove_padding and not packable:
+        print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({why}); "
+              f"log-prob passes run on padded rows instead.")
+    policy_pass = LogprobPass(
+        micro_batch_size=actor.micro_batch_size, max_tokens=actor.max_token_len_per_device,
+        temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
+        remove_padding=actor.use_remove_padding and packable, share_prompt=actor.share_prompt,
+        chunk=actor.logprob_chunk)
+    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
+    ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
+    update = UpdateParams(
+        group_size=rollout.n, mini_batch_prompts=actor.mini_batch_prompts, forward=policy_pass, epochs=actor.epochs,
+        clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, kl_coef=algo.kl_coef, kl_type=algo.kl_type,
+        entropy_coef=algo.entropy_coef, loss_agg_mode=algo.loss_agg_mode, grad_clip=actor.grad_clip)
+    return StepSettings(
+        prompts_per_step=cfg.data.prompts_per_step, group_size=rollout.n,
+        sampling=SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k),
+        seed=cfg.trainer.seed, generate_batch=rollout.micro_batch_size,
+        old_pass=None if on_policy else policy_pass,
+        ref_pass=dataclasses.replace(policy_pass, max_tokens=ref_budget) if algo.kl_coef > 0 else None,
+        advantages=functools.partial(ADVANTAGE_ESTIMATORS[algo.adv_estimator], group_size=rollout.n,
+                                     norm_by_std=algo.norm_adv_by_std, epsilon=algo.adv_epsilon),
+        update=update, dump_rollouts=cfg.trainer.dump_rollouts)
+
+
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
+
+
+def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
+    """The checkpoint to continue from (None: start fresh), per trainer.resume. With resume=false, a
+    previous run in ``run_dir`` is refused unless ``overwrite`` (then `build_run` clears it once the
+    new run's inputs have loaded)."""
+    run_dir_path = Path(run_dir)
+    mode = str(resume).lower()
+    if mode in ("false", "none", ""):
+        has_run = (run_dir_path / "checkpoints").exists() or (run_dir_path / "metrics.jsonl").exists()
+        if has_run and not overwrite:
+            raise CheckpointError(
+                f"trainer.run_dir='{run_dir}' already holds a run (checkpoints or metrics.jsonl) and "
+                f"trainer.resume=false. Continue it with trainer.resume=auto, start over with "
+                f"trainer.overwrite=true (deletes it), or choose a new trainer.run_dir.")
+        return None
+    if mode == "auto":
+        return find_checkpoint(run_dir_path) if (run_dir_path / "checkpoints").exists() else None
+    found = find_checkpoint(Path(resume))
+    if found is None:
+        raise CheckpointError(f"trainer.resume='{resume}': no complete checkpoint there. Give "
+                              f"RUN_DIR/checkpoints/step_N, or a run directory that has checkpoints.")
+    return found
+
+
+def clear_previous_run(run_dir: Path) -> None:
+    """Delete a previous run's checkpoints, final model and logs from ``run_dir`` (trainer.overwrite)."""
+    for name in ("checkpoints", "final"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def data_loading_options(data: DataConfig, too_long: str) -> dict:
+    """`load_prompts`' keyword arguments from the data config: template, handler, keys, length limit."""
+    return dict(prompt_type=data.prompt_type, templates_file=data.templates_file, handler_name=data.handler_name,
+                map_keys=data.map_keys, additional_keys=list(data.dataset_additional_keys),
+                max_prompt_length=data.max_prompt_length, too_long=too_long)
+
+
+def load_data(data: DataConfig, eval_size: int, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
+    """(train prompts, the built-in task's held-out prompts (empty for files), stop ids) from the
+    built-in task or the user's files."""
+    stop_ids = lm.stop_ids
+    if not data.train_path:
+        generated, val = TASKS[data.task](data.seed, data.train_size, eval_size)
+        train = encode_prompts(generated, lm.tokenizer, data.max_prompt_length, f"{data.task} train", data.too_long)
+        val = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", data.too_long)
+        dropped, source = len(generated) - len(train), f"the built-in {data.task} task"
+    else:
+        loaded = load_prompts(data.train_path, lm.path, **data_loading_options(data, data.too_long))
+        train, val, dropped, source = loaded.prompts, [], loaded.too_long, loaded.source
+        if loaded.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
+            stop_ids = _stop_word_ids(loaded.stop_words, loaded.replace_eos, lm)
+    if not train:
+        raise DataError(f"data: every prompt of {source} is over data.max_prompt_length={data.max_prompt_length}.")
+    if dropped:
+        print(f"data: dropped {dropped} prompts over data.max_prompt_length={data.max_prompt_length} from {source}")
+    return train, val, stop_ids
+
+
+def _stop_word_ids(words: list[str], replace_eos: bool, lm) -> list[int]:
+    ids = []
+    for w in words:
+        tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
+        if len(tok) != 1:
+            raise DataError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
+                            f"stop words must be single tokens.")
+        ids.append(tok[0])
+    return sorted(set(ids) if replace_eos else set(ids) | set(lm.stop_ids))
