@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-slow weights clean
 
+# Restartable: a venv left half-made by Ctrl-C (no working pip in it) is made again from scratch;
+# every pip step below can be repeated, and the stamp is written last.
 $(STAMP): pyproject.toml Makefile
-	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PY) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
@@ -31,8 +33,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
-# Rebuild the shipped tiny model (tokenizer + SFT warm start) deterministically.
+# Rebuild the shipped tiny model (tokenizer + SFT warm start) deterministically. It REPLACES
+# src/verirl/assets/tiny (the model `model.path=tiny` loads); `git checkout src/verirl/assets/tiny` undoes it.
 weights: $(STAMP)
+	@echo "make weights: rebuilding the shipped tiny model; this replaces src/verirl/assets/tiny"
 	$(BIN)/verirl sft --config configs/tiny_sft.yaml
 
 clean:

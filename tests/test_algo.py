@@ -97,3 +97,21 @@ def test_logprobs_and_entropy_from_logits():
     assert logprobs_from_logits(logits, labels)[0].tolist() == pytest.approx([math.log(0.5), math.log(0.75)])
     ent = entropy_from_logits(logits)[0].tolist()
     assert ent == pytest.approx([math.log(2), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_constant_groups_get_exactly_zero_advantage(dtype, estimator):
+    """All right, all wrong, or all partly right: no signal, so exactly 0 (float rounding of the mean
+    divided by epsilon used to give eight rewards of -0.4 an advantage of 0.0289 each)."""
+    from verirl.algo import ADVANTAGE_ESTIMATORS
+
+    fn = ADVANTAGE_ESTIMATORS[estimator]
+    for value in (-0.4, 0.3, 0.1, 1.1, -1.0, 0.0, 1e-3, 123.456):
+        for n in (2, 3, 4, 7, 8, 16, 64):
+            rewards = torch.full((3 * n,), value, dtype=dtype)
+            rewards[n:2 * n] = torch.linspace(-1, 1, n, dtype=dtype)  # one informative group in between
+            for norm in (True, False):
+                adv = fn(rewards, n, norm_by_std=norm, epsilon=1e-6).view(3, n)
+                assert torch.equal(adv[0], torch.zeros(n)) and torch.equal(adv[2], torch.zeros(n)), (value, n, norm)
+                assert adv[1].abs().sum() > 0

@@ -87,3 +87,27 @@ def test_pool_and_in_process_agree(arith):
     finally:
         pooled.close()
     assert res.per_rule == inproc.per_rule and res.totals == inproc.totals
+
+
+ABSURD = '''
+import math
+VALUES = {"huge": 1e300, "str": "1e9", "inf": math.inf, "ninf": -math.inf, "low": -2e6, "bytes": b"1",
+          "edge": 1e6, "true": True, "int": 3, "none": None, "big_int": 10 ** 400}
+def absurd(response, label):
+    return VALUES[response]
+'''
+
+
+def test_non_finite_absurd_and_string_scores_are_errors(tmp_path, capsys):
+    path = tmp_path / "absurd.py"
+    path.write_text(ABSURD)
+    keys = ["huge", "str", "inf", "ninf", "low", "bytes", "edge", "true", "int", "none", "big_int"]
+    res = Scorer([f"{path}:absurd"], [1.0], workers=0)(keys, [{"label": "1"}] * len(keys))
+    assert dict(zip(keys, res.per_rule["absurd"])) == {
+        "huge": 0.0, "str": 0.0, "inf": 0.0, "ninf": 0.0, "low": 0.0, "bytes": 0.0,
+        "edge": 1e6, "true": 1.0, "int": 3.0, "none": 0.0, "big_int": 0.0}
+    assert res.errors == 8
+    err = capsys.readouterr().err
+    assert "returned 1e+300, beyond reward.max_abs_score=1e+06" in err and "returned str '1e9', not a number" in err
+    tight = Scorer([f"{path}:absurd"], [1.0], workers=0, max_abs_score=2.0)(["true", "int"], [{"label": "1"}] * 2)
+    assert tight.per_rule["absurd"] == [1.0, 0.0] and tight.errors == 1

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-new-tokens", type=int, default=32)
     v.add_argument("--max-prompt-length", type=int, default=1024)
     v.add_argument("--temperature", type=float, default=1.0)
+    v.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
     v.add_argument("--engine", default="native", choices=["native", "hf"])
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
@@ -73,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C at any point, start-up included: no traceback
+        print(f"verirl {args.command}: interrupted.", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
     if args.command == "export":
         return _export(args)
     if args.command == "eval":
@@ -139,13 +148,13 @@ def _eval(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from verirl.data import arith_split, encode_prompts
     from verirl.checks import check_rules
+    from verirl.data import arith_split, encode_prompts
     from verirl.data.dataset import load_prompts
     from verirl.errors import ConfigError, DataError, UserError
     from verirl.evaluate import evaluate
     from verirl.models import load_model
-    from verirl.rewards import Scorer
+    from verirl.rewards import Scorer, default_workers
     from verirl.rollout import build_engine
 
     from transformers.utils import logging as hf_logging
@@ -156,6 +165,12 @@ def _eval(args) -> int:
             raise ConfigError(f"--n {args.n}: give at least one sample per prompt (or 0 with greedy decoding).")
         rules = [r for r in args.verifiers.split(",") if r]
         check_rules(rules, {})
+        if args.json and args.json != "-":  # before the work, not after it
+            where = os.path.dirname(os.path.abspath(args.json))
+            if not os.path.isdir(where) or not os.access(where, os.W_OK) or (
+                    os.path.exists(args.json) and not os.access(args.json, os.W_OK)):
+                raise ConfigError(f"--json {args.json}: cannot write there (no such folder, or not writable). "
+                                  f"Give a writable path.")
         if args.model != "tiny" and not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
@@ -173,12 +188,15 @@ def _eval(args) -> int:
             prompts = prompts[:args.limit]
         if not prompts:
             raise DataError(f"--data {args.data}: no prompts to evaluate.")
-        scorer = Scorer(rules, [1.0] * len(rules), workers=0)
+        scorer = Scorer(rules, [1.0] * len(rules), workers=default_workers(), timeout=args.timeout)
         engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids)
-        with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
-            res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, greedy=not args.no_greedy, seed=args.seed,
-                           progress=lambda k: status.update(f"evaluated {k}/{len(prompts)} prompts"))
+        try:
+            with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
+                res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature, greedy=not args.no_greedy, seed=args.seed,
+                               progress=lambda k: status.update(f"evaluated {k}/{len(prompts)} prompts"))
+        finally:
+            scorer.close()
     except UserError as e:
         return _user_error("eval", e)
     res.update({"model": args.model, "data": args.data, "temperature": args.temperature,

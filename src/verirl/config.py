@@ -89,7 +89,9 @@ class RewardConfig:
     # a task not listed here is scored by every verifier.
     tasks: dict[str, list[str]] = field(default_factory=dict)  # task -> rules; {} = every rule scores every task
     workers: int = -1  # scoring processes: -1 = one per core (at most 8); 0 = in this process, no timeout
-    timeout: float = 10.0  # seconds per scoring call; a call past it scores 0 and counts in reward/errors
+    timeout: float = 10.0  # seconds per scoring call, from when it starts running; past it the worker is replaced and the call scores 0
+    max_memory_mb: int = 0  # address-space (virtual memory) cap per scoring worker, MB; 0 = no cap (Linux only)
+    max_abs_score: float = 1e6  # a rule's score beyond +-this (or not finite) is an error: scored 0, counted in reward/errors
 
 
 @dataclass
@@ -139,6 +141,7 @@ class TrainerConfig:
     resume: str = "auto"  # auto: continue from RUN_DIR's newest checkpoint, if any / false / a checkpoint path
     overwrite: bool = False  # with resume=false: delete the previous run in run_dir instead of refusing
     dump_rollouts: bool = False  # write RUN_DIR/rollouts.jsonl, one line per response
+    max_nonfinite_steps: int = 3  # stop after this many steps in a row with a non-finite loss or grad norm (skipped)
     threads: int = 0  # torch intra-op threads; 0 = all cores
 
 
@@ -180,7 +183,7 @@ class Config:
 class SFTConfig:
     """`verirl sft`: supervised warm start on a built-in task (how the tiny model is made)."""
     init: str = "scratch"  # scratch = build the tiny tokenizer + a fresh model; or a model directory
-    out_dir: str = "src/verirl/assets/tiny"  # where the Hugging Face directory is written
+    out_dir: str = "runs/sft"  # where the Hugging Face directory is written (`make weights`: the shipped model)
     task: str = "arith"  # built-in task
     seed: int = 0  # seeds the tokenizer, the init, the data and the order (use GRPO's data.seed)
     val_size: int = 200  # the held-out split (the same problems GRPO evaluates on)
@@ -357,9 +360,14 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if "=" not in ov:
             raise ConfigError(f"Override '{ov}' is not of the form key.sub=value (e.g. actor.lr=1e-4).")
         key, value = ov.split("=", 1)
-        ov = f"{_renamed(key.strip(), schema_cls, 'on the command line')}={value}"
+        key = _renamed(key.strip(), schema_cls, "on the command line")
+        ov = f"{key}={value}"
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
+            parsed = OmegaConf.select(OmegaConf.from_dotlist([ov]), key)
+            if isinstance(parsed, DictConfig):  # a mapping replaces the file's, not merged into it
+                OmegaConf.update(cfg, key, parsed, merge=False)
+            else:
+                cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
         except OmegaConfBaseException as e:
             raise _wrap(e, f"override '{ov}'", schema_cls) from None
     obj = OmegaConf.to_object(cfg)
@@ -414,7 +422,8 @@ def validate(cfg: Config) -> None:
                      ("actor.mini_batch_prompts", actor.mini_batch_prompts),
                      ("actor.micro_batch_size", actor.micro_batch_size), ("actor.epochs", actor.epochs),
                      ("trainer.total_steps", trainer.total_steps), ("actor.lr", actor.lr),
-                     ("reward.timeout", cfg.reward.timeout)]:
+                     ("reward.timeout", cfg.reward.timeout), ("reward.max_abs_score", cfg.reward.max_abs_score),
+                     ("trainer.max_nonfinite_steps", trainer.max_nonfinite_steps)]:
         _positive(key, val)
     for key, val in [("rollout.temperature", rollout.temperature), ("algo.kl_coef", algo.kl_coef),
                      ("algo.clip_ratio_low", algo.clip_ratio_low), ("algo.clip_ratio_high", algo.clip_ratio_high),
@@ -424,6 +433,7 @@ def validate(cfg: Config) -> None:
                      ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device),
                      ("actor.logprob_chunk", actor.logprob_chunk), ("trainer.keep_checkpoints", trainer.keep_checkpoints),
                      ("eval.every", cfg.eval.every), ("eval.size", cfg.eval.size), ("eval.n", cfg.eval.n),
+                     ("reward.max_memory_mb", cfg.reward.max_memory_mb),
                      ("eval.temperature", cfg.eval.temperature), ("algo.adv_epsilon", algo.adv_epsilon)]:
         _positive(key, val, allow_zero=True)
     longest = data.max_prompt_length + rollout.max_new_tokens

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,11 +80,18 @@ class JsonlSink:
         self._f.close()
 
 
-def truncate(path: Path, size: int) -> None:
-    """Cut a log back to ``size`` bytes (the length it had at a checkpoint); a missing file is created."""
+def truncate(path: Path, size: int) -> int:
+    """Cut a log back to ``size`` bytes (the length it had at a checkpoint); a missing file is created.
+
+    Never extends a log: one shorter than ``size`` has lost lines, and padding it would write NUL
+    bytes. It is left as it is. Returns the log's size afterwards (``size``, or less)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as f:
-        f.truncate(size)
+        end = f.seek(0, os.SEEK_END)
+        if size < end:
+            f.truncate(size)
+            return size
+        return end
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -14,6 +14,14 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.float().view(-1, group_size)
 
 
+def _zero_constant_groups(adv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Exactly 0 for every sample of a group whose rewards are all equal. Computed, such a group's
+    advantages are float rounding divided by epsilon: eight rewards of -0.4 in float32 have a mean
+    3e-8 away from -0.4 and a std of 3e-8, so (r - mean) / (std + 1e-6) = 0.0289, a made-up signal."""
+    constant = (r == r[:, :1]).all(dim=1, keepdim=True)  # (G, 1)
+    return torch.where(constant, torch.zeros_like(adv), adv)
+
+
 def _divide_by_std(centred: torch.Tensor, r: torch.Tensor, epsilon: float) -> torch.Tensor:
     """centred / (unbiased std of each group of r + epsilon); 0 where that sum is 0 (a constant group
     with epsilon 0). A group of one sample has std 1."""
@@ -33,7 +41,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = 
     """
     r = _groups(rewards, group_size)  # (G, n)
     centred = r - r.mean(dim=1, keepdim=True)
-    return (_divide_by_std(centred, r, epsilon) if norm_by_std else centred).reshape(-1)
+    adv = _divide_by_std(centred, r, epsilon) if norm_by_std else centred
+    return _zero_constant_groups(adv, r).reshape(-1)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = False,
@@ -43,13 +52,13 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = 
     rewards: (N,) with N = groups * group_size, the samples of one prompt contiguous.
     Returns (N,): r_i - mean(r_j, j != i) over the other samples of i's group, divided by
     (std(group) + epsilon), std unbiased, when ``norm_by_std`` is True (as in `grpo_advantages`).
-    A group whose rewards are all equal gets zero advantage. A group of one sample has no
-    other sample: its baseline is 0.
+    A group whose rewards are all equal (a group of one sample too) gets zero advantage.
     """
     r = _groups(rewards, group_size)  # (G, n)
     baseline = (r.sum(dim=1, keepdim=True) - r) / max(group_size - 1, 1)
     centred = r - baseline
-    return (_divide_by_std(centred, r, epsilon) if norm_by_std else centred).reshape(-1)
+    adv = _divide_by_std(centred, r, epsilon) if norm_by_std else centred
+    return _zero_constant_groups(adv, r).reshape(-1)
 
 
 ADVANTAGE_ESTIMATORS = Registry("algo.adv_estimator", {"grpo": grpo_advantages, "rloo": rloo_advantages})

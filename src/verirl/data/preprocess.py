@@ -11,21 +11,29 @@ Handlers
   messages, ``labels`` = ``reward_model.ground_truth``, ``task`` = ``ability``.
 
 Output: ``PREFIX.parquet`` (``prompt_ids``, ``prompt``, ``labels`` and every additional key)
-and ``PREFIX.manifest.json`` (source files, counts, tokenizer, template, the config).
+and ``PREFIX.manifest.json`` (source files, counts, tokenizer, template, the config), the
+manifest written last.
+
+With ``workers >= 2`` rows are tokenized in spawned processes, in chunks, and the results
+come back in order. A bad row crosses the process boundary as plain data (its message and
+reason) and is rebuilt as a `RowError` here; a worker that dies (killed, out of memory, a
+crash in a native library) is a `DataError` naming the rows that were being processed.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 from verirl.config import PreprocessConfig
 from verirl.data.load import RowError, list_files, read_rows
-from verirl.errors import ConfigError
+from verirl.errors import ConfigError, DataError
 from verirl.registry import Registry
 
 HANDLERS = Registry("data.handler_name", {"R1AlpacaStyleInstructionHandler": "instruction", "instruction": "instruction",
@@ -42,6 +50,21 @@ def get_field(row: dict, path: str) -> Any:
             raise KeyError(part)
         cur = cur[part]
     return cur
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(where: str, what: str, text: str) -> None:
+    """A str that cannot be written as UTF-8 (a lone surrogate, e.g. from the JSON escape "\\ud800"
+    without its pair) can be neither tokenized nor saved: a bad row, not a crash."""
+    m = _SURROGATE.search(text)
+    if m:
+        near = text[max(0, m.start() - 20): m.start() + 20]
+        raise RowError(f"{where}: {what} holds a lone surrogate U+{ord(m.group()):04X} (in {near!r}), "
+                       f"which is not valid Unicode text (e.g. a JSON escape \\u{ord(m.group()):04x} without its "
+                       f"pair), so it cannot be tokenized or saved. Fix the data, or set on_bad_row=skip to count "
+                       f"and drop such rows.", "encoding_error")
 
 
 def _as_column(v: Any) -> Any:
@@ -112,6 +135,22 @@ class RowProcessor:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.template.render(messages, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
 
+    def _encode_rows(self, texts: list[str], wheres: list[str]) -> list[list[int] | RowError]:
+        """`_encode`, and should the batch fail, each text alone: a text the tokenizer refuses is a bad row."""
+        try:
+            return list(self._encode(texts))
+        except Exception:  # find the row(s) at fault below
+            pass
+        out: list[list[int] | RowError] = []
+        for text, where in zip(texts, wheres):
+            try:
+                out.append(self._encode([text])[0])
+            except Exception as e:  # the tokenizer's own error types vary
+                out.append(RowError(f"{where}: the tokenizer cannot encode this prompt ({type(e).__name__}: {e}). "
+                                    f"Fix the data, or set on_bad_row=skip to count and drop such rows.",
+                                    "encoding_error"))
+        return out
+
     def chunk(self, items: list[tuple[str, int, dict]]) -> list[dict | RowError]:
         """Process rows in order; tokenization is one batched call (the Rust tokenizer's fast path)."""
         out: list[dict | RowError] = []
@@ -121,10 +160,13 @@ class RowProcessor:
             except RowError as e:
                 out.append(e)
         good = [k for k, r in enumerate(out) if not isinstance(r, RowError)]
-        ids = self._encode([out[k]["prompt"] for k in good]) if good else []  # type: ignore[index]
+        ids = self._encode_rows([out[k]["prompt"] for k in good],  # type: ignore[index]
+                                [f"{items[k][0]} row {items[k][1]}" for k in good]) if good else []
         limit = self.cfg.max_prompt_length
         for k, x in zip(good, ids):
-            if limit and len(x) > limit:
+            if isinstance(x, RowError):
+                out[k] = x
+            elif limit and len(x) > limit:
                 f, i, _ = items[k]
                 out[k] = RowError(f"{f} row {i}: prompt is {len(x)} tokens, over max_prompt_length={limit}.",
                                   "too_long")
@@ -135,6 +177,7 @@ class RowProcessor:
     def fields(self, where: str, row: dict) -> dict:
         """Everything but the token ids: the templated prompt text and the kept keys."""
         text = self.render(self._messages(row, where))
+        _check_text(where, "the prompt", text)
         out: dict[str, Any] = {"prompt_ids": None, "prompt": text}
         for key in self.cfg.dataset_additional_keys:
             if key == "labels":
@@ -148,6 +191,8 @@ class RowProcessor:
                     raise RowError(f"{where}: additional key '{key}' (dataset_additional_keys) is missing; the row "
                                    f"has keys {sorted(row)[:12]}.", f"missing_{key}") from None
             out[key] = _as_column(val)
+            if isinstance(out[key], str):
+                _check_text(where, f"key '{key}' (dataset_additional_keys)", out[key])
         return out
 
 
@@ -159,9 +204,68 @@ def _init_worker(cfg: PreprocessConfig) -> None:
     _WORKER = RowProcessor(cfg)
 
 
-def _process_chunk(chunk: list[tuple[str, int, dict]]) -> list[dict | RowError]:
+def _process_chunk(chunk: list[tuple[str, int, dict]]) -> list[dict | tuple[str, str]]:
+    """Records as dicts, bad rows as plain ``(message, reason)`` tuples: only plain data crosses
+    the process boundary, so the parent never depends on unpickling an exception."""
     assert _WORKER is not None
-    return _WORKER.chunk(chunk)
+    return _plain(_WORKER.chunk(chunk))
+
+
+def _plain(results: list[dict | RowError]) -> list[dict | tuple[str, str]]:
+    return [(str(r), r.reason) if isinstance(r, RowError) else r for r in results]
+
+
+def _rebuild(results: list[dict | tuple[str, str]]) -> list[dict | RowError]:
+    return [RowError(*r) if isinstance(r, tuple) else r for r in results]
+
+
+def _span(chunks: list[list[tuple[str, int, dict]]]) -> str:
+    """'a.jsonl rows 64-191', or 'a.jsonl row 1000 to b.jsonl row 63': the rows of these chunks."""
+    (f0, r0, _), (f1, r1, _) = chunks[0][0], chunks[-1][-1]
+    return f"{f0} rows {r0}-{r1}" if f0 == f1 else f"{f0} row {r0} to {f1} row {r1}"
+
+
+def _write_atomically(path: Path, write) -> None:
+    """``write(tmp)`` then rename onto ``path``: a reader never sees half a file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
+    """Chunks to ``cfg.workers`` spawned processes, at most two each in flight; results to ``consume`` in order."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn"),  # tokenizers and fork do not mix
+                               initializer=_init_worker, initargs=(cfg,))
+    pending: deque = deque()  # (future, chunk), in input order
+
+    def take() -> None:
+        fut, _ = pending[0]
+        try:
+            results = fut.result()
+        except BrokenProcessPool:
+            raise DataError(
+                f"preprocess: a worker process died while {_span([c for _, c in pending])} were being tokenized "
+                f"(workers={cfg.workers}): it was killed (e.g. for memory: lower workers) or crashed in a native "
+                f"library. Re-run with workers=1 to see the error of the row at fault.") from None
+        pending.popleft()
+        consume(results)
+        progress()
+
+    try:
+        for ch in chunks:
+            pending.append((pool.submit(_process_chunk, ch), ch))
+            while len(pending) >= 2 * cfg.workers:
+                take()
+        while pending:
+            take()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def validate_preprocess(cfg: PreprocessConfig) -> None:
@@ -218,7 +322,7 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
             yield buf
 
     def consume(results: list) -> None:
-        for r in results:
+        for r in _rebuild(results):
             if isinstance(r, RowError):
                 if r.reason == "too_long" and cfg.too_long == "filter":
                     skipped["too_long"] += 1
@@ -229,24 +333,19 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
             else:
                 records.append(r)
 
+    local = RowProcessor(cfg)  # also with workers: a bad tokenizer or template fails here, with its own message
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("preprocessing", total=None)
         if cfg.workers == 1:
-            _init_worker(cfg)
             for ch in chunks():
-                consume(_process_chunk(ch))
+                consume(_plain(local.chunk(ch)))
                 bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read")
         else:
-            ctx = mp.get_context("spawn")  # tokenizers and fork do not mix
-            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,)) as pool:
-                for res in pool.imap(_process_chunk, chunks(), chunksize=1):
-                    consume(res)
-                    bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read")
+            _run_in_workers(cfg, chunks(), consume,
+                            lambda: bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read"))
     out = Path(cfg.output_prefix + ".parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(records), tmp)
-    tmp.replace(out)
+    _write_atomically(out, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
     n_read += sum(unparsed.values())
     skipped.update(unparsed)
     manifest = {
@@ -256,7 +355,8 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
         "stop_words": template.stop_words if template else [], "replace_eos": template.replace_eos if template else False,
         "seconds": round(time.time() - t0, 3), "config": asdict(cfg),
     }
-    Path(cfg.output_prefix + ".manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    _write_atomically(Path(cfg.output_prefix + ".manifest.json"),  # last: its presence means the output is whole
+                      lambda tmp: tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"))
     why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "none"
     console.print(f"preprocess: {n_read} rows read, {len(records)} written, {sum(skipped.values())} skipped "
                   f"({why}) in {manifest['seconds']:.1f}s -> {out}")

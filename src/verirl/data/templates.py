@@ -92,10 +92,18 @@ def load_templates(path: Optional[str | Path] = None) -> dict[str, Template]:
     """Built-ins, then (overriding by name) the templates of a user's templates.json."""
     out = {}
     for src in [BUILTIN_FILE] + ([Path(path)] if path else []):
-        if not Path(src).exists():
-            raise ConfigError(f"templates file '{src}' does not exist.")
+        if not Path(src).is_file():
+            raise ConfigError(f"templates file '{src}' does not exist (or is not a file). Fix data.templates_file "
+                              f"(templates_file for `verirl preprocess`).")
+        raw = Path(src).read_bytes()
         try:
-            entries = json.loads(Path(src).read_text(encoding="utf-8"))
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            line = raw.count(b"\n", 0, e.start) + 1
+            raise ConfigError(f"templates file '{src}' line {line}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                              f"byte offset {e.start}). Save it as UTF-8.") from None
+        try:
+            entries = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"templates file '{src}' is not valid JSON: line {e.lineno}: {e.msg}.") from None
         if not isinstance(entries, list):

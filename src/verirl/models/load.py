@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from verirl.errors import ModelError
@@ -64,7 +65,7 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto")
     try:
         tokenizer = AutoTokenizer.from_pretrained(real)
         model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa")
-    except (OSError, ValueError, KeyError) as e:  # a damaged file, an architecture transformers does not know
+    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a damaged file, an unknown architecture
         raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e
     model.to(resolve_device(device))

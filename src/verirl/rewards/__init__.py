@@ -3,9 +3,11 @@
 A rule is ``fn(response: str, label: str, **extra) -> float`` (or the list form, see
 `verirl.rewards.custom`). ``RULES`` maps config names to built-in rules; config may also
 name ``path/to/file.py:fn`` or ``package.module:fn``. `Scorer` applies the configured rules
-to a batch in a process pool with a timeout per call and returns the weighted totals plus
-each rule's scores (None where the rule does not apply to the sample's task), so per-rule
-means are taken over the samples each rule scored.
+to a batch in a process pool (`verirl.rewards.pool`: a deadline per call from its start, workers
+that die with the trainer, an optional memory cap, captured output) and returns the weighted
+totals plus each rule's scores (None where the rule does not apply to the sample's task), so
+per-rule means are taken over the samples each rule scored. A failure of any kind, an absurd
+score included, scores 0 and is counted, never stopping the run.
 """
 from verirl.rewards.custom import Rule, batched, load_rule
 from verirl.rewards.rules import ANSWER_RULES, RULES, extract_answer, extract_boxed, is_correct

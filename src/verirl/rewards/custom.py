@@ -7,14 +7,23 @@ LIST, ``fn(responses, labels, ...) -> list[float]``. verirl tells which by the
 sample: ``label`` (aliases ``labels``, ``ground_truth``, ``answer``), ``task``, and every
 column kept with the data (``data_source``, ...); a ``**kwargs`` parameter receives them all.
 In list mode each of these is a list, one entry per response.
+
+A rule is the user's code, so nothing it does at import or call time may stop a run: loading a
+file that raises (even ``SystemExit`` from ``sys.exit`` or ``KeyboardInterrupt``) is a
+`ConfigError` naming the file, and a call that raises anything scores None with the reason. A
+real Ctrl-C (SIGINT) that arrives during a load or a call in the trainer's own process still
+stops the run.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import inspect
+import math
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
@@ -24,6 +33,70 @@ from verirl.rewards.rules import RULES
 
 LIST_PARAM_NAMES = {"responses", "completions", "solutions", "texts"}
 LABEL_ALIASES = ("label", "labels", "ground_truth", "answer")
+DEFAULT_MAX_ABS_SCORE = 1e6
+# What user code may raise and still only cost its own samples. SystemExit and KeyboardInterrupt are
+# BaseExceptions, so `except Exception` would let a rule's sys.exit() end the trainer or a worker.
+_USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+class _InterruptWatch:
+    """Tells a real Ctrl-C apart from a rule that raises KeyboardInterrupt itself.
+
+    In the main thread, while active, SIGINT first sets ``hit`` and then runs the handler that was
+    there before (which raises KeyboardInterrupt, by default). Elsewhere (other threads, or a
+    scoring worker, which ignores SIGINT) it does nothing and ``hit`` stays False."""
+
+    def __enter__(self) -> "_InterruptWatch":
+        self.hit, self._prev = False, None
+        if threading.current_thread() is threading.main_thread():
+            prev = signal.getsignal(signal.SIGINT)
+            if callable(prev):
+                def on_sigint(signum, frame):
+                    self.hit = True
+                    prev(signum, frame)
+                signal.signal(signal.SIGINT, on_sigint)
+                self._prev = prev
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._prev is not None:
+            signal.signal(signal.SIGINT, self._prev)
+        return False
+
+
+def _describe(e: BaseException) -> str:
+    """'ValueError: bad value', 'SystemExit: sys.exit(3)', 'KeyboardInterrupt' (cut to 300 characters)."""
+    msg = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else str(e)
+    msg = msg if len(msg) <= 300 else msg[:300] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _raised(e: BaseException) -> str:
+    """The reason a call failed, as the warning prints it ("raised ValueError: ...")."""
+    return "out of memory (MemoryError)" if isinstance(e, MemoryError) else f"raised {_describe(e)}"
+
+
+def _line_in(e: BaseException, path: Optional[str]) -> str:
+    """' (file, line N)': the deepest frame of ``e``'s traceback in ``path`` (any real file if None)."""
+    found = ""
+    tb = e.__traceback__
+    want = os.path.abspath(path) if path else None
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if (want and os.path.abspath(fname) == want) or (not want and not fname.startswith("<")):
+            found = f" ({fname}, line {tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
+
+
+def _import_failure(spec: str, target: str, e: BaseException, path: Optional[str]) -> str:
+    where = _line_in(e, path)
+    if isinstance(e, SystemExit):
+        return (f"reward rule '{spec}': importing '{target}' called sys.exit({e.code!r}){where}: verirl imports "
+                f"the file to find the rule, so its top level must not exit. Put the script part under "
+                f"`if __name__ == \"__main__\":`.")
+    return (f"reward rule '{spec}': importing '{target}' raised {_describe(e)}{where}. Fix the "
+            f"file so that it imports without raising: verirl imports it to find the rule.")
 
 
 def batched(fn: Callable) -> Callable:
@@ -48,12 +121,24 @@ def resolve(spec: str) -> Callable:
         loader_spec = importlib.util.spec_from_file_location(mod_name, target)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
         sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        with _InterruptWatch() as watch:
+            try:
+                loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+            except _USER_FAILURES as e:
+                sys.modules.pop(mod_name, None)
+                if watch.hit:  # a real Ctrl-C, not the file's doing
+                    raise
+                raise ConfigError(_import_failure(spec, target, e, target)) from None
     else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ConfigError(f"reward rule '{spec}': cannot import module '{target}' ({e}).") from None
+        with _InterruptWatch() as watch:
+            try:
+                module = importlib.import_module(target)
+            except ModuleNotFoundError as e:
+                raise ConfigError(f"reward rule '{spec}': cannot import module '{target}' ({e}).") from None
+            except _USER_FAILURES as e:
+                if watch.hit:
+                    raise
+                raise ConfigError(_import_failure(spec, target, e, None)) from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(f"reward rule '{spec}': '{target}' has no function '{name}'.")
@@ -95,41 +180,65 @@ def _kwargs(rule: Rule, sample: dict) -> dict:
     return {k: full[k] for k in rule.params if k in full}
 
 
-def call_rule(rule: Rule, responses: Sequence[str], samples: Sequence[dict]) -> list[tuple[Optional[float], str]]:
+def check_score(v: Any, max_abs_score: float = DEFAULT_MAX_ABS_SCORE) -> tuple[Optional[float], str]:
+    """(score, "") for a usable score, else (None, why): a str (even "1e9") is not a number, and
+    a value that is not finite or beyond +-``max_abs_score`` (reward.max_abs_score) is refused."""
+    if isinstance(v, (str, bytes)):
+        return None, f"returned {type(v).__name__} {v[:40]!r}, not a number"
+    try:
+        f = float(v)
+    except Exception:  # noqa: BLE001  (a user's object may raise anything from __float__)
+        return None, f"returned {type(v).__name__} {str(v)[:40]!r}, not a number"
+    if not math.isfinite(f):
+        return None, f"returned {f}"
+    if abs(f) > max_abs_score:
+        return None, f"returned {f:g}, beyond reward.max_abs_score={max_abs_score:g}"
+    return f, ""
+
+
+def call_rule(rule: Rule, responses: Sequence[str], samples: Sequence[dict],
+              max_abs_score: float = DEFAULT_MAX_ABS_SCORE) -> list[tuple[Optional[float], str]]:
     """Scores for ``responses``: one (score, "") per response, or (None, why) where it failed.
 
-    Never raises: an exception, a non-number, a NaN/inf, or a list of the wrong length
-    becomes (None, reason) for the samples it affects."""
-    import math
-
-    fn = resolve(rule.spec)
-
-    def check(v: Any) -> tuple[Optional[float], str]:
+    Never raises (but for a real Ctrl-C in the main thread): an exception of any kind
+    (SystemExit and KeyboardInterrupt included), a rule that cannot be loaded, a non-number, a
+    score `check_score` refuses, or a list of the wrong length becomes (None, reason) for the
+    samples it affects."""
+    with _InterruptWatch() as watch:
         try:
-            f = float(v)
-        except (TypeError, ValueError):
-            return None, f"returned {type(v).__name__} {str(v)[:40]!r}, not a number"
-        return (f, "") if math.isfinite(f) else (None, f"returned {f}")
-
-    if not rule.batched:
-        out = []
-        for resp, sample in zip(responses, samples):
-            try:
-                out.append(check(fn(resp, **_kwargs(rule, sample))))
-            except Exception as e:  # a user's rule may raise anything; it must not stop the run
-                out.append((None, f"raised {type(e).__name__}: {e}"))
-        return out
-    per_sample = [_kwargs(rule, s) for s in samples]
-    keys = per_sample[0].keys() if per_sample else []
-    kw = {k: [p.get(k) for p in per_sample] for k in keys}
-    try:
-        scores = fn(list(responses), **kw)
-    except Exception as e:
-        return [(None, f"raised {type(e).__name__}: {e}")] * len(responses)
-    try:
-        scores = list(scores)
-    except TypeError:
-        return [(None, f"returned {type(scores).__name__}, not a list")] * len(responses)
-    if len(scores) != len(responses):
-        return [(None, f"returned {len(scores)} scores for {len(responses)} responses")] * len(responses)
-    return [check(v) for v in scores]
+            fn = resolve(rule.spec)
+        except _USER_FAILURES as e:
+            if watch.hit:
+                raise
+            why = str(e) if isinstance(e, ConfigError) else _raised(e)
+            return [(None, f"could not be loaded: {why}")] * len(responses)
+        if not rule.batched:
+            out = []
+            for resp, sample in zip(responses, samples):
+                try:
+                    out.append(check_score(fn(resp, **_kwargs(rule, sample)), max_abs_score))
+                except _USER_FAILURES as e:  # a user's rule may raise anything; it must not stop the run
+                    if watch.hit:
+                        raise
+                    out.append((None, _raised(e)))
+            return out
+        per_sample = [_kwargs(rule, s) for s in samples]
+        keys = per_sample[0].keys() if per_sample else []
+        kw = {k: [p.get(k) for p in per_sample] for k in keys}
+        try:
+            returned = fn(list(responses), **kw)
+        except _USER_FAILURES as e:
+            if watch.hit:
+                raise
+            return [(None, _raised(e))] * len(responses)
+        try:
+            scores = list(returned)
+        except TypeError:
+            return [(None, f"returned {type(returned).__name__}, not a list")] * len(responses)
+        except _USER_FAILURES as e:  # a generator that raises part-way
+            if watch.hit:
+                raise
+            return [(None, _raised(e))] * len(responses)
+        if len(scores) != len(responses):
+            return [(None, f"returned {len(scores)} scores for {len(responses)} responses")] * len(responses)
+        return [check_score(v, max_abs_score) for v in scores]

@@ -1,67 +1,446 @@
-"""Rule scoring in a process pool, every call under a timeout.
+"""Rule scoring in worker processes, each call under its own deadline.
 
-A call that outlives its deadline scores its samples 0 (counted as errors) and the pool is
-replaced, since a stuck process cannot be interrupted; the run goes on.
+verirl's own small pool. Not `multiprocessing.Pool`: it cannot stop one task, so a stuck call
+meant terminating every worker. Not ``pebble`` either: it can cancel one task, but parent death,
+a memory cap and captured output would still be ours to write, on top of a new dependency.
+
+- Workers are spawned processes, one duplex pipe each. A worker runs one call at a time and
+  reports when it starts it; the call's deadline is ``timeout`` seconds from that report, so
+  time spent queued behind other calls does not count.
+- A manager thread, one per pool and alive as long as the pool, hands queued calls to idle
+  workers, and kills a worker whose call is past its deadline, starting a new one at once while
+  the other calls go on. The late call scores None ("timed out after ..."); it is not run
+  again.
+- Once a call of a rule times out, that rule's calls from the same batch that have not started
+  are not run (None, "not run: ..."): a rule that hangs on every sample costs about one timeout
+  per batch, not one per wave of calls. Calls already running keep their own deadlines, and
+  other rules are not affected. A rule that is only slow on some responses loses nothing to
+  this unless its other calls were still queued when the slow one ran out of time.
+- A worker that dies (a crash, the kernel's out-of-memory killer) is reported and replaced.
+  Workers that keep dying before they are ready (an environment problem, not a rule's) make
+  `RewardPool.collect` raise rather than score every batch 0.
+- Workers die with their parent: on Linux by the parent-death signal (``PR_SET_PDEATHSIG``,
+  sent when the manager thread that spawned them ends, which at the latest is when the process
+  does), and on every OS by a watchdog thread that ends the worker when its pipe from the
+  parent reaches end-of-file.
+- ``max_memory_mb`` (Linux): an ``RLIMIT_AS`` cap on each worker's address space (virtual
+  memory, which counts more than resident memory), set once the worker's imports are done. A
+  rule that allocates past it gets MemoryError and scores None ("out of memory ...").
+- A worker's stdout and stderr (file descriptors 1 and 2, so C extensions' output too) go to a
+  pipe the manager drains, keeping the last `TAIL_BYTES`; a failed call's reason ends with the
+  last `TAIL_LINES` lines it printed, each cut to `LINE_CHARS` characters. Nothing a rule
+  prints reaches the trainer's output.
 """
 from __future__ import annotations
 
+import collections
+import math
 import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
 import time
-from typing import Optional, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, Optional, Sequence
 
-from verirl.rewards.custom import Rule, call_rule
+from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule
+
+Scores = list[tuple[Optional[float], str]]
+
+TAIL_BYTES = 16 * 1024  # of a call's output kept for the warning
+TAIL_LINES = 5
+LINE_CHARS = 200
+START_TIMEOUT = 120.0  # seconds a new worker may take to import verirl and report ready
+MAX_START_FAILURES = 3  # workers in a row that die before they are ready: then queued calls fail
 
 
-def _ignore_sigint() -> None:
-    """Ctrl-C reaches the whole process group: the trainer decides what happens, not its workers."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# ----------------------------------------------------------------------------- worker side
 
 
-def _warm(_: int = 0) -> int:
-    import verirl.rewards.rules  # noqa: F401  (math-verify, sympy: import once per worker, not per call)
-    return os.getpid()
+def _die_with_parent(parent_pid: int, alive: Connection, pdeathsig: bool) -> None:
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog below still ends this worker
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watchdog() -> None:
+        try:
+            while True:
+                alive.recv_bytes()  # the parent never writes; end-of-file means it is gone
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="verirl-reward-watchdog", daemon=True).start()
+
+
+def _address_space_mb() -> Optional[int]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cap_address_space(max_memory_mb: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return  # documented as Linux only: elsewhere RLIMIT_AS is missing or not enforced
+    import resource
+    cap = max_memory_mb * 2**20
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001  (a rule may have closed or replaced them)
+            pass
+
+
+def _worker_main(tasks: Connection, alive: Connection, output: Connection, parent_pid: int,
+                 max_memory_mb: int, pdeathsig: bool) -> None:
+    """One scoring worker: ``tasks`` brings (rule, responses, samples, max_abs_score) and takes back
+    ("ready", pid, address space MB), ("start",) and ("done", scores)."""
+    _die_with_parent(parent_pid, alive, pdeathsig)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the trainer decides
+    for fd in (1, 2):
+        os.dup2(output.fileno(), fd)
+    output.close()
+    import verirl.rewards.rules  # noqa: F401  (math-verify, sympy: imported once per worker, not per call)
+    base_mb = _address_space_mb()
+    if max_memory_mb > 0:
+        _cap_address_space(max_memory_mb)
+    tasks.send(("ready", os.getpid(), base_mb))
+    while True:
+        try:
+            msg = tasks.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if msg is None:
+            os._exit(0)
+        n = len(msg[1])
+        tasks.send(("start",))
+        try:
+            scores: Scores = call_rule(*msg)
+        except BaseException as e:  # noqa: BLE001  (call_rule catches the rule's own; this is what is left)
+            scores = [(None, f"failed in the scoring worker: {type(e).__name__}: {e}")] * n
+        _flush()
+        try:
+            tasks.send(("done", scores))
+        except Exception as e:  # noqa: BLE001  (e.g. MemoryError while pickling under the cap)
+            tasks.send(("done", [(None, f"scores could not be sent back: {type(e).__name__}")] * n))
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+class _Batch:
+    """The calls of one `RewardPool.start`; ``left`` counts the calls without a result yet."""
+
+    def __init__(self, n: int):
+        self.results: list[Optional[Scores]] = [None] * n
+        self.left = n
+        self.given_up: set[str] = set()  # rule specs with a timed-out call: their queued calls are not run
+        self.unstartable: Optional[str] = None  # why no worker could start to run its calls
+
+
+class _Task:
+    __slots__ = ("batch", "index", "rule", "responses", "samples")
+
+    def __init__(self, batch: _Batch, index: int, rule: Rule, responses: list[str], samples: list[dict]):
+        self.batch, self.index, self.rule, self.responses, self.samples = batch, index, rule, responses, samples
+
+
+class _Worker:
+    def __init__(self, proc, conn: Connection, alive: Connection, out: Connection):
+        self.proc, self.conn, self.alive, self.out = proc, conn, alive, out
+        os.set_blocking(out.fileno(), False)
+        self.spawned = time.monotonic()
+        self.ready = False
+        self.base_mb: Optional[int] = None
+        self.task: Optional[_Task] = None
+        self.started: Optional[float] = None  # when the worker reported starting its task
+        self.printed = b""  # the tail of what it printed since its last call ended
+
+    def drain(self) -> None:
+        """Read what is waiting in its output pipe, at most 1 MiB: a rule that prints without end
+        must not keep the manager from its deadlines."""
+        try:
+            for _ in range(16):
+                chunk = os.read(self.out.fileno(), 65536)
+                if not chunk:
+                    return
+                self.printed = (self.printed + chunk)[-TAIL_BYTES:]
+        except (BlockingIOError, OSError):
+            return
+
+    def tail(self) -> str:
+        """The last lines it printed, each cut, one per line; '' if nothing."""
+        lines = [ln for ln in self.printed.decode("utf-8", "replace").splitlines() if ln.strip()][-TAIL_LINES:]
+        self.printed = b""
+        return "\n".join(ln if len(ln) <= LINE_CHARS else ln[:LINE_CHARS] + "..." for ln in lines)
+
+    def close(self) -> None:
+        """Kill it (if still running), reap it, keep what it printed last, close its pipes."""
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.drain()
+        for c in (self.conn, self.alive, self.out):
+            c.close()
+
+
+def _death(exitcode: Optional[int]) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        if -exitcode == getattr(signal, "SIGKILL", 9):
+            return (f"worker died: killed by {name} (the kernel's out-of-memory killer sends it; "
+                    f"reward.max_memory_mb caps a worker's memory)")
+        return f"worker died: killed by {name}"
+    return f"worker died: exited with status {exitcode}"
 
 
 class RewardPool:
-    """``workers`` processes (spawned); ``timeout`` seconds per call."""
+    """``workers`` spawned processes, each call limited to ``timeout`` seconds from its start.
 
-    def __init__(self, workers: int, timeout: float):
-        self.workers, self.timeout = max(1, workers), timeout
-        self._pool: Optional[mp.pool.Pool] = None
+    ``start(calls)`` queues a batch and returns at once; ``collect(batch)`` waits for its scores.
+    ``restarts`` counts the workers replaced after a timeout or a death."""
+
+    _pdeathsig = True  # tests set it False on the class to check the watchdog alone
+
+    def __init__(self, workers: int, timeout: Optional[float], max_memory_mb: int = 0,
+                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE):
+        self.workers = max(1, workers)
+        self.timeout = float(timeout) if timeout and timeout > 0 else math.inf
+        self.max_memory_mb, self.max_abs_score = int(max_memory_mb), float(max_abs_score)
         self.restarts = 0
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Task] = collections.deque()
+        self._live: list[_Worker] = []
+        self._manager: Optional[threading.Thread] = None
+        self._wake_r: Optional[Connection] = None
+        self._wake_w: Optional[Connection] = None
+        self._closing = False
+        self._start_failures = 0
+        self._broken: Optional[str] = None  # why workers cannot start; queued calls fail with it
+        self._failure: Optional[BaseException] = None  # a bug in the manager thread
 
-    def _get(self):
-        if self._pool is None:
-            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_ignore_sigint)
-            self._pool.map(_warm, range(self.workers))
-        return self._pool
+    # -- the trainer's side
 
-    def start(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]):
-        """Send the calls to the workers and return at once; `collect` waits for them."""
-        pool = self._get()
-        return [pool.apply_async(call_rule, c) for c in calls], list(calls), time.monotonic()
+    def start(self, calls: Sequence[tuple[Rule, list[str], list[dict]]]) -> _Batch:
+        """Queue the calls and return at once; `collect` waits for them."""
+        batch = _Batch(len(calls))
+        with self._cond:
+            if self._manager is None:
+                self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+                self._closing, self._failure = False, None
+                self._manager = threading.Thread(target=self._run, name="verirl-reward-pool", daemon=True)
+                self._manager.start()
+            self._broken, self._start_failures = None, 0  # a new batch gives worker start-up a new chance
+            self._queue.extend(_Task(batch, i, *c) for i, c in enumerate(calls))
+        self._wake()
+        return batch
 
-    def collect(self, started) -> list[list[tuple[Optional[float], str]]]:
-        pending, calls, start = started
-        results: list[list[tuple[Optional[float], str]]] = []
-        stuck = False
-        for k, (fut, (rule, responses, _)) in enumerate(zip(pending, calls)):
-            wave = k // self.workers + 1  # calls queue behind each other: the k-th may start late
-            remaining = start + wave * self.timeout - time.monotonic()
-            try:
-                results.append(fut.get(timeout=max(remaining, 0.0)))
-            except mp.TimeoutError:
-                stuck = True
-                results.append([(None, f"timed out after {self.timeout:g}s")] * len(responses))
-        if stuck:
-            self.close()  # the stuck worker is killed with the pool; a fresh one starts on the next call
-            self.restarts += 1
-        return results
+    def collect(self, batch: _Batch) -> list[Scores]:
+        with self._cond:
+            while batch.left and self._failure is None:
+                self._cond.wait(1.0)
+            if self._failure is not None:
+                raise RuntimeError("the reward scoring pool's manager thread failed") from self._failure
+        if batch.unstartable:  # not the rule's fault, and every later batch would score 0 too
+            raise RuntimeError(batch.unstartable)
+        return batch.results  # type: ignore[return-value]
+
+    def worker_pids(self) -> list[int]:
+        with self._cond:
+            return [w.proc.pid for w in self._live]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Kill the workers; calls still pending score None. Safe to call twice."""
+        with self._cond:
+            manager, self._closing = self._manager, True
+        if manager is None:
+            return
+        self._wake()
+        manager.join()
+        with self._cond:
+            self._manager = None
+            for c in (self._wake_r, self._wake_w):
+                if c is not None:
+                    c.close()
+            self._wake_r = self._wake_w = None
+
+    def _wake(self) -> None:
+        try:
+            if self._wake_w is not None:
+                self._wake_w.send_bytes(b".")
+        except OSError:
+            pass
+
+    # -- the manager thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._closing:
+                        return
+                    self._spawn_missing()
+                    self._dispatch()
+                    waitables: list[Any] = [self._wake_r]
+                    for w in self._live:
+                        waitables += [w.conn, w.out, w.proc.sentinel]
+                    pause = self._next_deadline() - time.monotonic()
+                wait(waitables, timeout=min(max(pause, 0.0), 5.0))
+                with self._cond:
+                    while self._wake_r.poll():
+                        self._wake_r.recv_bytes()
+                    for w in list(self._live):
+                        self._service(w)
+        except BaseException as e:  # noqa: BLE001  (a bug here must reach the trainer, not hang it)
+            self._failure = e
+        finally:
+            with self._cond:
+                closed = "not scored: the scoring pool was closed"
+                for w in self._live:
+                    w.close()
+                    if w.task is not None:
+                        self._finish(w.task, [(None, closed)] * len(w.task.responses))
+                self._live = []
+                while self._queue:
+                    t = self._queue.popleft()
+                    self._finish(t, [(None, closed)] * len(t.responses))
+                self._cond.notify_all()
+
+    def _spawn_missing(self) -> None:
+        while len(self._live) < self.workers and self._broken is None:
+            ctx = mp.get_context("spawn")
+            conn, child_conn = ctx.Pipe(duplex=True)
+            alive_r, alive_w = ctx.Pipe(duplex=False)
+            out_r, out_w = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, name="verirl-reward-worker", daemon=True,
+                               args=(child_conn, alive_r, out_w, os.getpid(), self.max_memory_mb, self._pdeathsig))
+            proc.start()
+            for c in (child_conn, alive_r, out_w):  # the worker holds these now; ours would hide its EOFs
+                c.close()
+            self._live.append(_Worker(proc, conn, alive_w, out_r))
+
+    def _dispatch(self) -> None:
+        for w in self._live:
+            while w.ready and w.task is None and self._queue:
+                t = self._queue.popleft()
+                if t.rule.spec in t.batch.given_up:
+                    self._finish(t, self._not_run(t))
+                    continue
+                try:
+                    w.conn.send((t.rule, t.responses, t.samples, self.max_abs_score))
+                except (OSError, ValueError):  # it died: `_service` will see; the call never started
+                    self._queue.appendleft(t)
+                    break
+                except Exception as e:  # noqa: BLE001  (a sample that cannot be pickled)
+                    self._finish(t, [(None, f"could not be sent to a worker: {type(e).__name__}: {e}")]
+                                 * len(t.responses))
+                    continue
+                w.task, w.started = t, None
+
+    def _next_deadline(self) -> float:
+        soonest = math.inf
+        for w in self._live:
+            if w.task is not None and w.started is not None:
+                soonest = min(soonest, w.started + self.timeout)
+            elif not w.ready:
+                soonest = min(soonest, w.spawned + START_TIMEOUT)
+        return soonest
+
+    def _service(self, w: _Worker) -> None:
+        """Read what ``w`` printed and sent; then handle its death or its missed deadline."""
+        w.drain()
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg[0] == "ready":
+                    w.ready, w.base_mb, self._start_failures = True, msg[2], 0
+                elif msg[0] == "start":
+                    w.started = time.monotonic()
+                elif msg[0] == "done" and w.task is not None:
+                    w.drain()  # all it printed before "done" is in the pipe
+                    task, w.task, w.started = w.task, None, None
+                    self._finish(task, self._explain(w, msg[1]))
+        except (EOFError, OSError):
+            pass  # it died: seen below
+        now = time.monotonic()
+        if not w.proc.is_alive():
+            self._retire(w, _death(w.proc.exitcode))
+        elif w.task is not None and w.started is not None and now - w.started > self.timeout:
+            self._retire(w, f"timed out after {self.timeout:g}s")
+        elif not w.ready and now - w.spawned > START_TIMEOUT:
+            self._retire(w, f"worker did not start within {START_TIMEOUT:g}s")
+
+    def _retire(self, w: _Worker, why: str) -> None:
+        """Kill and drop ``w``; its call (if any) scores None with ``why``; `_spawn_missing` replaces it."""
+        w.close()
+        self._live.remove(w)
+        task = w.task
+        if task is not None:
+            self.restarts += 1
+            self._finish(task, self._explain(w, [(None, why)] * len(task.responses)))
+            if why.startswith("timed out"):
+                self._give_up(task)
+        elif not w.ready:
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                self._broken = (f"{MAX_START_FAILURES} reward scoring workers in a row died before they were "
+                                f"ready ({why}); their output above says why. A common cause: a script that "
+                                f"creates the Scorer outside `if __name__ == \"__main__\":` (see 'Safe importing "
+                                f"of main module' in Python's multiprocessing docs).")
+                while self._queue:
+                    t = self._queue.popleft()
+                    t.batch.unstartable = self._broken
+                    self._finish(t, [(None, self._broken)] * len(t.responses))
+        else:
+            self.restarts += 1
+
+    def _give_up(self, late: _Task) -> None:
+        late.batch.given_up.add(late.rule.spec)
+        keep: collections.deque[_Task] = collections.deque()
+        for t in self._queue:
+            if t.batch is late.batch and t.rule.spec == late.rule.spec:
+                self._finish(t, self._not_run(t))
+            else:
+                keep.append(t)
+        self._queue = keep
+
+    def _not_run(self, t: _Task) -> Scores:
+        return [(None, f"not run: an earlier call of this rule in the same batch timed out after "
+                       f"{self.timeout:g}s")] * len(t.responses)
+
+    def _explain(self, w: _Worker, scores: Scores) -> Scores:
+        """Failed scores get the memory cap spelled out and the worker's last printed lines."""
+        printed = w.tail()
+        out = []
+        for score, why in scores:
+            if score is None:
+                if why.startswith("out of memory") and self.max_memory_mb > 0:
+                    why = (f"out of memory: more than reward.max_memory_mb={self.max_memory_mb} MB of address "
+                           f"space (virtual memory; the worker held {w.base_mb} MB before the rule ran)")
+                if printed:
+                    why = f"{why}\n{printed}"
+            out.append((score, why))
+        return out
+
+    def _finish(self, task: _Task, scores: Scores) -> None:
+        task.batch.results[task.index] = scores
+        task.batch.left -= 1
+        self._cond.notify_all()

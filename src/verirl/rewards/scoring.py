@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from verirl.rewards.custom import Rule, call_rule, load_rule
+from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, load_rule
 from verirl.rewards.pool import RewardPool
+
+_told_in_process = False  # the "no timeout" line is printed once per process
 
 
 @dataclass
@@ -30,19 +33,29 @@ class RewardResult:
 
 
 class Scorer:
-    """The configured rules, with weights and task routing, scored in a pool (``workers > 0``)
-    or in this process (``workers == 0``: no timeout)."""
+    """The configured rules, with weights and task routing, scored in a pool (``workers > 0``:
+    each call under ``timeout`` seconds from its start and, on Linux, ``max_memory_mb`` of address
+    space; see `verirl.rewards.pool`) or in this process (``workers == 0``, for debugging: no
+    timeout, no memory cap, output not captured; said once on stderr). A score that is not a
+    number, not finite or beyond +-``max_abs_score`` is an error, like a rule that raises."""
 
     def __init__(self, verifiers: Sequence[str], weights: Sequence[float],
                  task_rules: Optional[Mapping[str, Sequence[str]]] = None, workers: int = 0,
-                 timeout: float = 10.0, chunk: int = 16):
+                 timeout: float = 10.0, chunk: int = 16, max_memory_mb: int = 0,
+                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE):
+        global _told_in_process
         self.rules = [load_rule(v) for v in verifiers]
         by_ref = {r.spec: r for r in self.rules} | {r.name: r for r in self.rules}
         self.weights = {r.name: float(w) for r, w in zip(self.rules, weights)}
         self.task_rules = {t: [by_ref[n] for n in names] for t, names in (task_rules or {}).items()}
-        self.pool = RewardPool(workers, timeout) if workers > 0 else None
+        self.max_abs_score = float(max_abs_score)
+        self.pool = RewardPool(workers, timeout, max_memory_mb, self.max_abs_score) if workers > 0 else None
         self.chunk = chunk
         self._warned: set[tuple[str, str]] = set()
+        if self.pool is None and not _told_in_process:
+            _told_in_process = True
+            print("reward.workers=0: rules are scored in this process, with no timeout and no memory cap "
+                  "(reward.timeout and reward.max_memory_mb apply only with workers > 0).", file=sys.stderr)
 
     def __call__(self, responses: Sequence[str], samples: Sequence[dict]) -> RewardResult:
         return self.submit(responses, samples).result()
@@ -58,7 +71,7 @@ class Scorer:
                 part = idx[c:c + size]
                 calls.append((rule, [responses[i] for i in part], [samples[i] for i in part]))
                 where.append(part)
-        started = self.pool.start(calls) if self.pool else [call_rule(*c) for c in calls]
+        started = self.pool.start(calls) if self.pool else [call_rule(*c, self.max_abs_score) for c in calls]
         return PendingRewards(self, responses, samples, calls, where, started)
 
     def _finish(self, responses, samples, calls, where, results) -> RewardResult:
@@ -75,15 +88,18 @@ class Scorer:
         return RewardResult(totals, per_rule, errors)
 
     def _warn_once(self, rule: Rule, why: str, response: str, sample: dict) -> None:
-        kind = why.split(":")[0]
+        head, _, printed = why.partition("\n")  # a pool's reason may end with the lines the rule printed
+        kind = re.sub(r"'[^']*'|-?\d[\w.+-]*", "#", head.split(":")[0])  # "returned str '1e9'" ~ "returned str '7'"
         if (rule.name, kind) in self._warned:
             return
         self._warned.add((rule.name, kind))
-        print(f"reward rule '{rule.name}' {why} on response {response[:120]!r} (label {sample.get('label')!r}, "
-              f"task {sample.get('task')!r}); scored 0. Further such errors are only counted in reward/errors.",
-              file=sys.stderr)
+        said = "".join(f"\n    {line}" for line in printed.splitlines())
+        print(f"reward rule '{rule.name}' {head} on response {response[:120]!r} (label {sample.get('label')!r}, "
+              f"task {sample.get('task')!r}); scored 0. Further such errors are only counted in reward/errors."
+              + (f" The last lines it printed:{said}" if said else ""), file=sys.stderr)
 
     def close(self) -> None:
+        """Stop the pool's workers (safe to call twice; a later call starts new ones)."""
         if self.pool:
             self.pool.close()
 

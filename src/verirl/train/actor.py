@@ -14,6 +14,7 @@ Two ways to run the model over a micro-batch, with the same results:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -181,13 +182,16 @@ def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams,
                   layouts: Optional[PackCache] = None) -> dict[str, float]:
-    """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics."""
+    """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics, and
+    ``actor/nonfinite_updates``: the mini-batches whose loss or grad norm was not finite, for which
+    no optimizer or scheduler step was taken."""
     model.train()
     r = batch.rollout
     N = r.response_ids.shape[0]
     mb_seqs = p.mini_batch_prompts * p.group_size
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
     params = [q for q in model.parameters() if q.requires_grad]
+    nonfinite = 0  # mini-batches whose loss or grad norm was not finite: skipped
     for _ in range(p.epochs):
         for m0 in range(0, N, mb_seqs):
             m1 = min(m0 + mb_seqs, N)
@@ -221,15 +225,19 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
             else:
                 gn = torch.linalg.vector_norm(torch.stack([q.grad.norm() for q in params if q.grad is not None]))
             stats["lr"].append(optimizer.param_groups[0]["lr"])
-            if torch.isfinite(gn):
+            if torch.isfinite(gn) and all(math.isfinite(v) for v in sums.values()):
                 optimizer.step()
-            scheduler.step()
+                scheduler.step()
+            else:  # no step at all, so that the weights, the optimizer state and the schedule stay good
+                optimizer.zero_grad(set_to_none=True)
+                nonfinite += 1
             stats["grad_norm"].append(float(gn))
             for k, v in sums.items():
                 stats[k].append(v)
     if batch.ref_logprobs is None or p.kl_coef <= 0:
         stats.pop("kl")  # no reference pass: say nothing rather than a made-up zero
-    return {f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v}
+    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
+            "actor/nonfinite_updates": float(nonfinite)}
 
 
 def build_optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float, warmup_steps: int):

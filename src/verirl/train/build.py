@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import random
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from verirl.algo import ADVANTAGE_ESTIMATORS
-from verirl.config import Config, DataConfig, to_yaml
+from verirl.config import Config, DataConfig
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, DataError
@@ -27,6 +28,7 @@ from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.packing import supports_packing
+from verirl.train.rundir import RunDirLock
 from verirl.types import Prompt
 
 
@@ -108,7 +110,11 @@ class Run:
     save_freq: int  # a checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int  # the newest N are kept (0 = all)
     log: LogSettings
+    lock: RunDirLock  # held from before the run directory is first touched until the run ends
+    max_nonfinite_steps: int  # steps in a row with a non-finite loss or grad norm before the run stops
     resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
+    nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
+    nonfinite_in_a_row: int = 0
 
 
 def seed_everything(seed: int) -> None:
@@ -118,28 +124,44 @@ def seed_everything(seed: int) -> None:
 
 
 def build_run(cfg: Config) -> Run:
-    """Load the model and data and build every object of the run; writes RUN_DIR/config.yaml once
-    the inputs are known to be good."""
+    """Load the model and data and build every object of the run. Takes the run directory's lock
+    (at once if the directory exists, else when it is made); writes nothing into it before the
+    inputs are known to be good."""
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.trainer.seed)
     run_dir = Path(cfg.trainer.run_dir)
+    lock = RunDirLock(run_dir)
+    if run_dir.is_dir():
+        lock.acquire()  # before reading its checkpoints: another run may be writing them
+    try:
+        return _build(cfg, run_dir, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build(cfg: Config, run_dir: Path, lock: RunDirLock) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
     eval_prompts = val
     if cfg.eval.data:
         eval_prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(cfg.data, too_long="filter")).prompts
+    if len(train) < cfg.data.prompts_per_step:
+        print(f"data: {len(train)} training prompts, fewer than data.prompts_per_step={cfg.data.prompts_per_step}: "
+              f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock.acquire()
     if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
         clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward
     workers = default_workers() if reward.workers < 0 else reward.workers
-    scorer = Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout)
+    scorer = Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout,
+                    max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score)
     evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end)
@@ -147,8 +169,8 @@ def build_run(cfg: Config) -> Run:
                optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
                PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), step_settings(cfg, lm.model),
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
-               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every),
-               load_checkpoint(resume) if resume else None)
+               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every), lock,
+               cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
 
 
 def step_settings(cfg: Config, model) -> StepSettings:

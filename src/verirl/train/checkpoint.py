@@ -1,4 +1,4 @@
-"""Checkpoints that are never half-written, and exact resume.
+"""Checkpoints that are never half-written, verified before they are trusted, and exact resume.
 
 Layout of ``RUN_DIR/checkpoints``::
 
@@ -9,13 +9,23 @@ Layout of ``RUN_DIR/checkpoints``::
         rng_rank0.safetensors   torch CPU (and CUDA) generator states of rank 0
         state.json              step, sampler position, python / numpy RNG states of rank 0,
                                 byte offsets of metrics.jsonl and rollouts.jsonl, format version
+        manifest.json           every other file's relative path, size in bytes and zlib.crc32
     latest                      the name of the newest complete checkpoint, written last
 
-A checkpoint is written to ``step_N.tmp`` and renamed into place only once every file is
-written and flushed, then ``latest`` is replaced atomically; older checkpoints beyond
-``trainer.keep_checkpoints`` are removed after that. A kill at any moment leaves either the
-previous checkpoint or the new one, never a partial one. Nothing is unpickled on load:
-weights come from safetensors, optimizer state through ``torch.load(weights_only=True)``.
+A checkpoint is written to ``step_N.tmp``; its manifest is written last, every file is flushed,
+and only then is it renamed into place; then ``latest`` is replaced atomically; older
+checkpoints beyond ``trainer.keep_checkpoints`` are removed after that. A kill at any moment
+leaves either the previous checkpoint or the new one, never a partial one.
+
+A checkpoint is verified before it is used (`find_checkpoint`): every file in its manifest must
+exist with the size and checksum recorded at save. A checkpoint written before manifests
+existed is checked by loading its headers (each safetensors header against the file's size,
+``optimizer.pt`` through ``torch.load(weights_only=True)``, the JSON files parsed) and used with
+a warning. In a run directory the newest checkpoint that verifies is used and each bad one
+skipped is named on stderr; a run directory whose checkpoints all fail is an error (never a
+silent fresh start). Nothing is unpickled on load: weights come from safetensors, optimizer
+state through ``torch.load(weights_only=True)``; every failure to load a checkpoint's file is a
+`CheckpointError` naming the file.
 
 Sharded (data-parallel) runs will add ``model/`` shards and ``rng_rank{r}`` files per rank;
 ``state.json`` carries ``world_size`` so that loaders can tell.
@@ -25,7 +35,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -34,8 +47,17 @@ import numpy as np
 import torch
 
 from verirl.errors import CheckpointError
+
 FORMAT = 1
 LATEST = "latest"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+CHUNK = 8 << 20  # bytes read per checksum update (bench/checkpoint_checksum.py)
+STEP_DIR = re.compile(r"step_(\d+)")
+REQUIRED = ("state.json", "optimizer.pt", "rng_rank0.safetensors", "model/config.json")  # and model/*.safetensors
+START_OVER = ("To start this run over use trainer.resume=false trainer.overwrite=true (it deletes these "
+              "checkpoints and the run's logs); to keep them, move them away first or choose a new "
+              "trainer.run_dir.")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -55,6 +77,31 @@ def _fsync_tree(root: Path) -> None:
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
     _fsync_dir(root)
+
+
+def file_checksum(path: Path) -> str:
+    """zlib.crc32 of a file's bytes, streamed in CHUNK pieces, as 8 hex digits. crc32 rather than
+    a cryptographic hash: it is there to catch damage (a cut or overwritten file), not tampering,
+    and it is the fastest of the standard library's (BENCHMARKS.md, "Checkpoint checksums")."""
+    crc = 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return f"{crc:08x}"
+
+
+def write_manifest(ckpt_dir: Path) -> dict:
+    """Write ``manifest.json`` for every other file under ``ckpt_dir``; returns it."""
+    files = {}
+    for p in sorted(ckpt_dir.rglob("*")):
+        rel = p.relative_to(ckpt_dir).as_posix()
+        if p.is_file() and rel != MANIFEST:
+            files[rel] = {"size": p.stat().st_size, "crc32": file_checksum(p)}
+    manifest = {"manifest": MANIFEST_FORMAT, "checksum": "crc32", "files": files}
+    (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
@@ -98,7 +145,8 @@ class Checkpoint:
 
 def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, optimizer, scheduler, extra: dict,
                     keep: int = 0) -> Path:
-    """Write checkpoint ``step`` atomically (see the module docstring); returns its path."""
+    """Write checkpoint ``step`` atomically, its manifest last (see the module docstring); returns
+    its path."""
     from safetensors.torch import save_file
 
     from verirl.models import save_hf
@@ -114,6 +162,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "rng_rank0.safetensors"))
     state = {"format": FORMAT, "step": step, "world_size": 1, "rng_rank0": meta, **extra}
     (tmp / "state.json").write_text(json.dumps(state))
+    write_manifest(tmp)
     _fsync_tree(tmp)
     if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
         shutil.rmtree(final)
@@ -125,73 +174,300 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
         os.fsync(f.fileno())
     os.replace(pointer, ckpt_root / LATEST)
     _fsync_dir(ckpt_root)
-    if keep > 0:
-        done = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    if keep > 0:  # counted up to this step: newer ones (left by a run resumed from an older, good checkpoint
+        # past a bad one) are replaced when their step comes, and never crowd out the one just written
+        done = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)
+                       and int(STEP_DIR.fullmatch(p.name).group(1)) <= step),
+                      key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def find_checkpoint(path: Path) -> Optional[Path]:
-    """A checkpoint directory from a checkpoint, a checkpoints/ folder or a run directory
-    (the newest complete one), or None when there is none."""
+# ---- verification -------------------------------------------------------------------------------
+
+def _reason(e: BaseException) -> str:
+    """The gist of a library's error, short, for a one-line message. Never passes on torch's advice
+    to retry with ``weights_only=False`` (that would unpickle whatever the file holds)."""
+    text = str(e).strip()
+    if "weights_only" in text or "Weights only" in text:
+        parts = text.split("WeightsUnpickler error:")
+        detail = " ".join(parts[1].split("Check the documentation")[0].split())[:120] if len(parts) > 1 else ""
+        return ("it holds something other than the tensors and numbers verirl saves"
+                + (f" (torch: {detail})" if detail else "") + ", so it was not unpickled")
+    if not text:
+        return type(e).__name__
+    first = text.splitlines()[0]
+    if len(first) > 160 and ". " in first:
+        first = first.split(". ")[0]
+    return f"{type(e).__name__}: {first[:200].rstrip('.')}"
+
+
+def _safetensors_problem(path: Path, rel: str) -> Optional[str]:
+    """What is wrong with a safetensors file, judged by its header against its size (None: fine)."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{rel} is {size:,} bytes, too short for a safetensors file"
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            return f"{rel} is {size:,} bytes, but its header alone claims {n + 8:,}: the file is cut"
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            return f"{rel}: its safetensors header cannot be read, the file is damaged ({_reason(e)})"
+    if size != 8 + n + end:
+        return f"{rel} is {size:,} bytes, its safetensors header says {8 + n + end:,}"
+    return None
+
+
+def _json_problem(path: Path, rel: str) -> Optional[str]:
+    try:
+        json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"{rel} is not valid JSON: {_reason(e)}"
+    return None
+
+
+def _state_problem(path: Path) -> Optional[str]:
+    try:
+        state = _read_state(path)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"{path}: ")
+    missing = [k for k in ("step", "rng_rank0") if k not in state]
+    return f"state.json lacks {', '.join(missing)}" if missing else None
+
+
+def _missing_required(path: Path) -> list[str]:
+    out = [f"{rel} is missing" for rel in REQUIRED if not (path / rel).is_file()]
+    if (path / "model").is_dir() and not any((path / "model").glob("*.safetensors")):
+        out.append("model/ holds no .safetensors weights")
+    elif not (path / "model").is_dir():
+        out = [p for p in out if not p.startswith("model/")] + ["model/ is missing"]
+    return out
+
+
+def _manifest_problems(path: Path) -> list[str]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+        files = manifest["files"]
+        entries = [(str(rel), int(e["size"]), str(e["crc32"])) for rel, e in files.items()]
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+        return [f"{MANIFEST} cannot be read: {_reason(e)}"]
+    problems, to_sum = [], []
+    for rel, size, crc in entries:
+        f = path / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            problems.append(f"{MANIFEST} names {rel!r}, outside the checkpoint")
+        elif not f.is_file():
+            problems.append(f"{rel} is missing")
+        elif f.stat().st_size != size:
+            problems.append(f"{rel} is {f.stat().st_size:,} bytes, the manifest says {size:,}")
+        else:
+            to_sum.append((rel, f, crc))
+    problems = problems or _missing_required(path)  # a manifest that does not list them all
+    if problems:  # sizes and presence first: cheap, and enough to condemn the checkpoint
+        return problems
+    for rel, f, crc in to_sum:
+        got = file_checksum(f)
+        if got != crc:
+            problems.append(f"{rel} does not match its checksum (crc32 {got}, the manifest says {crc}): "
+                            f"its bytes changed after the save")
+    return problems
+
+
+def _header_problems(path: Path) -> list[str]:
+    """A checkpoint without a manifest (written by an older verirl): load what can be loaded cheaply."""
+    problems = _missing_required(path)
+    if problems:
+        return problems
+    for f in sorted([*path.glob("rng_rank*.safetensors"), *(path / "model").glob("*.safetensors")]):
+        problems.append(_safetensors_problem(f, f.relative_to(path).as_posix()))
+    problems.append(_json_problem(path / "model" / "config.json", "model/config.json"))
+    try:
+        opt = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        if not (isinstance(opt, dict) and {"optimizer", "scheduler"} <= set(opt)):
+            problems.append("optimizer.pt holds no optimizer and scheduler state")
+    except Exception as e:  # noqa: BLE001 - whatever torch raises, the file is unusable
+        problems.append(f"optimizer.pt cannot be loaded: {_reason(e)}")
+    return [p for p in problems if p]
+
+
+def check_checkpoint(path: Path) -> tuple[Optional[str], bool]:
+    """(what is wrong with the checkpoint at ``path``, or None; whether a manifest verified it)."""
     path = Path(path)
-    if (path / "state.json").exists():
+    if not path.is_dir():
+        return ("does not exist" if not path.exists() else "is not a directory"), False
+    manifest = (path / MANIFEST).is_file()
+    problems = _manifest_problems(path) if manifest else _header_problems(path)
+    if not problems:
+        state = _state_problem(path)
+        problems = [state] if state else []
+    return (", and ".join(problems) or None), manifest
+
+
+def verify_checkpoint(path: Path) -> bool:
+    """Raise CheckpointError naming what is wrong with the checkpoint at ``path``; -> True when its
+    manifest verified it, False when it has none (written before manifests; its headers load)."""
+    problem, manifest = check_checkpoint(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}. It cannot be used: resume from or export "
+                              f"another checkpoint (RUN_DIR/checkpoints/step_N), or give the run directory "
+                              f"to use its newest good one.")
+    return manifest
+
+
+def _warn_unverified(path: Path) -> None:
+    print(f"verirl: {path} has no {MANIFEST} (written before verirl verified checkpoints); its files' "
+          f"headers load, so it is used without a checksum check.", file=sys.stderr)
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    return any((path / f).exists() for f in ("state.json", MANIFEST, "optimizer.pt", "rng_rank0.safetensors"))
+
+
+def _candidates(root: Path) -> list[Path]:
+    """The checkpoints under ``root``: the one ``latest`` names first (even if it is gone: that is
+    worth saying), then the others, newest step first. ``step_N.tmp`` are unfinished writes, not
+    checkpoints."""
+    found = sorted((p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir()),
+                   key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)), reverse=True)
+    try:
+        named = (root / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        named = ""
+    if STEP_DIR.fullmatch(named):
+        first = root / named
+        return [first] + [p for p in found if p.name != named]
+    return found
+
+
+def find_checkpoint(path: Path) -> Optional[Path]:
+    """A checkpoint directory from a checkpoint, a checkpoints/ folder or a run directory (the
+    newest that verifies), or None when there is no checkpoint at all.
+
+    A checkpoint given itself must verify, else CheckpointError. In a folder of checkpoints, each
+    bad one passed over is named on stderr with what is wrong; when none verifies, CheckpointError
+    names every one (starting over is the user's explicit choice, never a fallback)."""
+    path = Path(path)
+    if _looks_like_checkpoint(path):
+        if not verify_checkpoint(path):
+            _warn_unverified(path)
         return path
     for root in (path / "checkpoints", path):
-        pointer = root / LATEST
-        if pointer.exists():
-            cand = root / pointer.read_text().strip()
-            if (cand / "state.json").exists():
+        cands = _candidates(root)
+        if not cands:
+            continue
+        bad = []
+        for cand in cands:
+            problem, manifest = check_checkpoint(cand)
+            if problem is None:
+                for b, why in bad:
+                    print(f"verirl: {b}: {why}; skipped, using {cand.name}", file=sys.stderr)
+                if not manifest:
+                    _warn_unverified(cand)
                 return cand
-        done = sorted(p for p in root.glob("step_*") if (p / "state.json").exists() and not p.name.endswith(".tmp"))
-        if done:
-            return done[-1]
+            if not cand.exists():
+                problem = f"named by {root / LATEST} but {problem}"
+            bad.append((cand, problem))
+        listing = "; ".join(f"{b.name}: {why}" for b, why in bad)
+        raise CheckpointError(f"{root} holds {len(bad)} checkpoint{'s' if len(bad) > 1 else ''} and none can "
+                              f"be used: {listing}. {START_OVER}")
     return None
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+def _read_state(path: Path) -> dict:
+    state_file = path / "state.json"
+    try:
+        state = json.loads(state_file.read_bytes())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: state.json is missing") from e
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: state.json cannot be read: {_reason(e)}") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: state.json holds no checkpoint state")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')} is not {FORMAT}, the one this "
+                              f"verirl reads")
+    return state
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
     path = Path(path)
-    state_file = path / "state.json"
-    if not state_file.exists():
+    if not (path / "state.json").exists():
         raise CheckpointError(f"{path} is not a verirl checkpoint (no state.json). Give a directory like "
-                                f"RUN_DIR/checkpoints/step_000020, or the run directory itself.")
-    state = json.loads(state_file.read_text())
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')} is not {FORMAT}, the one this verirl reads.")
-    return Checkpoint(path, state)
+                              f"RUN_DIR/checkpoints/step_000020, or the run directory itself.")
+    try:
+        return Checkpoint(path, _read_state(path))
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}. Resume from another checkpoint (trainer.resume=RUN_DIR/checkpoints/step_N) "
+                              f"or give the run directory to use its newest good one.") from e.__cause__
+
+
+def _damaged(file: Path, what: str, e: BaseException) -> CheckpointError:
+    return CheckpointError(f"{file}: cannot load {what}: {_reason(e)}. The checkpoint is damaged: resume from "
+                           f"another one (trainer.resume=RUN_DIR/checkpoints/step_N) or give the run directory "
+                           f"to use its newest good one.")
 
 
 def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> None:
-    """Weights (safetensors), optimizer and scheduler (weights_only), RNG states: in place."""
+    """Weights (safetensors), optimizer and scheduler (weights_only), RNG states: in place. Any file
+    that fails to load is a CheckpointError naming it, the library's error chained."""
     from safetensors.torch import load_file
 
     weights = {}
-    for f in sorted(ckpt.model_dir.glob("*.safetensors")):
-        weights.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    files = sorted(ckpt.model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt.model_dir}: no .safetensors weights. The checkpoint is damaged: resume "
+                              f"from another one (trainer.resume=RUN_DIR/checkpoints/step_N).")
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError
+            raise _damaged(f, "the model weights", e) from e
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shapes that differ
+        raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {_reason(e)}. Was the "
+                              f"checkpoint saved from another model.path?") from e
     tied = {k for k in missing if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "
-                         f"unexpected {sorted(unexpected)[:3]}).")
+                              f"unexpected {sorted(unexpected)[:3]}).")
     if tied:
         model.tie_weights()
-    opt = torch.load(ckpt.path / "optimizer.pt", weights_only=True, map_location="cpu")
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
-    set_rng_state(ckpt.state["rng_rank0"], load_file(str(ckpt.path / "rng_rank0.safetensors")))
+    opt_file = ckpt.path / "optimizer.pt"
+    try:
+        opt = torch.load(opt_file, weights_only=True, map_location="cpu")
+        optimizer.load_state_dict(opt["optimizer"])
+        scheduler.load_state_dict(opt["scheduler"])
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds; none may pass as a traceback
+        raise _damaged(opt_file, "the optimizer and scheduler state", e) from e
+    rng_file = ckpt.path / "rng_rank0.safetensors"
+    try:
+        tensors = load_file(str(rng_file))
+    except Exception as e:  # noqa: BLE001
+        raise _damaged(rng_file, "the random generator states", e) from e
+    try:
+        set_rng_state(ckpt.state["rng_rank0"], tensors)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        raise _damaged(ckpt.path / "state.json", "the random generator states", e) from e
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
-    """Copy a checkpoint's Hugging Face model directory to ``out_dir`` (atomically)."""
+    """Copy a verified checkpoint's Hugging Face model directory to ``out_dir`` (atomically). From a
+    run directory: its newest checkpoint that verifies (bad ones skipped are named on stderr)."""
     found = find_checkpoint(Path(checkpoint))
     if found is None:
         raise CheckpointError(f"no verirl checkpoint in {checkpoint}: give RUN_DIR, RUN_DIR/checkpoints or "
-                                f"RUN_DIR/checkpoints/step_N.")
+                              f"RUN_DIR/checkpoints/step_N.")
     ckpt = load_checkpoint(found)
     if ckpt.state.get("world_size", 1) != 1:
         raise CheckpointError(f"{found} is sharded over {ckpt.state['world_size']} ranks; merging shards "
-                                  f"is not implemented yet.")
+                              f"is not implemented yet.")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")

@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verirl.checks import check_train
-from verirl.config import Config, to_dict, upgrade_dict
+from verirl.config import Config, to_dict, to_yaml, upgrade_dict
+from verirl.errors import CheckpointError
 from verirl.evaluate import evaluate, val_metrics
 from verirl.metrics import JsonlSink, mean_of, read_jsonl, truncate
 from verirl.models import save_hf
@@ -41,18 +43,27 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
         with _Signals(log.console) as signals, log.progress(run.total_steps, done=first - 1):
             for step in range(first, run.total_steps + 1):
                 metrics, records = train_step(run, step)
-                if run.eval.due(step, run.total_steps):
+                too_many = count_nonfinite(run, metrics)  # the reason to stop, if too many in a row
+                if run.eval.due(step, run.total_steps) and not too_many:
                     metrics.update(evaluate_run(run))
                     log.print(f"step {step} held-out: {_val_line(metrics)}")
                 log.write(metrics, records)
+                if too_many:
+                    raise NonFiniteTraining(too_many)
                 if signals.signum is not None or _checkpoint_due(run, step):
                     path = save(run, step, log, summary)
                     if signals.signum is not None:
                         raise TrainingInterrupted(signals.signum, step, path)
         return finish(run, log, summary, started)
+    except OSError as e:  # a full disk or a read-only run directory while writing logs or the final model
+        failure = _write_failure(run.run_dir, "the run's logs or final model", e, _last_good(run))
+        if failure is e:
+            raise
+        raise failure from e
     finally:
         log.close()
         run.scorer.close()
+        run.lock.release()
 
 
 def start(run: Run, log: "RunLog") -> tuple[int, dict]:
@@ -63,6 +74,7 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
     first = restore(run, log)
+    _write(run.run_dir / "config.yaml", to_yaml(run.cfg))  # only once the checkpoint has restored
     summary: dict = {"run_dir": str(run.run_dir), "params": n_params}
     if run.resume is not None and run.resume.state.get("eval_start"):
         summary["eval_start"] = run.resume.state["eval_start"]
@@ -127,9 +139,14 @@ class RunLog:
         self._total = 0
 
     def open(self, metrics_bytes: int, rollouts_bytes: int) -> None:
-        """Cut the logs back to these sizes (where a checkpoint left them; 0 = start over) and open them."""
-        truncate(self.metrics_path, metrics_bytes)
-        truncate(self.dump_path, rollouts_bytes)
+        """Cut the logs back to these sizes (where a checkpoint left them; 0 = start over) and open them.
+        A log shorter than that has lost lines: said, and continued after what is there."""
+        for path, size in ((self.metrics_path, metrics_bytes), (self.dump_path, rollouts_bytes)):
+            held = truncate(path, size)
+            if held < size:
+                self.print(f"[yellow]{path} holds {held} bytes, fewer than the {size} the checkpoint recorded[/]: "
+                           f"lines logged before the checkpoint were lost (deleted or cut); new steps are "
+                           f"appended after what is there.")
         self.sink = JsonlSink(self.metrics_path)
         self.dump = JsonlSink(self.dump_path) if self.dump_rollouts else None
         self.history = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) > 0]
@@ -190,11 +207,83 @@ def _checkpoint_due(run: Run, step: int) -> bool:
 
 
 def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
-    """A checkpoint of ``step``: weights, optimizer, sampler position, RNG states, log offsets."""
+    """A checkpoint of ``step``: weights, optimizer, sampler position, RNG states, log offsets,
+    non-finite step counts. Never from non-finite weights."""
+    bad = next((name for name, p in run.model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad is not None:
+        raise NonFiniteTraining(f"after step {step} the weights are not finite ({bad} holds inf or NaN), so no "
+                                f"checkpoint was written; {_last_good(run)}. Lower actor.lr (or raise "
+                                f"actor.warmup_steps) and resume.")
     extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
-             "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg)}
-    return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids, run.optimizer,
-                           run.scheduler, extra, keep=run.keep_checkpoints)
+             "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
+             "nonfinite_steps": run.nonfinite_steps, "nonfinite_in_a_row": run.nonfinite_in_a_row}
+    try:
+        return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
+                               run.optimizer, run.scheduler, extra, keep=run.keep_checkpoints)
+    except Exception as e:  # OSError, or torch's / safetensors' own error types around the OS error
+        failure = _write_failure(run.run_dir, f"the checkpoint of step {step}", e, _last_good(run))
+        if failure is e:
+            raise
+        raise failure from e
+
+
+class NonFiniteTraining(CheckpointError):
+    """The update went non-finite: the run stops, its last good checkpoint intact."""
+
+
+def count_nonfinite(run: Run, metrics: dict) -> str:
+    """Count a step whose update was skipped for a non-finite loss or grad norm (`update_policy` took
+    no optimizer or scheduler step); ``actor/nonfinite_steps`` is the run's total so far. After
+    ``trainer.max_nonfinite_steps`` such steps in a row, returns why the run must stop (else "")."""
+    if metrics.get("actor/nonfinite_updates", 0) > 0:
+        run.nonfinite_steps += 1
+        run.nonfinite_in_a_row += 1
+    else:
+        run.nonfinite_in_a_row = 0
+    metrics["actor/nonfinite_steps"] = float(run.nonfinite_steps)
+    if not run.max_nonfinite_steps or run.nonfinite_in_a_row < run.max_nonfinite_steps:
+        return ""
+    return (f"{run.nonfinite_in_a_row} steps in a row (up to step {metrics['step']}) had a non-finite loss or "
+            f"grad norm, so their updates were skipped (trainer.max_nonfinite_steps={run.max_nonfinite_steps}); "
+            f"{_last_good(run)}. Lower actor.lr, check the model's weights and the rewards (reward/errors), or "
+            f"raise trainer.max_nonfinite_steps.")
+
+
+def _last_good(run: Run) -> str:
+    latest = run.run_dir / "checkpoints" / "latest"
+    if latest.exists():
+        return f"the last checkpoint, {latest.read_text().strip()}, is intact"
+    return "no checkpoint had been written yet"
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise _write_failure(path.parent, str(path), e, "") from e
+
+
+def _write_failure(run_dir: Path, what: str, e: Exception, after: str) -> Exception:
+    """A failed write as the user's problem (no space, no permission) or, if it is neither, the bug it is."""
+    import errno
+    import shutil as _shutil
+
+    code, text = getattr(e, "errno", None), str(e)
+    full = code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(
+        s in text for s in ("No space left", "File too large", "Disk quota", "file write failed"))
+    denied = code in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
+        s in text for s in ("Permission denied", "Read-only file system"))
+    if not (full or denied):
+        return e
+    try:
+        free = f"{_shutil.disk_usage(run_dir).free / 2**30:.1f} GB free there"
+    except OSError:
+        free = "free space unknown"
+    why = "the disk is full (or a file size limit was hit)" if full else "it is not writable"
+    return CheckpointError(f"could not write {what} into trainer.run_dir='{run_dir}': {why} ({free}; "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}){'; ' + after if after else ''}. "
+                           f"Free space or fix the permissions and run the same command again, or choose "
+                           f"another trainer.run_dir.")
 
 
 def restore(run: Run, log: RunLog) -> int:
@@ -207,6 +296,8 @@ def restore(run: Run, log: RunLog) -> int:
     restore_training_state(ckpt, run.model, run.optimizer, run.scheduler)
     _apply_optimizer_settings(run)
     run.sampler.load_state_dict(ckpt.state["sampler"])
+    run.nonfinite_steps = ckpt.state.get("nonfinite_steps", 0)
+    run.nonfinite_in_a_row = ckpt.state.get("nonfinite_in_a_row", 0)
     own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
     log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0)
     log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")

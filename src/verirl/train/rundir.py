@@ -1,0 +1,70 @@
+"""One run per directory: an exclusive OS file lock on RUN_DIR/.lock.
+
+The lock is `flock` on an open file: the kernel releases it when the process exits, however it
+exits (kill -9 included), so a dead run never leaves a stale lock behind. The file holds the
+holder's pid, host and start time, for the message a second process prints.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from verirl.errors import CheckpointError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (verirl's supported platforms are POSIX)
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".lock"
+
+
+class RunDirLock:
+    """``acquire()`` takes the run directory for this process or raises `CheckpointError` naming the
+    process that holds it; ``release()`` (or the process's exit) gives it back."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._fd: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None or fcntl is None:
+            return
+        path = self.run_dir / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise CheckpointError(
+                f"trainer.run_dir='{self.run_dir}' is in use by another verirl run ({holder}); two runs in one "
+                f"directory would mix their checkpoints and logs. Wait for it to finish, stop it, or choose "
+                f"another trainer.run_dir.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _describe(raw: bytes) -> str:
+    try:
+        info = json.loads(raw.decode())
+        return f"pid {info['pid']} on host {info['host']}, since {info['since']}"
+    except (ValueError, KeyError, UnicodeDecodeError):
+        return "a process that has not written its pid yet"

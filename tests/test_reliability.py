@@ -1,0 +1,280 @@
+"""Nothing lost: one run per directory, logs never padded, non-finite steps refused, failed writes
+and bad inputs as one paragraph. Real trainer processes, real files, real signals."""
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from verirl.cli import main
+
+SMALL = ["data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2", "rollout.max_new_tokens=16",
+         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+         "reward.workers=0"]
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _train_cmd(run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", *SMALL, *extra]
+
+
+def _steps(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while not (path.exists() and path.read_text().count("\n") >= n):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_a_second_run_in_the_same_directory_is_refused_and_a_killed_one_leaves_no_lock(tmp_path):
+    run = tmp_path / "r"
+    first = subprocess.Popen(_train_cmd(run, "trainer.total_steps=500", "trainer.save_freq=1"), env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_lines(run / "metrics.jsonl", 2, first)
+        second = subprocess.run(_train_cmd(run, "trainer.total_steps=6", "trainer.seed=1"), env=ENV,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"is in use by another verirl run (pid {first.pid} on host" in second.stderr
+        assert "Traceback" not in second.stderr and second.stderr.count("\n") == 1
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    done = _steps(run)
+    # the kernel dropped the killed run's lock: the same command continues it
+    again = subprocess.run(_train_cmd(run, f"trainer.total_steps={len(done) + 1}", "trainer.save_freq=1"),
+                           env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    steps = _steps(run)
+    assert steps == list(range(1, len(steps) + 1))  # every step once, none from the refused run
+
+
+def test_a_log_shorter_than_the_checkpoint_says_is_never_padded(tmp_path, capsys):
+    run = tmp_path / "r"
+    args = ["train", f"trainer.run_dir={run}", "trainer.save_freq=2", *SMALL]
+    assert main(args + ["trainer.total_steps=2"]) == 0
+    (run / "metrics.jsonl").unlink()  # lost: deleted by hand
+    assert main(args + ["trainer.total_steps=3"]) == 0
+    raw = (run / "metrics.jsonl").read_bytes()
+    assert b"\0" not in raw and _steps(run) == [3]
+    assert "lines logged before the checkpoint were lost" in capsys.readouterr().out
+
+
+def test_a_nonfinite_update_takes_no_step(tiny, arith):
+    """NaN advantages: the loss is NaN, so neither the optimizer nor the schedule moves and the
+    weights stay as they were; the update says so."""
+    import copy
+
+    from verirl.rollout import NativeEngine, SamplingParams
+    from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, update_policy
+    from verirl.types import TrainBatch
+
+    train, _ = arith
+    roll = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(
+        [p.ids for p in train[:2]], 2, SamplingParams(max_new_tokens=8, seed=0))
+    model = copy.deepcopy(tiny.model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt, sched = build_optimizer(model, 1e-3, (0.9, 0.99), 0.0, warmup_steps=4)
+    params = UpdateParams(group_size=2, mini_batch_prompts=2, forward=LogprobPass(micro_batch_size=4))
+    stats = update_policy(model, opt, sched, TrainBatch(roll, torch.full((4,), float("nan"))), params)
+    assert stats["actor/nonfinite_updates"] == 1.0
+    assert sched.last_epoch == 0 and not opt.state  # no scheduler step, no optimizer step
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    stats = update_policy(model, opt, sched, TrainBatch(roll, torch.linspace(-1, 1, 4)), params)
+    assert stats["actor/nonfinite_updates"] == 0.0 and sched.last_epoch == 1
+
+
+@pytest.fixture(scope="module")
+def nan_model(tmp_path_factory):
+    """The tiny model with one NaN weight: every forward is NaN from the first step on."""
+    from verirl.models import load_model
+
+    lm = load_model("tiny")
+    with torch.no_grad():
+        lm.model.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
+    out = tmp_path_factory.mktemp("nan-model")
+    lm.model.save_pretrained(out)
+    lm.tokenizer.save_pretrained(out)
+    return out
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run(tmp_path, nan_model, capsys):
+    run = tmp_path / "r"
+    assert main(["train", f"model.path={nan_model}", f"trainer.run_dir={run}", "trainer.total_steps=5",
+                 "trainer.save_freq=100", "trainer.max_nonfinite_steps=2", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "2 steps in a row (up to step 2) had a non-finite loss" in err and "Traceback" not in err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["actor/nonfinite_updates"], r["actor/nonfinite_steps"]) for r in rows] == \
+        [(1, 1.0, 1.0), (2, 1.0, 2.0)]  # logged, counted, then stopped
+    assert not (run / "checkpoints").exists()
+
+
+def test_nonfinite_weights_are_never_checkpointed(tmp_path, nan_model, capsys):
+    run = tmp_path / "r"
+    assert main(["train", f"model.path={nan_model}", f"trainer.run_dir={run}", "trainer.total_steps=3",
+                 "trainer.save_freq=1", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "after step 1 the weights are not finite" in err and "no checkpoint was written" in err
+    assert not list((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else True
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_inputs_are_good_and_a_failed_resume_keeps_config(tmp_path):
+    run = tmp_path / "r"
+    args = ["train", f"trainer.run_dir={run}", "trainer.total_steps=1", *SMALL]
+    assert main(args) == 0
+    config = (run / "config.yaml").read_text()
+    # the new run cannot start (its prompts are too long): the old one is still there
+    assert main(args + ["trainer.resume=false", "trainer.overwrite=true", "data.max_prompt_length=12"]) == 2
+    assert (run / "checkpoints" / "latest").exists() and _steps(run) == [1]
+    # a resume refused by the checkpoint (another prompt order) leaves config.yaml as it was
+    assert main(args + ["trainer.total_steps=2", "data.shuffle=megatron"]) == 2
+    assert (run / "config.yaml").read_text() == config
+
+
+def test_a_full_disk_is_one_paragraph_and_the_last_checkpoint_stays_whole(tmp_path):
+    """A file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes every large write fail as on a full disk."""
+    run = tmp_path / "r"
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", "trainer.save_freq=1", *SMALL]) == 0
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    p = subprocess.run(_train_cmd(run, "trainer.total_steps=3", "trainer.save_freq=1"), env=ENV,
+                       capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "could not write the checkpoint of step 2" in p.stderr and "step_000001, is intact" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert not list((run / "checkpoints").glob("step_000002*")) or \
+        all(d.name.endswith(".tmp") for d in (run / "checkpoints").glob("step_000002*"))
+    # with room again, the same command continues from step 1
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=3", "trainer.save_freq=1", *SMALL]) == 0
+    assert _steps(run)[-1] == 3
+
+
+def test_sft_writes_under_runs_by_default(tmp_path, monkeypatch):
+    from verirl.config import SFTConfig
+    from verirl.models.load import TINY_DIR
+
+    assert SFTConfig().out_dir == "runs/sft"
+    shipped = (Path(TINY_DIR) / "model.safetensors").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", "max_steps=1", "eval_every=1", "val_size=4", "train_size=64", "batch_size=4"]) == 0
+    assert (tmp_path / "runs" / "sft" / "model.safetensors").exists()
+    assert (Path(TINY_DIR) / "model.safetensors").read_bytes() == shipped
+
+
+def test_bad_inputs_are_one_paragraph(tmp_path, capsys):
+    top_list = tmp_path / "list.yaml"
+    top_list.write_text("- data\n- model\n")
+    cases = [
+        (["train", "--config", str(top_list)], "must hold a mapping of sections"),
+        (["train", "rollout.top_k=-5"], "rollout.top_k=-5 must be >= 0"),
+        (["train", "actor.lr=inf"], "actor.lr=inf is not a finite number"),
+        (["eval", "--json", str(tmp_path / "no" / "such" / "dir" / "out.json")], "--json"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and err.count("\n") == 1, (argv, err)
+
+
+def test_an_empty_mapping_on_the_command_line_replaces_the_files(tmp_path):
+    from verirl.config import load_config
+
+    assert load_config("tiny").reward.tasks  # the recipe routes add and mul
+    assert load_config("tiny", ["reward.tasks={}"]).reward.tasks == {}
+
+
+def test_fewer_prompts_than_a_step_needs_is_said(tmp_path, capsys):
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"problem": "1 + 1 = ?", "answer": "2"}) + "\n")
+    run = tmp_path / "r"
+    assert main(["train", f"data.train_path={data}", f"trainer.run_dir={run}", "trainer.total_steps=1",
+                 "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2", "rollout.max_new_tokens=4",
+                 "eval.before_train=false", "eval.at_end=false", "log.progress=false", "reward.workers=0"]) == 0
+    assert "1 training prompts, fewer than data.prompts_per_step=2" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_start_up_is_not_a_traceback(tmp_path):
+    p = subprocess.Popen(_train_cmd(tmp_path / "r", "trainer.total_steps=5"), env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.5)  # importing torch / transformers, loading the model
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=120)
+    err = p.stderr.read().decode()
+    assert rc == 130 and "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.slow
+def test_kill_soak_30_steps_10_kills(tmp_path):
+    """The trainer process itself killed with SIGKILL at 10 random moments of a 30-step run that
+    checkpoints every step, resumed each time: every step logged once, no NUL byte in any log, every
+    checkpoint left on disk verifies."""
+    import random
+
+    from verirl.train.checkpoint import verify_checkpoint
+
+    run, total = tmp_path / "soak", 30
+    cmd = _train_cmd(run, f"trainer.total_steps={total}", "trainer.save_freq=1", "trainer.keep_checkpoints=0",
+                     "trainer.dump_rollouts=true")
+    rng, kills, started = random.Random(12), 0, time.time()
+    while True:
+        p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if kills < 10:  # after 0-3 more logged steps and a random part of the next: start-up, a step, a save
+            metrics, want = run / "metrics.jsonl", rng.randint(0, 3)
+            start = metrics.read_text().count("\n") if metrics.exists() else 0
+            while p.poll() is None and (metrics.read_text().count("\n") if metrics.exists() else 0) < start + want:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.4))
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                kills += 1
+        rc = p.wait(timeout=600)
+        assert rc in (0, -signal.SIGKILL), p.stderr.read().decode()[-2000:]
+        if rc == 0 and kills >= 10:
+            break
+        assert time.time() - started < 1200
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        assert b"\0" not in (run / name).read_bytes()
+    assert _steps(run) == list(range(1, total + 1))
+    records = [json.loads(line)["step"] for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert records == [s for s in range(1, total + 1) for _ in range(4)]
+    checkpoints = sorted(d for d in (run / "checkpoints").glob("step_*") if not d.name.endswith(".tmp"))
+    assert len(checkpoints) == total
+    for d in checkpoints:
+        verify_checkpoint(d)  # raises CheckpointError naming the file if anything is wrong
+
+
+@pytest.mark.parametrize("damage", ["bad config.json", "truncated weights", "no weights file"])
+def test_a_damaged_model_directory_is_one_paragraph(tmp_path, capsys, damage):
+    import shutil
+
+    from verirl.models.load import TINY_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY_DIR, model)
+    if damage == "bad config.json":
+        (model / "config.json").write_text('{"model_type": "qwen2", "hidden_size": ')
+    elif damage == "truncated weights":
+        data = (model / "model.safetensors").read_bytes()
+        (model / "model.safetensors").write_bytes(data[:1000])
+    else:
+        (model / "model.safetensors").unlink()
+    run = tmp_path / "r"
+    assert main(["train", f"model.path={model}", f"trainer.run_dir={run}", "trainer.total_steps=1", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert f"model.path='{model}'" in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not (run / "checkpoints").exists()
