@@ -28,6 +28,7 @@ def check_train(cfg: Config) -> None:
         TASKS.check(cfg.data.task)
     check_rules(cfg.reward.verifiers, cfg.reward.tasks)
     check_paths(cfg)
+    check_parallel(cfg)
     if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
         check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
 
@@ -40,6 +41,34 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
     HANDLERS.check(handler_name)
     if prompt_type != "tokenizer":
         get_template(prompt_type, templates_file or None)
+
+
+def check_parallel(cfg: Config) -> None:
+    """The layout of ranks (`verirl.plan.check_layout`: names, divisibility, devices), and what this
+    version runs with more than one rank: replicated weights (ddp), launched through torch's launcher."""
+    from verirl.plan import check_layout, world_size
+
+    check_layout(cfg)
+    world = world_size(cfg)
+    if cfg.trainer.launcher == "ray":
+        raise ConfigError("trainer.launcher=ray: the Ray launcher is not built yet in this version; ranks start "
+                          "through torch's launcher (trainer.launcher=local, with trainer.nnodes for several "
+                          "machines).")
+    if world > 1 and cfg.actor.strategy != "ddp":
+        raise ConfigError(f"actor.strategy={cfg.actor.strategy!r} with {world} ranks: sharded training (fsdp2) is not "
+                          f"built yet in this version. Use actor.strategy=ddp (every rank holds the whole model).")
+    if cfg.actor.offload != "none" or cfg.ref.offload:
+        raise ConfigError(f"actor.offload={cfg.actor.offload!r} / ref.offload={cfg.ref.offload}: moving states to the "
+                          f"host between phases is not built yet in this version. Use actor.offload=none "
+                          f"ref.offload=false.")
+    started = os.environ.get("WORLD_SIZE")
+    if started is not None and int(started) != world:
+        raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "
+                          f"torchrun) but trainer.nproc_per_node={cfg.trainer.nproc_per_node} x trainer.nnodes="
+                          f"{cfg.trainer.nnodes} = {world}. Set them to match the launch.")
+    if cfg.trainer.nnodes > 1 and not cfg.trainer.rdzv_endpoint:
+        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} needs trainer.rdzv_endpoint=HOST:PORT, the same on every "
+                          f"machine (e.g. the first machine's address and a free port such as 29400).")
 
 
 def check_rules(verifiers, tasks) -> None:

@@ -1,4 +1,4 @@
-"""`verirl train | sft | preprocess | export | eval`.
+"""`verirl train | plan | sft | preprocess | export | eval`.
 
 Errors a user can fix (`verirl.errors.UserError`: config, files, data, checkpoints, batch
 shapes) print one paragraph and exit 2; set VERIRL_DEBUG=1 to see the traceback too. Any
@@ -16,6 +16,7 @@ EPILOG = """examples:
   verirl train --config my.yaml     # your own file, on top of the defaults for a real model
   verirl train --help-config        # every key with its default (the defaults for a real model)
   verirl train --config tiny --help-config   # the same, resolved for the tiny recipe (what `verirl train` runs)
+  verirl plan trainer.nproc_per_node=2      # check the layout: prompts, sequences, batches, memory per rank
   verirl sft --config configs/tiny_sft.yaml   # rebuild the shipped tiny model
   verirl preprocess --config configs/preprocess_example.yaml input=data/raw.jsonl output_prefix=data/train
   verirl export runs/tiny_grpo/20261129-120000 exported/   # newest checkpoint -> a Hugging Face directory
@@ -43,6 +44,17 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--help-config", action="store_true",
                        help="print every config key with its default; with --config, with the file's values")
         s.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
+        if name == "train":
+            s.add_argument("--dry-run", action="store_true",
+                           help="check the config and print the layout per rank and a memory estimate, as "
+                                "`verirl plan`; loads no weights, starts nothing")
+            s.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
+    pl = sub.add_parser("plan", help="check a training config and print its layout per rank and a memory estimate "
+                                     "(no weights loaded)", epilog=EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("--config", "-c", help="a YAML config file, or a recipe shipped with verirl (tiny); default: tiny")
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    pl.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
     e = sub.add_parser("export", help="a checkpoint -> a Hugging Face model directory (transformers, vLLM)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N")
@@ -86,6 +98,8 @@ def _run(args) -> int:
         return _export(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "plan" or getattr(args, "dry_run", False):
+        return _plan(args)
     from verirl.config import Config, PreprocessConfig, SFTConfig, describe, load_config, to_yaml
     from verirl.errors import UserError
 
@@ -140,6 +154,23 @@ def _user_error(command: str, e: Exception) -> int:
     kind = "config error" if isinstance(e, ConfigError) else "error"
     print(f"verirl {command}: {kind}: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
+
+
+def _plan(args) -> int:
+    """`verirl plan` and `verirl train --dry-run`: the config as `verirl train` resolves it, every check,
+    the layout per rank and a memory estimate; exit 2 with one paragraph when a check fails."""
+    import json
+
+    from verirl.config import load_config
+    from verirl.errors import UserError
+    from verirl.plan import make_plan, render
+
+    try:
+        plan = make_plan(load_config(args.config or "tiny", args.overrides), source=args.config or "tiny")
+    except UserError as e:
+        return _user_error(args.command, e)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else render(plan), end="" if not args.json else "\n")
+    return 0
 
 
 def _eval(args) -> int:

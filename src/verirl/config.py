@@ -123,12 +123,15 @@ class ActorConfig:
     use_remove_padding: bool = True  # pack sequences into one row: no compute on pad tokens
     share_prompt: bool = True  # with packing: compute each prompt once for its rollout.n samples
     logprob_chunk: int = 0  # output-layer rows per log-prob chunk; 0 = auto (about 32M logits per chunk)
+    strategy: str = "fsdp2"  # data parallelism when the world size is above 1: fsdp2 (sharded) / ddp (replicated)
+    offload: str = "none"  # none / optimizer / params: what leaves the device between phases (where supported)
 
 
 @dataclass
 class RefConfig:
     # token budget per reference log-prob forward; 0 = the actor's (max_token_len_per_device or micro_batch_size)
     log_prob_max_token_len_per_device: int = 0
+    offload: bool = False  # keep the reference model on the host between its passes (where supported)
 
 
 @dataclass
@@ -142,7 +145,13 @@ class TrainerConfig:
     overwrite: bool = False  # with resume=false: delete the previous run in run_dir instead of refusing
     dump_rollouts: bool = False  # write RUN_DIR/rollouts.jsonl, one line per response
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a non-finite loss or grad norm (skipped)
-    threads: int = 0  # torch intra-op threads; 0 = all cores
+    threads: int = 0  # torch intra-op threads per rank; 0 = the cores divided by the local ranks
+    nproc_per_node: int = 1  # ranks (processes) on this machine, started with torch's elastic launcher
+    nnodes: int = 1  # machines; with > 1, start the same command on each (torchrun's rendezvous)
+    rdzv_endpoint: str = ""  # host:port of the rendezvous for nnodes > 1 (e.g. the first machine:29400)
+    launcher: str = "local"  # local (torch.distributed.run) / ray (placement group on a Ray cluster)
+    ray_address: str = "auto"  # the Ray cluster to join (auto: the running one, else a local one started for the run)
+    dist_timeout_s: int = 600  # a rank that raises or dies ends every rank within this many seconds
 
 
 @dataclass
@@ -376,6 +385,14 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     return obj
 
 
+def load_config_dict(values: dict, schema_cls: type = Config):
+    """A config from `to_dict`'s output (how a launcher hands the resolved config to its ranks)."""
+    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_cls), values))
+    if isinstance(obj, Config):
+        validate(obj)
+    return obj
+
+
 def to_yaml(cfg) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
@@ -423,7 +440,9 @@ def validate(cfg: Config) -> None:
                      ("actor.micro_batch_size", actor.micro_batch_size), ("actor.epochs", actor.epochs),
                      ("trainer.total_steps", trainer.total_steps), ("actor.lr", actor.lr),
                      ("reward.timeout", cfg.reward.timeout), ("reward.max_abs_score", cfg.reward.max_abs_score),
-                     ("trainer.max_nonfinite_steps", trainer.max_nonfinite_steps)]:
+                     ("trainer.max_nonfinite_steps", trainer.max_nonfinite_steps),
+                     ("trainer.nproc_per_node", trainer.nproc_per_node), ("trainer.nnodes", trainer.nnodes),
+                     ("trainer.dist_timeout_s", trainer.dist_timeout_s)]:
         _positive(key, val)
     for key, val in [("rollout.temperature", rollout.temperature), ("algo.kl_coef", algo.kl_coef),
                      ("algo.clip_ratio_low", algo.clip_ratio_low), ("algo.clip_ratio_high", algo.clip_ratio_high),

@@ -77,7 +77,8 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
     ``pass@k`` for k <= n (unbiased; pass@1 is the mean over samples), ``maj@n`` (majority vote
     over extracted answers) and ``reward_mean`` (the mean weighted reward of the samples, avg@n).
     "Right" is the task's own answer check (`answer_right`), not the weighted reward. With n = 0
-    only greedy_acc is reported. Sampling is seeded per batch of prompts (``seed + first index``)."""
+    only greedy_acc is reported. Each sample's randomness is keyed by ``seed``, the prompt's position
+    and the sample's index, so the results do not depend on ``batch_prompts``."""
     from verirl.rewards.rules import extract_answer
 
     if n < 0 or (n == 0 and not greedy):
@@ -93,7 +94,7 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
             texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
         if n:
             texts += decode_responses(tokenizer, engine.generate(
-                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed + b)))
+                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed), prompt_index=range(b, b + len(chunk))))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         result = scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_text])
         right = [answer_right(result, i, t, p.label) for i, (t, p) in enumerate(zip(texts, per_text))]

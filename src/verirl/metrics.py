@@ -10,7 +10,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from verirl.types import Rollout
 
 
 class Timer:
@@ -33,14 +32,16 @@ class Timer:
         return out
 
 
-def length_metrics(rollout: Rollout, max_new_tokens: int) -> dict[str, float]:
-    resp = rollout.response_lengths.float()
-    prompt = rollout.prompt_lengths.float()
+def length_metrics(response_lengths: torch.Tensor, prompt_lengths: torch.Tensor,
+                   stopped: torch.Tensor) -> dict[str, float]:
+    """response_lengths, prompt_lengths (N,) tokens; stopped (N,) bool: ended on a stop token."""
+    resp = response_lengths.float()
+    prompt = prompt_lengths.float()
     return {
         "response_length/mean": float(resp.mean()), "response_length/max": float(resp.max()),
         "response_length/min": float(resp.min()),
         # fraction of responses cut at max_new_tokens without a stop token
-        "response_length/clip_ratio": float((~rollout.stopped).float().mean()),
+        "response_length/clip_ratio": float((~stopped.bool()).float().mean()),
         "prompt_length/mean": float(prompt.mean()), "prompt_length/max": float(prompt.max()),
     }
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 
@@ -19,18 +20,38 @@ def npu_available() -> bool:
     return bool(torch.npu.is_available())  # type: ignore[attr-defined]
 
 
+def local_rank() -> int:
+    """This process's rank on its machine (LOCAL_RANK, set by torch's launcher), 0 alone."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' picks cuda, then npu, then cpu; an explicit name that is absent is an error."""
+    """'auto' picks cuda, then npu, then cpu; an explicit name that is absent is an error. In a
+    multi-process run each local rank gets its own accelerator: cuda:LOCAL_RANK / npu:LOCAL_RANK."""
     DEVICES.check(name)
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
-        if npu_available():
-            return torch.device("npu")
-        return torch.device("cpu")
+            name = "cuda"
+        elif npu_available():
+            name = "npu"
+        else:
+            return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ModelError("model.device=cuda but no CUDA device is visible. Use model.device=auto or cpu.")
     if name == "npu" and not npu_available():
         raise ModelError("model.device=npu but torch_npu is not installed or sees no NPU. "
-                           "Install torch_npu or use model.device=auto.")
-    return torch.device(name)
+                         "Install torch_npu or use model.device=auto.")
+    if name == "cpu":
+        return torch.device("cpu")
+    device = torch.device(name, local_rank())
+    getattr(torch, name).set_device(device)
+    return device
+
+
+# torch.distributed's backend for each device type
+BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+
+
+def dist_backend(device: torch.device) -> str:
+    """The collective backend for ``device``: gloo (CPU), nccl (CUDA), hccl (Ascend NPU)."""
+    return BACKENDS[device.type]

@@ -15,12 +15,19 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    seed: Optional[int] = None  # seeds this call's sampling generator
+    seed: Optional[int] = None  # keys the sampling uniforms (see verirl.rollout.sampling); None = unseeded
 
 
 class Engine(Protocol):
-    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
-        """Sample n responses per prompt; the n samples of a prompt are contiguous in the result."""
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
+        """Sample n responses per prompt; the n samples of a prompt are contiguous in the result.
+
+        ``prompt_index``: each prompt's position in the step's GLOBAL batch (default
+        ``range(len(prompt_ids))``). With ``params.seed`` set, sample j of the prompt at global
+        position g is a function of (seed, g, j) and the model alone, whatever else is in the
+        call, so a step split into chunks, or across ranks, samples what one call samples (the
+        ``native`` engine; ``hf`` accepts the argument but samples from torch's global generator)."""
         ...
 
 

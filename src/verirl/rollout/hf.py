@@ -1,12 +1,18 @@
-"""Reference engine: transformers' ``generate``. Slower, but the yardstick for the native engine."""
+"""Reference engine: transformers' ``generate``. Slower, but the yardstick for the native engine.
+
+Its sampling draws from torch's global generator, seeded at each call from ``params.seed`` and the
+global position of the call's first prompt (so two chunks of one step draw different numbers).
+Unlike the native engine's, its sampled tokens therefore depend on the batch layout: the call's
+size, its order, the chunking and the number of ranks."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
+from verirl.rollout.sampling import stream_seed
 from verirl.types import Rollout
 
 
@@ -15,10 +21,12 @@ class HFEngine:
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         device = next(self.model.parameters()).device
         if params.seed is not None:
-            torch.manual_seed(params.seed)  # generate() samples from the global generator
+            first = 0 if prompt_index is None or not len(prompt_index) else int(prompt_index[0])
+            torch.manual_seed(stream_seed(params.seed, first))  # generate() samples from the global generator
         ids, mask = left_pad(prompt_ids, self.pad_id, device)
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         greedy = params.temperature <= 0

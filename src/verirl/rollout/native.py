@@ -7,12 +7,15 @@
 * Llama-family models (Llama, Qwen2, Mistral, SmolLM2) run through `LeanDecoder`, a
   forward with fused projections and an in-place KV cache; other models through their
   own transformers forward with a DynamicCache.
-* Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`).
+* Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`). With a
+  seed, the uniform of token t of sample j of the prompt at global position g is
+  `sampling.keyed_uniforms(seed, g, j, t)`: the rollout of a prompt does not depend on the
+  batch it is generated in, its row, the chunk, or the compaction of finished rows.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -20,7 +23,7 @@ from transformers import DynamicCache
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
-from verirl.rollout.sampling import sample_next
+from verirl.rollout.sampling import keyed_uniforms, sample_next
 from verirl.types import Rollout
 
 
@@ -85,22 +88,58 @@ class _LeanStepper:
         return self.dec.forward(tok[:, None], pos[:, None], start, self.bias[:, None, None, None, :start + 1])
 
 
+class _KeyedUniforms:
+    """The keyed uniforms of every row of one generate call, computed a block of token positions
+    at a time (one Philox evaluation per block, not one per decoding step)."""
+
+    BLOCK = 64  # token positions per evaluation
+
+    def __init__(self, seed: int, prompt_index: Sequence[int], n: int, horizon: int, device):
+        g = torch.as_tensor(list(prompt_index), dtype=torch.long, device=device)
+        self.seed, self.horizon = seed, horizon
+        self.prompt = g.repeat_interleave(n)[:, None]  # (N, 1) global prompt position of each row
+        self.sample = torch.arange(n, device=device).repeat(len(g))[:, None]  # (N, 1) index in its group
+        self.start, self.table = 0, None  # table: (N, BLOCK) uniforms of positions start..start+BLOCK-1
+
+    def at(self, rows: torch.Tensor, t: int) -> torch.Tensor:
+        """rows: (B,) indices into the call's N rows -> (B,) float64 uniforms of token position t."""
+        if self.table is None or not self.start <= t < self.start + self.BLOCK:
+            self.start = t
+            pos = torch.arange(t, min(t + self.BLOCK, self.horizon), device=self.prompt.device)[None]
+            self.table = keyed_uniforms(self.seed, self.prompt, self.sample, pos)
+        return self.table[rows, t - self.start]
+
+
+def _check_prompt_index(prompt_index, count: int) -> list[int]:
+    index = list(range(count)) if prompt_index is None else [int(i) for i in prompt_index]
+    if len(index) != count:
+        raise ValueError(f"prompt_index has {len(index)} entries for {count} prompts; pass one global "
+                         f"batch position per prompt")
+    bad = [i for i in index if not 0 <= i < 1 << 32]
+    if bad:
+        raise ValueError(f"prompt_index entry {bad[0]} is outside [0, 2^32); pass each prompt's position "
+                         f"in the step's global batch")
+    return index
+
+
 class NativeEngine:
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int]):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Rollout:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         model = self.model
         device = next(model.parameters()).device
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=device).manual_seed(params.seed)
+        index = _check_prompt_index(prompt_index, len(prompt_ids))
+        R = params.max_new_tokens
+        keyed = None  # None: unseeded, the uniforms come from torch's global generator
+        if params.seed is not None and params.temperature > 0:
+            keyed = _KeyedUniforms(params.seed, index, n, R, device)
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with eval_mode(model):
-            R = params.max_new_tokens
             run = _LeanStepper(model) if lean_supported(model) else _HFStepper(model)
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
@@ -116,7 +155,8 @@ class NativeEngine:
             stops = torch.as_tensor(self.stop_ids, device=device)
             P = ids.shape[1]
             for t in range(R):
-                tok = sample_next(logits, params.temperature, params.top_k, params.top_p, gen)
+                u = None if keyed is None else keyed.at(active, t)
+                tok = sample_next(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
                 tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
                 tokens[active, t] = tok
                 running &= ~torch.isin(tok, stops)

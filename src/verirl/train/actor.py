@@ -23,6 +23,7 @@ import torch
 from verirl.algo import aggregate, clipped_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
 from verirl.errors import ConfigError
 from verirl.models import eval_mode
+from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
 from verirl.types import Rollout, TrainBatch
 
@@ -181,10 +182,15 @@ def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams,
-                  layouts: Optional[PackCache] = None) -> dict[str, float]:
+                  layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> dict[str, float]:
     """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics, and
     ``actor/nonfinite_updates``: the mini-batches whose loss or grad norm was not finite, for which
-    no optimizer or scheduler step was taken."""
+    no optimizer or scheduler step was taken.
+
+    With several ranks (``dist``), ``batch`` is this rank's share of the global batch: the losses are
+    divided by the mini-batch's global token and sequence counts and the gradients are summed over
+    the ranks before the step, so the update and the returned statistics are the global batch's."""
+    dist = dist or Dist.single()
     model.train()
     r = batch.rollout
     N = r.response_ids.shape[0]
@@ -196,7 +202,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
         for m0 in range(0, N, mb_seqs):
             m1 = min(m0 + mb_seqs, N)
             mask_all = r.response_mask[m0:m1].float()
-            n_tokens, n_seqs = float(mask_all.sum()), float(m1 - m0)
+            n_tokens, n_seqs = dist.all_sum([float(mask_all.sum()), float(m1 - m0)])  # of the global mini-batch
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
             for mb in plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
@@ -220,6 +226,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
                 sums["pg_loss"] += float(pg_loss.detach())
                 sums["entropy"] += float(ent_loss.detach())
                 sums["pg_clipfrac"] += float((clipped.float() * mask).sum()) / max(n_tokens, 1.0)
+            dist.sum_gradients(params)
+            sums = dict(zip(sums, dist.all_sum(list(sums.values()))))
             if p.grad_clip > 0:
                 gn = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
             else:

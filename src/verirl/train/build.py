@@ -23,10 +23,12 @@ from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, DataError
 from verirl.models import load_model
-from verirl.rewards import Scorer, default_workers
+from verirl.plan import reward_workers_per_rank, threads_per_rank
+from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
+from verirl.train.distributed import Dist
 from verirl.train.packing import supports_packing
 from verirl.train.rundir import RunDirLock
 from verirl.types import Prompt
@@ -35,7 +37,8 @@ from verirl.types import Prompt
 @dataclass(frozen=True)
 class StepSettings:
     """What one GRPO step needs, as plain values."""
-    prompts_per_step: int
+    prompts_per_step: int  # the global batch's prompts
+    prompts_per_rank: int  # this rank's share: whole groups
     group_size: int  # rollout.n: samples per prompt
     sampling: SamplingParams  # its seed is replaced by the step's own (`sampling_at`)
     seed: int  # trainer.seed
@@ -43,7 +46,7 @@ class StepSettings:
     old_pass: Optional[LogprobPass]  # None: on-policy, the update uses its own log-probs, detached
     ref_pass: Optional[LogprobPass]  # None: no KL term, no reference model
     advantages: Callable[[torch.Tensor], torch.Tensor]  # (N,) rewards -> (N,) advantages
-    update: UpdateParams
+    update: UpdateParams  # its mini_batch_prompts are this rank's share
     dump_rollouts: bool  # the step returns one record per response
 
     def sampling_at(self, step: int) -> SamplingParams:
@@ -91,6 +94,7 @@ class LogSettings:
 class Run:
     """Everything a run is made of, built once from the config."""
     cfg: Config  # kept to be saved (config.yaml, checkpoints) and compared on resume; nothing else reads it
+    dist: Dist  # this rank and the collectives (one process alone: Dist.single())
     model: torch.nn.Module
     ref: Optional[torch.nn.Module]
     tokenizer: object
@@ -123,25 +127,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_run(cfg: Config) -> Run:
-    """Load the model and data and build every object of the run. Takes the run directory's lock
-    (at once if the directory exists, else when it is made); writes nothing into it before the
-    inputs are known to be good."""
-    if cfg.trainer.threads > 0:
-        torch.set_num_threads(cfg.trainer.threads)
+def build_run(cfg: Config, dist: Optional[Dist] = None) -> Run:
+    """Load the model and data and build every object of the run. Rank 0 takes the run directory's
+    lock (at once if the directory exists, else when it is made); nothing is written into the
+    directory before the inputs are known to be good."""
+    dist = dist or Dist.single()
+    if cfg.trainer.threads > 0 or dist.active:  # alone with threads=0, torch's own default (all cores)
+        torch.set_num_threads(threads_per_rank(cfg))
     seed_everything(cfg.trainer.seed)
     run_dir = Path(cfg.trainer.run_dir)
     lock = RunDirLock(run_dir)
-    if run_dir.is_dir():
+    if run_dir.is_dir() and dist.is_main:
         lock.acquire()  # before reading its checkpoints: another run may be writing them
     try:
-        return _build(cfg, run_dir, lock)
+        return _build(cfg, run_dir, lock, dist)
     except BaseException:
         lock.release()
         raise
 
 
-def _build(cfg: Config, run_dir: Path, lock: RunDirLock) -> Run:
+def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
@@ -151,31 +156,33 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock) -> Run:
     if len(train) < cfg.data.prompts_per_step:
         print(f"data: {len(train)} training prompts, fewer than data.prompts_per_step={cfg.data.prompts_per_step}: "
               f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock.acquire()
-    if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
-        clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
+            clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
+    dist.barrier()  # the other ranks start once rank 0 holds the directory
     ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward
-    workers = default_workers() if reward.workers < 0 else reward.workers
+    workers = reward_workers_per_rank(cfg)
     scorer = Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout,
                     max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score)
     evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end)
-    return Run(cfg, lm.model, ref, lm.tokenizer, build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids),
+    return Run(cfg, dist, lm.model, ref, lm.tokenizer, build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids),
                optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
-               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), step_settings(cfg, lm.model),
+               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), step_settings(cfg, lm.model, dist.world),
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
 
 
-def step_settings(cfg: Config, model) -> StepSettings:
+def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
     """The step's plain values: sampling, both log-prob passes with their budgets, the advantage
-    function, the update's parameters."""
+    function, the update's parameters; the batch counts this rank's share of ``world`` ranks."""
     rollout, actor, algo = cfg.rollout, cfg.actor, cfg.algo
     packable, why = supports_packing(model)
     if actor.use_remove_padding and not packable:
@@ -189,11 +196,13 @@ def step_settings(cfg: Config, model) -> StepSettings:
     on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
     update = UpdateParams(
-        group_size=rollout.n, mini_batch_prompts=actor.mini_batch_prompts, forward=policy_pass, epochs=actor.epochs,
+        group_size=rollout.n, mini_batch_prompts=actor.mini_batch_prompts // world, forward=policy_pass,
+        epochs=actor.epochs,
         clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, kl_coef=algo.kl_coef, kl_type=algo.kl_type,
         entropy_coef=algo.entropy_coef, loss_agg_mode=algo.loss_agg_mode, grad_clip=actor.grad_clip)
     return StepSettings(
-        prompts_per_step=cfg.data.prompts_per_step, group_size=rollout.n,
+        prompts_per_step=cfg.data.prompts_per_step, prompts_per_rank=cfg.data.prompts_per_step // world,
+        group_size=rollout.n,
         sampling=SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k),
         seed=cfg.trainer.seed, generate_batch=rollout.micro_batch_size,
         old_pass=None if on_policy else policy_pass,

@@ -155,6 +155,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
     name = f"step_{step:06d}"
     final, tmp = ckpt_root / name, ckpt_root / (name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    for left in ckpt_root.glob("*.discarded.tmp"):  # a deletion a kill interrupted
+        shutil.rmtree(left, ignore_errors=True)
     tmp.mkdir()
     save_hf(model, tokenizer, tmp / "model", stop_ids)
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
@@ -165,7 +167,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
     write_manifest(tmp)
     _fsync_tree(tmp)
     if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
-        shutil.rmtree(final)
+        _discard(final)
     os.rename(tmp, final)
     _fsync_dir(ckpt_root)
     pointer = ckpt_root / (LATEST + ".tmp")
@@ -180,8 +182,18 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
                        and int(STEP_DIR.fullmatch(p.name).group(1)) <= step),
                       key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
         for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old)
     return final
+
+
+def _discard(path: Path) -> None:
+    """Delete a checkpoint directory so that a kill part-way leaves only a ``*.tmp`` name (never a
+    half-deleted ``step_N``): renamed first (atomic), then removed."""
+    trash = path.with_name(f"{path.name}.discarded.tmp")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.rename(path, trash)
+    _fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 # ---- verification -------------------------------------------------------------------------------

@@ -3,11 +3,15 @@
     prompts -> rollout -> rewards (scored while the passes run) -> old / ref log-probs
             -> group advantages -> policy update -> metrics
 
-The step reads no config: `verirl.train.build` turned it into the `Run` it is given. It
-simplifies on purpose: one rollout per step (no filtering or regeneration of groups), outcome
-rewards only (one scalar per response), and one process.
+The step reads no config: `verirl.train.build` turned it into the `Run` it is given. With
+several ranks each takes whole groups of the step's prompts (so advantages need no
+communication), the update sums the gradients over the ranks, and the metrics are those of the
+global batch. It simplifies on purpose: one rollout per step (no filtering or regeneration of
+groups) and outcome rewards only (one scalar per response).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +21,7 @@ from verirl.rewards import RewardResult
 from verirl.rollout import generate_chunked
 from verirl.train.actor import compute_logprobs, update_policy
 from verirl.train.build import Run, StepSettings
+from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
 from verirl.types import Prompt, Rollout, TrainBatch
 
@@ -24,15 +29,18 @@ PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "all")
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
-    """One GRPO step. Returns (metrics, one record per response when the run dumps rollouts)."""
-    how = run.step
+    """One GRPO step. Returns (metrics of the global batch, one record per response of the global
+    batch when the run dumps rollouts; on every rank)."""
+    how, dist = run.step, run.dist
     timer = Timer()
-    prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]
+    batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]  # the same on every rank
+    first = dist.rank * how.prompts_per_rank  # this rank's whole groups
+    prompts = batch_prompts[first:first + how.prompts_per_rank]
     per_response = [p for p in prompts for _ in range(how.group_size)]
     with timer("all"):
         with timer("rollout"):
             rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, how.sampling_at(step),
-                                       how.generate_batch, run.pad_id)
+                                       how.generate_batch, run.pad_id, range(first, first + len(prompts)))
             texts = decode_responses(run.tokenizer, rollout)
         with timer("reward"):  # scoring runs in the reward workers during the log-prob passes below
             pending = run.scorer.submit(texts, [reward_fields(p) for p in per_response])
@@ -50,10 +58,11 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             advantages = how.advantages(scores).to(rollout.response_ids.device)
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
         with timer("update"):
-            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts)
-    metrics = step_metrics(step, how, per_response, rollout, rewards, scores, advantages, actor_stats, timer)
+            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist)
+    local = StepData([p.task for p in per_response], rewards, scores, advantages.cpu(), rollout)
+    metrics = step_metrics(step, how, dist, local, actor_stats, timer)
     records = rollout_records(step, run.tokenizer, per_response, texts, rollout, rewards) if how.dump_rollouts else []
-    return metrics, records
+    return metrics, [r for part in dist.gather(records) for r in part] if records else []
 
 
 def reward_fields(p: Prompt) -> dict:
@@ -61,19 +70,43 @@ def reward_fields(p: Prompt) -> dict:
     return {**p.extra, "label": p.label, "task": p.task}
 
 
-def step_metrics(step: int, how: StepSettings, per_response: list[Prompt], rollout: Rollout, rewards: RewardResult,
-                 scores: torch.Tensor, advantages: torch.Tensor, actor_stats: dict[str, float],
+@dataclass
+class StepData:
+    """What a rank's step produced, for the metrics of the global batch."""
+    tasks: list[str]  # (N,) each response's task
+    rewards: RewardResult
+    scores: torch.Tensor  # (N,) weighted rewards
+    advantages: torch.Tensor  # (N,)
+    rollout: Rollout
+
+    def plain(self) -> dict:
+        r = self.rollout
+        return {"tasks": self.tasks, "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
+                "errors": self.rewards.errors, "scores": self.scores.tolist(), "advantages": self.advantages.tolist(),
+                "response_lengths": r.response_lengths.tolist(), "prompt_lengths": r.prompt_lengths.tolist(),
+                "stopped": r.stopped.tolist()}
+
+
+def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, actor_stats: dict[str, float],
                  timer: Timer) -> dict[str, float]:
-    """The step's line in metrics.jsonl: rewards (overall, per rule, per task), advantages, lengths,
-    the update's statistics, phase times and throughput."""
+    """The step's line in metrics.jsonl, over the GLOBAL batch (every rank's responses, in rank order):
+    rewards (overall, per rule, per task), advantages, lengths, the update's statistics (already
+    global), rank 0's phase times with ``timing/all_max`` over the ranks, and throughput."""
+    parts = dist.gather(local.plain())
+    cat = lambda key: [x for part in parts for x in part[key]]  # noqa: E731
+    rewards = RewardResult(cat("totals"), {rule: [x for part in parts for x in part["per_rule"][rule]]
+                                           for rule in parts[0]["per_rule"]}, sum(part["errors"] for part in parts))
     m: dict[str, float] = {"step": step}
-    m.update(rewards.metrics([p.task for p in per_response]))
-    m.update(advantage_metrics(advantages, scores, how.group_size))
-    m.update(length_metrics(rollout, how.sampling.max_new_tokens))
+    m.update(rewards.metrics(cat("tasks")))
+    m.update(advantage_metrics(torch.tensor(cat("advantages")), torch.tensor(cat("scores")), how.group_size))
+    m.update(length_metrics(torch.tensor(cat("response_lengths")), torch.tensor(cat("prompt_lengths")),
+                            torch.tensor(cat("stopped"))))
     m.update(actor_stats)
     m.update(timer.metrics(PHASES))
+    if dist.active:
+        m["timing/all_max"] = dist.all_max([m["timing/all"]])[0]
     m["perf/tps"] = throughput(m["prompt_length/mean"], m["response_length/mean"], how.prompts_per_step,
-                               how.group_size, 1, m["timing/all"])
+                               how.group_size, dist.world, m["timing/all"])
     return m
 
 

@@ -24,7 +24,11 @@ from verirl.errors import CheckpointError
 from verirl.evaluate import evaluate, val_metrics
 from verirl.metrics import JsonlSink, mean_of, read_jsonl, truncate
 from verirl.models import save_hf
+from verirl.launch.local import launch, world_size
+from verirl.models.device import resolve_device
+from verirl.train import distributed
 from verirl.train.build import LogSettings, Run, build_run
+from verirl.train.distributed import launched
 from verirl.train.checkpoint import restore_training_state, save_checkpoint
 from verirl.train.step import train_step
 
@@ -36,8 +40,10 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
     with ``trainer.resume=auto``. SIGINT / SIGTERM save a checkpoint and raise TrainingInterrupted."""
     started = time.time()
     check_train(cfg)
-    run = build_run(cfg)
-    log = RunLog(run.run_dir, run.step.dump_rollouts, console or Console(), run.log)
+    if world_size(cfg) > 1 and not launched():  # this process starts the ranks; each runs this function
+        return launch(cfg)
+    run = build_run(cfg, distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s))
+    log = RunLog(run.run_dir, run.step.dump_rollouts, console or Console(), run.log, enabled=run.dist.is_main)
     try:
         first, summary = start(run, log)
         with _Signals(log.console) as signals, log.progress(run.total_steps, done=first - 1):
@@ -50,20 +56,19 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
                 log.write(metrics, records)
                 if too_many:
                     raise NonFiniteTraining(too_many)
-                if signals.signum is not None or _checkpoint_due(run, step):
+                signum = _signalled(run, signals)  # every rank stops after the same step
+                if signum or _checkpoint_due(run, step):
                     path = save(run, step, log, summary)
-                    if signals.signum is not None:
-                        raise TrainingInterrupted(signals.signum, step, path)
+                    if signum:
+                        raise TrainingInterrupted(signum, step, path)
         return finish(run, log, summary, started)
     except OSError as e:  # a full disk or a read-only run directory while writing logs or the final model
-        failure = _write_failure(run.run_dir, "the run's logs or final model", e, _last_good(run))
-        if failure is e:
-            raise
-        raise failure from e
+        _raise_write_failure(run, e)
     finally:
         log.close()
         run.scorer.close()
         run.lock.release()
+        distributed.close(run.dist)
 
 
 def start(run: Run, log: "RunLog") -> tuple[int, dict]:
@@ -74,7 +79,8 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
     first = restore(run, log)
-    _write(run.run_dir / "config.yaml", to_yaml(run.cfg))  # only once the checkpoint has restored
+    if run.dist.is_main:
+        _write(run.run_dir / "config.yaml", to_yaml(run.cfg))  # only once the checkpoint has restored
     summary: dict = {"run_dir": str(run.run_dir), "params": n_params}
     if run.resume is not None and run.resume.state.get("eval_start"):
         summary["eval_start"] = run.resume.state["eval_start"]
@@ -90,7 +96,8 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
     """Write the final model, evaluate after the last step (unless the loop just did), write and
     print the summary."""
     history = log.history
-    save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids)
+    if run.dist.is_main:
+        save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids)
     k = min(5, len(history))
     summary.update({
         "steps": len(history), "train_seconds": sum(m["timing/all"] for m in history),
@@ -111,11 +118,19 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
-    """val/... metrics of the current model on the run's held-out prompts."""
-    e = run.eval
-    return val_metrics(evaluate(run.engine, run.tokenizer, e.prompts, run.scorer, n=e.n,
-                                max_new_tokens=e.max_new_tokens, temperature=e.temperature, greedy=e.greedy,
-                                seed=e.seed))
+    """val/... metrics of the current model on the run's held-out prompts (evaluated by rank 0, the
+    same on every rank)."""
+    e, result = run.eval, None
+    if run.dist.is_main:
+        result = val_metrics(evaluate(run.engine, run.tokenizer, e.prompts, run.scorer, n=e.n,
+                                      max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                                      greedy=e.greedy, seed=e.seed))
+    return run.dist.broadcast(result)
+
+
+def _signalled(run: Run, signals: "_Signals") -> int:
+    """The signal that asked the run to stop (0: none), agreed by every rank."""
+    return int(run.dist.all_max([signals.signum or 0])[0])
 
 
 class RunLog:
@@ -127,8 +142,10 @@ class RunLog:
     COLUMNS = (TextColumn("[bold blue]GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn())
 
-    def __init__(self, run_dir: Path, dump_rollouts: bool, console: Console, settings: LogSettings):
-        self.run_dir, self.console, self.settings = run_dir, console, settings
+    def __init__(self, run_dir: Path, dump_rollouts: bool, console: Console, settings: LogSettings,
+                 enabled: bool = True):
+        """``enabled=False`` (every rank but 0): writes and prints nothing."""
+        self.run_dir, self.console, self.settings, self.enabled = run_dir, console, settings, enabled
         self.metrics_path, self.dump_path = run_dir / "metrics.jsonl", run_dir / "rollouts.jsonl"
         self.dump_rollouts = dump_rollouts
         self.sink: Optional[JsonlSink] = None
@@ -141,6 +158,8 @@ class RunLog:
     def open(self, metrics_bytes: int, rollouts_bytes: int) -> None:
         """Cut the logs back to these sizes (where a checkpoint left them; 0 = start over) and open them.
         A log shorter than that has lost lines: said, and continued after what is there."""
+        if not self.enabled:
+            return
         for path, size in ((self.metrics_path, metrics_bytes), (self.dump_path, rollouts_bytes)):
             held = truncate(path, size)
             if held < size:
@@ -155,7 +174,7 @@ class RunLog:
     def progress(self, total: int, done: int) -> Iterator[None]:
         """The progress bar, shown while the loop runs."""
         self._total = total
-        with Progress(*self.COLUMNS, console=self.console, disable=not self.settings.progress,
+        with Progress(*self.COLUMNS, console=self.console, disable=not (self.settings.progress and self.enabled),
                       transient=False) as bar:
             self._bar, self._task = bar, bar.add_task("", total=total, completed=done)
             try:
@@ -165,13 +184,16 @@ class RunLog:
 
     def status(self, text: str):
         """A spinner while a long phase runs (evaluation)."""
-        return self.console.status(text)
+        return self.console.status(text) if self.enabled else contextlib.nullcontext()
 
     def print(self, text: str) -> None:
-        (self._bar.console if self._bar else self.console).print(text, soft_wrap=True)
+        if self.enabled:
+            (self._bar.console if self._bar else self.console).print(text, soft_wrap=True)
 
     def write(self, metrics: dict, records: list[dict] = ()) -> None:
         """Log one step (or the step-0 evaluation): its metrics line, its rollout records, the console."""
+        if not self.enabled:
+            return
         self.sink.write(metrics)
         for record in records if self.dump else ():
             self.dump.write(record)
@@ -189,10 +211,14 @@ class RunLog:
 
     def offsets(self) -> dict[str, int]:
         """Bytes written to each log so far: where a run resumed from a checkpoint taken now continues."""
+        if not self.enabled:
+            return {"metrics_bytes": 0, "rollouts_bytes": 0}
         return {"metrics_bytes": self.sink.tell(), "rollouts_bytes": self.dump.tell() if self.dump else 0}
 
     def summary(self, summary: dict, n_val: int, n_samples: int) -> None:
         """Write RUN_DIR/summary.json and print the final table."""
+        if not self.enabled:
+            return
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         _print_summary(self.console, summary, n_val, n_samples)
 
@@ -218,8 +244,11 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite_steps, "nonfinite_in_a_row": run.nonfinite_in_a_row}
     try:
-        return save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
-                               run.optimizer, run.scheduler, extra, keep=run.keep_checkpoints)
+        path = None
+        if run.dist.is_main:
+            path = save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
+                                   run.optimizer, run.scheduler, extra, keep=run.keep_checkpoints)
+        return run.dist.broadcast(path)  # the other ranks wait until it is written
     except Exception as e:  # OSError, or torch's / safetensors' own error types around the OS error
         failure = _write_failure(run.run_dir, f"the checkpoint of step {step}", e, _last_good(run))
         if failure is e:
@@ -254,6 +283,13 @@ def _last_good(run: Run) -> str:
     if latest.exists():
         return f"the last checkpoint, {latest.read_text().strip()}, is intact"
     return "no checkpoint had been written yet"
+
+
+def _raise_write_failure(run: Run, e: OSError) -> None:
+    failure = _write_failure(run.run_dir, "the run's logs or final model", e, _last_good(run))
+    if failure is e:
+        raise e
+    raise failure from e
 
 
 def _write(path: Path, text: str) -> None:

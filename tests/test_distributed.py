@@ -1,0 +1,134 @@
+"""Data parallelism with real processes: torch's elastic launcher, gloo on CPU, the tiny model.
+Two ranks take the one-rank update; a two-rank checkpoint resumes on one rank; a rank that dies
+ends the run; two machines' rendezvous exercised with two processes on this one."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from verirl.cli import main
+
+BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8",
+        "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+        "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true", "actor.strategy=ddp",
+        "trainer.threads=1", "trainer.dist_timeout_s=60"]
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _rows(run: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+
+def _weights(run: Path, step: int) -> dict:
+    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+@pytest.mark.slow
+def test_two_ranks_take_the_one_rank_update(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE]
+    assert main(args + [f"trainer.run_dir={one}"]) == 0
+    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2"]) == 0
+    # the same rollouts and rewards, in the same order (rank 0's groups, then rank 1's)
+    drop = ("prompt",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in _rows(two, "rollouts.jsonl")]
+    a, b = _rows(one)[0], _rows(two)[0]
+    assert a["actor/grad_norm"] > 0 and "timing/all_max" in b
+    for key in ("reward/mean", "adv/max", "response_length/mean"):
+        assert a[key] == b[key], key
+    for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):  # pg_loss is ~0 on-policy
+        assert _close(a[key], b[key], 1e-5) or abs(a[key] - b[key]) < 1e-7, (key, a[key], b[key])
+    wa, wb = _weights(one, 1), _weights(two, 1)
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * max(wa[name].abs().max(), 1e-3), name
+
+
+@pytest.mark.slow
+def test_a_two_rank_checkpoint_resumes_on_one_rank(tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = ["train", "trainer.save_freq=1", *BASE]
+    assert main(args + [f"trainer.run_dir={whole}", "trainer.total_steps=3"]) == 0
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=2", "trainer.nproc_per_node=2"]) == 0
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=3"]) == 0  # one rank, resumed
+    a, b = _rows(whole), _rows(split)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for key in ("reward/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm", "response_length/mean"):
+        assert _close(a[2][key], b[2][key], 1e-4) or abs(a[2][key] - b[2][key]) < 1e-6, (key, a[2][key], b[2][key])
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_run(tmp_path, capsys):
+    rule = tmp_path / "die.py"
+    rule.write_text(textwrap.dedent("""
+        import os
+
+        def die(response, label, **_):
+            if os.environ.get("RANK") == "1":
+                os._exit(3)  # the whole rank process, at once
+            return 0.0
+    """))
+    started = time.time()
+    rc = main(["train", f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=3", "trainer.nproc_per_node=2",
+               f"reward.verifiers=[{rule}:die]", "reward.weights=[1.0]", "reward.tasks={}", *BASE])
+    assert rc == 2 and time.time() - started < 60  # a bound on a hang, not a speed figure
+    err = capsys.readouterr().err
+    assert "rank 1 failed" in err and "exit code 3" in err and "Run the same command again" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_on_this_machine(tmp_path):
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", "trainer.total_steps=2",
+           "trainer.nnodes=2", "trainer.nproc_per_node=1", f"trainer.rdzv_endpoint=localhost:{_free_port()}", *BASE]
+    nodes = [subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    errors = [p.communicate(timeout=300)[1].decode() for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    assert [r["step"] for r in _rows(run)] == [1, 2]
+    assert len(_rows(run, "rollouts.jsonl")) == 2 * 4 * 8  # both nodes' groups, gathered to rank 0
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["trainer.nproc_per_node=4", "data.prompts_per_step=6", "actor.mini_batch_prompts=6"],
+     "data.prompts_per_step=6 is not divisible by"),
+    (["trainer.nproc_per_node=4", "data.prompts_per_step=8", "actor.mini_batch_prompts=2"],
+     "actor.mini_batch_prompts=2 is not divisible by"),
+    (["trainer.nproc_per_node=2"], "actor.strategy='fsdp2' with 2 ranks"),
+    (["trainer.nnodes=2", "actor.strategy=ddp"], "needs trainer.rdzv_endpoint"),
+    (["trainer.launcher=ray"], "the Ray launcher is not built yet"),
+])
+def test_layout_checks_are_one_paragraph(tmp_path, capsys, overrides, needle):
+    run = tmp_path / "r"
+    assert main(["train", f"trainer.run_dir={run}", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not run.exists()
+
+
+def test_one_process_is_its_own_world():
+    from verirl.train.distributed import Dist
+
+    d = Dist.single()
+    assert not d.active and d.is_main and d.all_sum([1.0, 2.0]) == [1.0, 2.0] and d.gather("x") == ["x"]
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 2.0)
+    d.sum_gradients([p])
+    assert torch.equal(p.grad, torch.full((3,), 2.0))

@@ -1,0 +1,197 @@
+"""`verirl plan` / `verirl train --dry-run`: the layout per rank, the resources, the memory estimate,
+and the layout checks' one-paragraph errors. Nothing here loads weights, except to check the
+parameter count against the real tiny model."""
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from verirl.cli import main
+from verirl.config import load_config
+from verirl.errors import ConfigError
+from verirl.models.load import TINY_DIR
+from verirl.plan import (check_layout, count_parameters, count_parameters_on_meta, estimate_memory, make_layout,
+                         make_plan, read_model_config, render, reward_workers_per_rank, threads_per_rank)
+
+TINY_PARAMETERS = 1_032_064
+
+
+def _plan(*overrides, **kw):
+    return make_plan(load_config("tiny", list(overrides)), **kw)
+
+
+def test_the_tiny_recipe_plan(tiny):
+    plan = _plan()
+    L, M = plan.layout, plan.memory
+    assert (L.world_size, L.prompts_per_step, L.group_size, L.sequences_per_step) == (1, 8, 8, 64)
+    assert (L.prompts_per_rank, L.sequences_per_rank) == (8, 64)
+    assert (L.mini_batches_per_step, L.optimizer_steps_per_step, L.mini_batch_sequences_per_rank) == (1, 1, 64)
+    assert L.micro_batches_per_mini_batch == 1 and L.token_budget == 0
+    assert not L.old_log_prob_pass and L.old_log_prob_micro_batches == 0  # on-policy
+    assert L.reference_pass and L.ref_micro_batches == 1  # the recipe's kl_coef is 0.001
+    assert (L.generate_calls_per_rank, L.sequences_per_generate_call) == (1, 64)
+    assert plan.resources.threads_per_rank == 2  # the recipe sets trainer.threads=2
+    assert M.parameters == TINY_PARAMETERS == sum(p.numel() for p in tiny.model.parameters())
+    assert M.counted == "formula" and M.parameters_by_part["output layer"] == 0  # tied to the embeddings
+    assert M.params == M.grads == M.reference == TINY_PARAMETERS * 4 and M.optimizer == TINY_PARAMETERS * 8
+    assert M.tokens_per_forward == 64 * (128 + 32)  # one micro-batch of 64 sequences at their longest
+    assert M.kv_cache == 2 * 4 * 2 * 32 * 4 * (128 + 32) * 64
+    assert M.peak == max(M.update_phase, M.rollout_phase) > 0
+    text = render(plan)
+    for line in ["prompts per step", "sequences per rank", "old-log-prob pass", "skipped", "reward workers",
+                 "1,032,064 parameters", "ESTIMATE", "leaves out"]:
+        assert line in text
+
+
+def test_the_json_output_is_the_plan(capsys):
+    assert main(["plan", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["sequences_per_step"] == 64 and out["memory"]["parameters"] == TINY_PARAMETERS
+    assert out["resources"]["reward_workers_per_rank"] >= 1 and out["source"] == "tiny"
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("llama", {}), ("llama", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    ("mistral", {}), ("qwen2", {}), ("qwen2", dict(tie_word_embeddings=True)), ("qwen3", dict(head_dim=24)),
+    ("qwen3", dict(attention_bias=True, head_dim=16)),
+    ("qwen2_moe", dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[2])),
+    ("qwen3_moe", dict(num_experts=4, moe_intermediate_size=32, num_experts_per_tok=2, mlp_only_layers=[0])),
+    ("mixtral", dict(num_local_experts=3, num_experts_per_tok=2)),
+])
+def test_the_parameter_formula_matches_a_model_built_on_the_meta_device(model_type, extra):
+    config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300, **extra)
+    total, parts = count_parameters(config)
+    assert total == count_parameters_on_meta(config) == sum(parts.values())
+
+
+def test_the_formula_at_real_sizes():
+    """The published counts of Qwen2.5-1.5B (tied) and Qwen2.5-7B (untied)."""
+    small = AutoConfig.for_model("qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                 tie_word_embeddings=True)
+    big = AutoConfig.for_model("qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                               tie_word_embeddings=False)
+    assert count_parameters(small)[0] == 1_543_714_304
+    assert count_parameters(big)[0] == 7_615_616_512
+
+
+def test_another_architecture_is_counted_on_the_meta_device(tmp_path):
+    config = AutoConfig.for_model("gemma", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300)
+    config.save_pretrained(tmp_path)
+    plan = _plan(f"model.path={tmp_path}")
+    assert plan.memory.counted == "meta device" and plan.memory.parameters == count_parameters_on_meta(config)
+
+
+def test_a_model_that_is_not_a_causal_lm_gets_the_plan_without_an_estimate(tmp_path, capsys):
+    AutoConfig.for_model("t5", d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=64,
+                         vocab_size=100).save_pretrained(tmp_path)
+    plan = _plan(f"model.path={tmp_path}")
+    assert plan.memory is None and "no memory estimate" in plan.memory_note and plan.layout.sequences_per_step == 64
+    assert main(["plan", f"model.path={tmp_path}"]) == 0 and "no memory estimate" in capsys.readouterr().out
+
+
+def test_two_ranks_halve_the_per_rank_numbers():
+    one, two = _plan(cores=8), _plan("trainer.nproc_per_node=2", "actor.strategy=ddp", "trainer.threads=0", cores=8)
+    a, b = one.layout, two.layout
+    assert b.world_size == 2 and b.strategy == "ddp"
+    assert (b.prompts_per_step, b.sequences_per_step) == (a.prompts_per_step, a.sequences_per_step) == (8, 64)
+    assert (b.prompts_per_rank, b.sequences_per_rank) == (4, 32)
+    assert (b.mini_batch_prompts_per_rank, b.mini_batch_sequences_per_rank) == (4, 32)
+    assert b.sequences_per_generate_call == 32 and b.ref_micro_batches == 1
+    assert two.memory.shards == 1 and two.memory.params == one.memory.params  # ddp: a full replica per rank
+    assert two.memory.kv_cache == one.memory.kv_cache // 2 and two.memory.tokens_per_forward == 32 * 160
+    assert two.resources.threads_per_rank == 4 and two.resources.reward_workers_per_rank == 4
+    assert "4  8 / world size 2" in render(two)
+
+
+def test_fsdp2_shards_the_states_over_the_world():
+    """The estimate alone (`verirl.checks` may refuse fsdp2 with several ranks until it is built)."""
+    def memory(*overrides):
+        cfg = load_config("tiny", list(overrides))
+        return estimate_memory(cfg, make_layout(cfg), read_model_config("tiny"))
+
+    one, ddp, fsdp = memory(), memory("trainer.nproc_per_node=2", "actor.strategy=ddp"), memory(
+        "trainer.nproc_per_node=2", "actor.strategy=fsdp2")
+    assert fsdp.shards == 2 and ddp.shards == 1
+    for part in ("params", "grads", "optimizer", "reference"):
+        assert getattr(fsdp, part) == getattr(one, part) // 2 == getattr(ddp, part) // 2
+    assert fsdp.rollout_params == one.params + fsdp.params  # full for generation, and the shard
+    assert fsdp.activations == ddp.activations and fsdp.kv_cache == ddp.kv_cache
+
+
+def test_resources_per_rank():
+    cfg = load_config("tiny", ["trainer.threads=0", "trainer.nproc_per_node=4"])
+    assert threads_per_rank(cfg, cores=16) == 4 and threads_per_rank(cfg, cores=2) == 1
+    assert reward_workers_per_rank(cfg, cores=64) == 8 and reward_workers_per_rank(cfg, cores=2) == 1
+    assert reward_workers_per_rank(load_config("tiny", ["reward.workers=0"]), cores=8) == 0
+    assert threads_per_rank(load_config("tiny", ["trainer.threads=3"]), cores=64) == 3
+
+
+def test_token_budgets_and_the_off_policy_passes():
+    plan = _plan("actor.max_token_len_per_device=640", "ref.log_prob_max_token_len_per_device=1280",
+                 "actor.mini_batch_prompts=4", "data.prompts_per_step=8", "actor.epochs=2")
+    L = plan.layout
+    assert (L.mini_batches_per_step, L.optimizer_steps_per_step) == (2, 4)
+    assert L.token_budget == 640 and L.micro_batches_per_mini_batch == 8  # 32 sequences, 640 // 160 = 4 per forward
+    assert L.old_log_prob_pass and L.old_log_prob_micro_batches == 16
+    assert L.ref_token_budget == 1280 and L.ref_micro_batches == 8
+    assert plan.memory.tokens_per_forward == 640
+    assert "token budget per forward" in render(plan) and "off-policy" in render(plan)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data.prompts_per_step=6", "actor.mini_batch_prompts=6", "trainer.nproc_per_node=4"],
+     r"data.prompts_per_step=6 is not divisible by the world size 4 \(trainer.nproc_per_node=4 x "
+     r"trainer.nnodes=1\): 6 / 4 = 1.5 prompts per rank\. Each rank takes whole groups .* multiple of 4 "
+     r"\(e.g. 4 or 8\)"),
+    (["actor.mini_batch_prompts=2", "trainer.nproc_per_node=2", "trainer.nnodes=2"],
+     r"actor.mini_batch_prompts=2 is not divisible by the world size 4 \(trainer.nproc_per_node=2 x "
+     r"trainer.nnodes=2\): 2 / 4 = 0.5 prompts per rank in each mini-batch\..* multiple of 4"),
+    (["actor.strategy=zero3"], r"actor.strategy='zero3' is not a known name; known: fsdp2, ddp"),
+    (["trainer.launcher=slurm"], r"trainer.launcher='slurm' is not a known name; known: local, ray"),
+    (["actor.offload=cpu"], r"actor.offload='cpu' is not a known name; known: none, optimizer, params"),
+])
+def test_each_layout_check_gives_its_paragraph(overrides, message, capsys):
+    cfg = load_config("tiny", overrides)
+    with pytest.raises(ConfigError, match=message):
+        check_layout(cfg)
+    assert main(["plan", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verirl plan: config error: ") and err.count("\n") == 1
+
+
+def test_more_local_ranks_than_devices():
+    cfg = load_config("tiny", ["model.device=cuda", "trainer.nproc_per_node=2"])
+    with pytest.raises(ConfigError, match=r"trainer.nproc_per_node=2 local ranks but 1 CUDA device visible .*"
+                                          r"cuda.device_count\(\) = 1.*at most 1"):
+        check_layout(cfg, devices=("CUDA", 1))
+    check_layout(cfg, devices=("CUDA", 2))
+    check_layout(load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cpu"]))  # the CPU has no limit
+    check_layout(load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cuda", "trainer.launcher=ray"]))
+    if not torch.cuda.is_available():  # this machine: model.device=cuda sees no device at all
+        with pytest.raises(ConfigError, match="but 0 CUDA devices visible"):
+            check_layout(load_config("tiny", ["model.device=cuda"]))
+
+
+def test_train_dry_run_prints_the_plan_and_loads_no_weights(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja"]:
+        shutil.copy(TINY_DIR / name, model / name)  # no weights file
+    run = tmp_path / "run"
+    overrides = [f"model.path={model}", f"trainer.run_dir={run}"]
+    assert main(["train", "--dry-run", *overrides]) == 0
+    dry = capsys.readouterr().out
+    assert main(["plan", "--config", "tiny", *overrides]) == 0
+    planned = capsys.readouterr().out
+    assert dry.splitlines()[1:] == planned.splitlines()[1:]  # the first line names the --config given
+    assert "1,032,064 parameters" in dry and not run.exists()
+    assert main(["train", "--dry-run", "--json", *overrides]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["parameters"] == TINY_PARAMETERS
