@@ -27,8 +27,8 @@ silent fresh start). Nothing is unpickled on load: weights come from safetensors
 state through ``torch.load(weights_only=True)``; every failure to load a checkpoint's file is a
 `CheckpointError` naming the file.
 
-Sharded (data-parallel) runs will add ``model/`` shards and ``rng_rank{r}`` files per rank;
-``state.json`` carries ``world_size`` so that loaders can tell.
+Data-parallel runs write the same format from rank 0 (which holds the whole model and optimizer
+state), so a checkpoint resumes with any number of ranks.
 """
 from __future__ import annotations
 
