@@ -38,14 +38,16 @@ def _close(a: float, b: float, rel: float) -> bool:
 @pytest.mark.slow
 def test_two_ranks_take_the_one_rank_update(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    args = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE]
+    args = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE,
+            "eval.before_train=true", "eval.size=5", "eval.n=2"]  # 5 problems: 3 on rank 0, 2 on rank 1
     assert main(args + [f"trainer.run_dir={one}"]) == 0
     assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2"]) == 0
     # the same rollouts and rewards, in the same order (rank 0's groups, then rank 1's)
     drop = ("prompt",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
         [{k: v for k, v in r.items() if k not in drop} for r in _rows(two, "rollouts.jsonl")]
-    a, b = _rows(one)[0], _rows(two)[0]
+    (e1, a), (e2, b) = _rows(one), _rows(two)
+    assert e1["step"] == 0 and e1 == e2  # the held-out evaluation, split across the ranks, is the same
     assert a["actor/grad_norm"] > 0 and "timing/all_max" in b
     for key in ("reward/mean", "adv/max", "response_length/mean"):
         assert a[key] == b[key], key

@@ -68,7 +68,8 @@ def answer_right(result: RewardResult, i: int, response: str, label: str) -> boo
 
 def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n: int, max_new_tokens: int,
              temperature: float = 1.0, greedy: bool = True, seed: int = 0, batch_prompts: int = 64,
-             ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None) -> dict:
+             ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None,
+             first_index: int = 0, gather: Optional[Callable[[list], list]] = None) -> dict:
     """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature`` with
     the given engine; score every response with ``scorer`` (the training rules, weights and routing).
 
@@ -78,14 +79,18 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
     over extracted answers) and ``reward_mean`` (the mean weighted reward of the samples, avg@n).
     "Right" is the task's own answer check (`answer_right`), not the weighted reward. With n = 0
     only greedy_acc is reported. Each sample's randomness is keyed by ``seed``, the prompt's position
-    and the sample's index, so the results do not depend on ``batch_prompts``."""
+    and the sample's index, so the results do not depend on ``batch_prompts``.
+
+    Split across ranks: each rank passes its share of the prompts, ``first_index`` (its share's
+    position in the whole list, for the sampling keys) and ``gather`` (every rank's per-prompt rows,
+    in order); the metrics are then those of the whole list, the same on every rank and the same
+    as one process evaluating it alone."""
     from verirl.rewards.rules import extract_answer
 
     if n < 0 or (n == 0 and not greedy):
         raise ValueError(f"evaluate needs n > 0 samples or greedy decoding; got n={n}, greedy={greedy}")
     ks = sorted({k for k in (ks or [1, 2, 4, 8, 16, 32, 64]) if k <= n} | ({1, n} if n else set()))
-    groups: dict[str, list[int]] = {}
-    rows: list[dict] = []  # per prompt: greedy right, and the n samples' rewards, rights, answers
+    rows: list[dict] = []  # per prompt: greedy right, the n samples' rewards, rights, answers, its groups
     for b in range(0, len(prompts), batch_prompts):
         chunk = prompts[b:b + batch_prompts]
         ids = [p.ids for p in chunk]
@@ -94,20 +99,26 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
             texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
         if n:
             texts += decode_responses(tokenizer, engine.generate(
-                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed), prompt_index=range(b, b + len(chunk))))
+                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed),
+                prompt_index=range(first_index + b, first_index + b + len(chunk))))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         result = scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_text])
         right = [answer_right(result, i, t, p.label) for i, (t, p) in enumerate(zip(texts, per_text))]
         g = len(chunk) if greedy else 0
         for j, p in enumerate(chunk):
             s = slice(g + j * n, g + (j + 1) * n)
+            source = p.extra.get("data_source")
             rows.append({"greedy": right[j] if greedy else None, "rewards": result.totals[s], "right": right[s],
-                         "answers": [extract_answer(t) for t in texts[s]]})
-            groups.setdefault(f"task/{p.task}", []).append(len(rows) - 1)
-            if p.extra.get("data_source"):
-                groups.setdefault(f"data_source/{p.extra['data_source']}", []).append(len(rows) - 1)
+                         "answers": [extract_answer(t) for t in texts[s]],
+                         "groups": [f"task/{p.task}"] + ([f"data_source/{source}"] if source else [])})
         if progress:
             progress(min(b + batch_prompts, len(prompts)))
+    if gather is not None:
+        rows = gather(rows)
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        for name in row["groups"]:
+            groups.setdefault(name, []).append(i)
 
     def metrics(idx: Sequence[int]) -> dict[str, float]:
         sel = [rows[i] for i in idx]

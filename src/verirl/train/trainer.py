@@ -118,14 +118,15 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
-    """val/... metrics of the current model on the run's held-out prompts (evaluated by rank 0, the
-    same on every rank)."""
-    e, result = run.eval, None
-    if run.dist.is_main:
-        result = val_metrics(evaluate(run.engine, run.tokenizer, e.prompts, run.scorer, n=e.n,
-                                      max_new_tokens=e.max_new_tokens, temperature=e.temperature,
-                                      greedy=e.greedy, seed=e.seed))
-    return run.dist.broadcast(result)
+    """val/... metrics of the current model on the run's held-out prompts, split across the ranks
+    (each evaluates its share; the rows are gathered), the same on every rank."""
+    e, dist = run.eval, run.dist
+    share = -(-len(e.prompts) // dist.world)
+    first = dist.rank * share
+    return val_metrics(evaluate(run.engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
+                                max_new_tokens=e.max_new_tokens, temperature=e.temperature, greedy=e.greedy,
+                                seed=e.seed, first_index=first,
+                                gather=lambda rows: [r for part in dist.gather(rows) for r in part]))
 
 
 def _signalled(run: Run, signals: "_Signals") -> int:
