@@ -238,25 +238,35 @@ def _write_atomically(path: Path, write) -> None:
 def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
     """Chunks to ``cfg.workers`` spawned processes, at most two each in flight; results to ``consume`` in order."""
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
     from concurrent.futures.process import BrokenProcessPool
 
     pool = ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn"),  # tokenizers and fork do not mix
                                initializer=_init_worker, initargs=(cfg,))
     pending: deque = deque()  # (future, chunk), in input order
 
+    def died() -> DataError:
+        return DataError(
+            f"preprocess: a worker process died while {_span([c for _, c in pending])} were being tokenized "
+            f"(workers={cfg.workers}): it was killed (e.g. for memory: lower workers) or crashed in a native "
+            f"library. Re-run with workers=1 to see the error of the row at fault.")
+
     def take() -> None:
         fut, _ = pending[0]
-        try:
-            results = fut.result()
-        except BrokenProcessPool:
-            raise DataError(
-                f"preprocess: a worker process died while {_span([c for _, c in pending])} were being tokenized "
-                f"(workers={cfg.workers}): it was killed (e.g. for memory: lower workers) or crashed in a native "
-                f"library. Re-run with workers=1 to see the error of the row at fault.") from None
+        while True:
+            try:
+                results = fut.result(timeout=1.0)
+                break
+            except BrokenProcessPool:
+                raise died() from None
+            except FutureTimeout:  # a worker killed while it started can leave the pool waiting: look
+                if any(p.exitcode not in (None, 0) for p in list(getattr(pool, "_processes", {}).values())):
+                    raise died() from None
         pending.popleft()
         consume(results)
         progress()
 
+    finished = False
     try:
         for ch in chunks:
             pending.append((pool.submit(_process_chunk, ch), ch))
@@ -264,8 +274,12 @@ def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
                 take()
         while pending:
             take()
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if not finished:  # an error, a dead worker (which the pool may not notice), Ctrl-C: end the workers
+            for p in list(getattr(pool, "_processes", {}).values()):
+                p.kill()
+        pool.shutdown(wait=finished, cancel_futures=True)
 
 
 def validate_preprocess(cfg: PreprocessConfig) -> None:
