@@ -16,10 +16,6 @@ class RankFailed(UserError):
     """A rank raised or died; every rank was ended. The message names the rank and its error."""
 
 
-def world_size(cfg: Config) -> int:
-    return cfg.trainer.nproc_per_node * cfg.trainer.nnodes
-
-
 def launch(cfg: Config) -> dict:
     """Run `verirl.train.trainer.train` on every rank; returns rank 0's summary."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -43,17 +43,17 @@ class Dist:
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum over ranks (float64)."""
-        if not self.active:
-            return list(values)
-        t = torch.tensor(list(values), dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        return t.tolist()
+        return self._all_reduce(values, "SUM")
 
     def all_max(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maximum over ranks (float64)."""
+        return self._all_reduce(values, "MAX")
+
+    def _all_reduce(self, values: Sequence[float], op: str) -> list[float]:
         if not self.active:
             return list(values)
         t = torch.tensor(list(values), dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
         return t.tolist()
 
     def gather(self, obj: Any) -> list[Any]:

@@ -24,8 +24,9 @@ from verirl.errors import CheckpointError
 from verirl.evaluate import evaluate, val_metrics
 from verirl.metrics import JsonlSink, mean_of, read_jsonl, truncate
 from verirl.models import save_hf
-from verirl.launch.local import launch, world_size
+from verirl.launch.local import launch
 from verirl.models.device import resolve_device
+from verirl.plan import world_size
 from verirl.train import distributed
 from verirl.train.build import LogSettings, Run, build_run
 from verirl.train.distributed import launched
