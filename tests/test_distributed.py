@@ -1,6 +1,8 @@
 """Data parallelism with real processes: torch's elastic launcher, gloo on CPU, the tiny model.
-Two ranks take the one-rank update; a two-rank checkpoint resumes on one rank; a rank that dies
-ends the run; two machines' rendezvous exercised with two processes on this one."""
+Two ranks take the one-rank update (ddp and fsdp2); a two-rank checkpoint resumes on one rank and
+a one-rank checkpoint on two; ranks with very different response lengths (so different numbers of
+micro-batches) neither hang nor change the update; a rank that dies ends the run; two machines'
+rendezvous exercised with two processes on this one."""
 import json
 import os
 import socket
@@ -18,8 +20,9 @@ from verirl.cli import main
 
 BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8",
         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
-        "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true", "actor.strategy=ddp",
+        "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true",
         "trainer.threads=1", "trainer.dist_timeout_s=60"]
+STRATEGIES = ["ddp", "fsdp2"]
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -35,13 +38,20 @@ def _close(a: float, b: float, rel: float) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
+def _same_weights(wa: dict, wb: dict) -> None:
+    assert sorted(wa) == sorted(wb)
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * max(wa[name].abs().max(), 1e-3), name
+
+
 @pytest.mark.slow
-def test_two_ranks_take_the_one_rank_update(tmp_path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_take_the_one_rank_update(tmp_path, strategy):
     one, two = tmp_path / "one", tmp_path / "two"
     args = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE,
             "eval.before_train=true", "eval.size=5", "eval.n=2"]  # 5 problems: 3 on rank 0, 2 on rank 1
     assert main(args + [f"trainer.run_dir={one}"]) == 0
-    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2"]) == 0
+    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", f"actor.strategy={strategy}"]) == 0
     # the same rollouts and rewards, in the same order (rank 0's groups, then rank 1's)
     drop = ("prompt",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
@@ -53,22 +63,48 @@ def test_two_ranks_take_the_one_rank_update(tmp_path):
         assert a[key] == b[key], key
     for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):  # pg_loss is ~0 on-policy
         assert _close(a[key], b[key], 1e-5) or abs(a[key] - b[key]) < 1e-7, (key, a[key], b[key])
-    wa, wb = _weights(one, 1), _weights(two, 1)
-    for name in wa:
-        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * max(wa[name].abs().max(), 1e-3), name
+    _same_weights(_weights(one, 1), _weights(two, 1))
+    _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")))
 
 
 @pytest.mark.slow
-def test_a_two_rank_checkpoint_resumes_on_one_rank(tmp_path):
+@pytest.mark.parametrize("strategy,first,then", [("ddp", 2, 1), ("fsdp2", 2, 1), ("fsdp2", 1, 2)])
+def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, strategy, first, then):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    args = ["train", "trainer.save_freq=1", *BASE]
+    args = ["train", "trainer.save_freq=1", *BASE, f"actor.strategy={strategy}"]
     assert main(args + [f"trainer.run_dir={whole}", "trainer.total_steps=3"]) == 0
-    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=2", "trainer.nproc_per_node=2"]) == 0
-    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=3"]) == 0  # one rank, resumed
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=2", f"trainer.nproc_per_node={first}"]) == 0
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=3", f"trainer.nproc_per_node={then}"]) == 0
     a, b = _rows(whole), _rows(split)
     assert [r["step"] for r in b] == [1, 2, 3]
     for key in ("reward/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm", "response_length/mean"):
         assert _close(a[2][key], b[2][key], 1e-4) or abs(a[2][key] - b[2][key]) < 1e-6, (key, a[2][key], b[2][key])
+
+
+# the first two prompts (rank 0's) are the arithmetic the tiny model was taught, answered in ~20
+# tokens; the last two (rank 1's) are noise, on which it rambles
+UNEVEN = [{"problem": f"Tom has {a} apples and gets {b} more. How many now? Reply <think> </think> <answer> "
+                      f"\\boxed{{}} </answer>.", "answer": str(a + b)} for a, b in ((48, 86), (12, 33))] + \
+         [{"problem": "zq " * 15, "answer": "1"}, {"problem": "qqqq " * 8, "answer": "2"}]
+
+
+@pytest.mark.slow
+def test_ranks_with_very_different_response_lengths_neither_hang_nor_change_the_update(tmp_path):
+    data = tmp_path / "uneven.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in UNEVEN))
+    args = ["train", "trainer.total_steps=1", *BASE, f"data.train_path={data}", "data.shuffle=sequential",
+            "rollout.n=4", "rollout.max_new_tokens=64", "rollout.temperature=1.5", "data.max_prompt_length=96",
+            "actor.mini_batch_prompts=2",  # two mini-batches: the old-log-prob pass runs too
+            "actor.max_token_len_per_device=160"]  # token budgets: rank 1 needs more micro-batches
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(args + [f"trainer.run_dir={one}"]) == 0
+    started = time.time()
+    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", "actor.strategy=fsdp2"]) == 0
+    assert time.time() - started < 120  # a bound on a hang, not a speed figure
+    lengths = [r["response_length"] for r in _rows(two, "rollouts.jsonl")]
+    assert sum(lengths[8:]) > 1.5 * sum(lengths[:8]), lengths  # rank 1 decodes much longer
+    assert lengths == [r["response_length"] for r in _rows(one, "rollouts.jsonl")]
+    _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")))
 
 
 @pytest.mark.slow
@@ -113,9 +149,10 @@ def test_two_nodes_rendezvous_on_this_machine(tmp_path):
      "data.prompts_per_step=6 is not divisible by"),
     (["trainer.nproc_per_node=4", "data.prompts_per_step=8", "actor.mini_batch_prompts=2"],
      "actor.mini_batch_prompts=2 is not divisible by"),
-    (["trainer.nproc_per_node=2"], "actor.strategy='fsdp2' with 2 ranks"),
-    (["trainer.nnodes=2", "actor.strategy=ddp"], "needs trainer.rdzv_endpoint"),
-    (["trainer.launcher=ray"], "the Ray launcher is not built yet"),
+    (["trainer.nnodes=2"], "needs trainer.rdzv_endpoint"),
+    (["trainer.nproc_per_node=2", "actor.strategy=ddp", "actor.offload=params"],
+     "actor.offload=params keeps the parameter shards on the host, which needs FSDP2"),
+    (["actor.offload=params"], "not available with one rank"),
 ])
 def test_layout_checks_are_one_paragraph(tmp_path, capsys, overrides, needle):
     run = tmp_path / "r"
@@ -134,3 +171,22 @@ def test_one_process_is_its_own_world():
     p.grad = torch.full((3,), 2.0)
     d.sum_gradients([p])
     assert torch.equal(p.grad, torch.full((3,), 2.0))
+
+
+def test_the_launcher_holds_the_run_directory_for_its_ranks(tmp_path):
+    """The process that starts the ranks takes the lock before any rank starts: another process is
+    refused (naming the launcher's pid), a rank (which inherits the environment) knows not to take
+    it, and a directory made only for the lock is gone again when nothing was written into it."""
+    from verirl.train.rundir import held_by_launcher, lock_held_by_launcher
+
+    run = tmp_path / "new" / "run"
+    probe = ("import sys; from pathlib import Path; from verirl.train.rundir import RunDirLock, lock_held_by_launcher\n"
+             "print(lock_held_by_launcher(Path(sys.argv[1])))\n"
+             "RunDirLock(Path(sys.argv[1])).acquire()")
+    with held_by_launcher(str(run)):
+        assert run.is_dir() and lock_held_by_launcher(run)
+        other = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True,
+                               env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})  # as a rank inherits it
+        assert other.returncode != 0 and other.stdout.strip() == "True"  # a child sees it held for it...
+        assert f"in use by another verirl run (pid {os.getpid()}" in other.stderr  # ...and cannot take it
+    assert not run.exists() and not lock_held_by_launcher(run)

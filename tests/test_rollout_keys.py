@@ -211,3 +211,24 @@ def test_sample_next_with_uniforms_follows_the_probabilities():
     u = keyed_uniforms(9, torch.arange(40000), torch.tensor(0), torch.tensor(0))
     freq = torch.bincount(sample_next(logits, 1.0, uniforms=u), minlength=4).double() / 40000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64), atol=0.01), freq
+
+
+def test_the_order_of_samples_is_checked_where_rows_leave_the_engine():
+    """Row i is a sample of prompt i // n: a rollout whose rows were interleaved (sample-major
+    instead of prompt-major, seed 002's bug) is refused, naming the first row that breaks it."""
+    from verirl.models import load_model
+    from verirl.rollout import NativeEngine, SamplingParams, check_grouped
+    from verirl.types import Rollout
+
+    lm = load_model("tiny", "float32", "cpu")
+    engine = NativeEngine(lm.model, lm.pad_id, lm.stop_ids)
+    prompts = [lm.tokenizer("1 + 1 =")["input_ids"], lm.tokenizer("22 + 3 =")["input_ids"]]
+    r = engine.generate(prompts, 3, SamplingParams(4, 1.0, seed=1))
+    check_grouped(r, prompts, 3, "NativeEngine")  # what the engine returns keeps the order
+    order = torch.tensor([0, 3, 1, 4, 2, 5])  # the same rows, interleaved
+    swapped = Rollout(**{f: getattr(r, f)[order] if torch.is_tensor(getattr(r, f)) else getattr(r, f)
+                         for f in r.__dataclass_fields__})
+    with pytest.raises(RuntimeError, match="row 1 should hold a sample of prompt 0"):
+        check_grouped(swapped, prompts, 3, "interleaved")
+    with pytest.raises(RuntimeError, match="6 rows for 2 prompts x n=2"):
+        check_grouped(r, prompts, 2, "short")

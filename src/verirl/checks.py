@@ -4,6 +4,7 @@ the file system. `verirl.config.validate` has already checked types, ranges and 
 cannot start says why in one paragraph and leaves no trace."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from verirl.config import Config
@@ -44,23 +45,20 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
 
 
 def check_parallel(cfg: Config) -> None:
-    """The layout of ranks (`verirl.plan.check_layout`: names, divisibility, devices), and what this
-    version runs with more than one rank: replicated weights (ddp), launched through torch's launcher."""
+    """The layout of ranks (`verirl.plan.check_layout`: names, divisibility, devices), the launcher's
+    needs, offload settings that the strategy can honour, and a launch that matches the config."""
     from verirl.plan import check_layout, world_size
 
     check_layout(cfg)
     world = world_size(cfg)
-    if cfg.trainer.launcher == "ray":
-        raise ConfigError("trainer.launcher=ray: the Ray launcher is not built yet in this version; ranks start "
-                          "through torch's launcher (trainer.launcher=local, with trainer.nnodes for several "
-                          "machines).")
-    if world > 1 and cfg.actor.strategy != "ddp":
-        raise ConfigError(f"actor.strategy={cfg.actor.strategy!r} with {world} ranks: sharded training (fsdp2) is not "
-                          f"built yet in this version. Use actor.strategy=ddp (every rank holds the whole model).")
-    if cfg.actor.offload != "none" or cfg.ref.offload:
-        raise ConfigError(f"actor.offload={cfg.actor.offload!r} / ref.offload={cfg.ref.offload}: moving states to the "
-                          f"host between phases is not built yet in this version. Use actor.offload=none "
-                          f"ref.offload=false.")
+    if cfg.trainer.launcher == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("trainer.launcher=ray but Ray is not installed. Install it with pip install "
+                          "'verirl[ray]' (or pip install ray), or use trainer.launcher=local.")
+    if cfg.actor.offload == "params" and (world == 1 or cfg.actor.strategy != "fsdp2"):
+        why = "one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}"
+        raise ConfigError(f"actor.offload=params keeps the parameter shards on the host, which needs FSDP2: it is not "
+                          f"available with {why}. Use actor.strategy=fsdp2 with trainer.nproc_per_node >= 2, or "
+                          f"actor.offload=optimizer (the optimizer state leaves the device between updates).")
     started = os.environ.get("WORLD_SIZE")
     if started is not None and int(started) != world:
         raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "

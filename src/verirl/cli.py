@@ -16,8 +16,9 @@ EPILOG = """examples:
   verirl train --config my.yaml     # your own file, on top of the defaults for a real model
   verirl train --help-config        # every key with its default (the defaults for a real model)
   verirl train --config tiny --help-config   # the same, resolved for the tiny recipe (what `verirl train` runs)
-  verirl plan trainer.nproc_per_node=2 actor.strategy=ddp   # the layout per rank, memory; nothing loaded
-  verirl train trainer.nproc_per_node=2 actor.strategy=ddp  # 2 ranks on this machine (docs/distributed.md)
+  verirl plan trainer.nproc_per_node=2                      # the layout per rank, memory; nothing loaded
+  verirl train trainer.nproc_per_node=2                     # 2 ranks on this machine, FSDP2 (docs/distributed.md)
+  verirl train trainer.launcher=ray trainer.nproc_per_node=2 # 2 Ray actors (docs/ray.md)
   verirl sft --config configs/tiny_sft.yaml   # rebuild the shipped tiny model
   verirl preprocess --config configs/preprocess_example.yaml input=data/raw.jsonl output_prefix=data/train
   verirl export runs/tiny_grpo/20261129-120000 exported/   # newest checkpoint -> a Hugging Face directory

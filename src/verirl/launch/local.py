@@ -27,7 +27,7 @@ def launch(cfg: Config) -> dict:
         min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
         run_id=os.environ.get("VERIRL_RUN_ID", "verirl-" + (t.rdzv_endpoint if multi_node else uuid.uuid4().hex)),
         rdzv_backend="c10d", rdzv_endpoint=t.rdzv_endpoint if multi_node else "localhost:0",
-        rdzv_configs={"timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn")
+        rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn")
     try:
         results = elastic_launch(config, _rank_main)(to_dict(cfg))
     except ChildFailedError as e:

@@ -55,3 +55,14 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 def dist_backend(device: torch.device) -> str:
     """The collective backend for ``device``: gloo (CPU), nccl (CUDA), hccl (Ascend NPU)."""
     return BACKENDS[device.type]
+
+
+def peak_memory(device: torch.device) -> tuple[str, float]:
+    """(metric name, GiB): on an accelerator, the most memory torch has allocated on it so far
+    (``perf/max_memory_allocated_gb``, veRL's name); on the CPU, the process's peak resident memory
+    (``perf/max_rss_gb``: everything the process holds, the Python runtime included)."""
+    if device.type in ("cuda", "npu"):
+        return "perf/max_memory_allocated_gb", getattr(torch, device.type).max_memory_allocated(device) / 2**30
+    import resource
+
+    return "perf/max_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -6,6 +6,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from safetensors import SafetensorError
@@ -74,15 +75,18 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto")
     return LoadedModel(model, tokenizer, stops, pad, real)
 
 
-def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int]) -> None:
-    """Write config, safetensors, tokenizer and a generation_config that names every stop id.
+def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int],
+            state_dict: Optional[dict] = None) -> None:
+    """Write config, safetensors, tokenizer and a generation_config that names every stop id;
+    ``state_dict``: the weights to write, when they are not the model's own (a sharded model's,
+    gathered whole).
 
     Written into a temporary sibling and renamed into place, so a crash never leaves half a model."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     gen = GenerationConfig(eos_token_id=stop_ids if len(stop_ids) > 1 else stop_ids[0],
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=model.config.bos_token_id)

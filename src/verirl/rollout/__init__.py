@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import torch
+
 from verirl.registry import Registry
 from verirl.rollout.base import Engine, SamplingParams, build_rollout, concat_rollouts, left_pad
 from verirl.rollout.hf import HFEngine
@@ -27,11 +29,33 @@ def generate_chunked(engine: Engine, prompt_ids, n: int, params: SamplingParams,
         raise ValueError(f"prompt_index has {len(index)} entries for {len(prompt_ids)} prompts; pass one "
                          f"global batch position per prompt")
     per_call = len(prompt_ids) if micro_batch_size <= 0 else max(1, micro_batch_size // n)
-    parts = [engine.generate(prompt_ids[s:s + per_call], n, params, prompt_index=index[s:s + per_call])
-             for s in range(0, len(prompt_ids), per_call)]
+    parts = []
+    for s in range(0, len(prompt_ids), per_call):
+        part = engine.generate(prompt_ids[s:s + per_call], n, params, prompt_index=index[s:s + per_call])
+        check_grouped(part, prompt_ids[s:s + per_call], n, type(engine).__name__)
+        parts.append(part)
     return concat_rollouts(parts, pad_id)
 
 
+def check_grouped(rollout, prompt_ids, n: int, source: str) -> None:
+    """The one order of samples, checked where rows come back from an engine: row i is a sample of
+    prompt i // n (the n samples of a prompt contiguous, prompts in the order given). Every later
+    phase (rewards, group advantages, the update, the records) relies on it; seed 002's reward went
+    to 0 when one system's input interleave changed and its output one did not. A violation is a
+    bug in ``source``, raised with the first row that breaks it."""
+    rows, width = rollout.prompt_ids.shape
+    if rows != len(prompt_ids) * n:
+        raise RuntimeError(f"{source} returned {rows} rows for {len(prompt_ids)} prompts x n={n}")
+    lengths = rollout.prompt_lengths.tolist()
+    for j, want in enumerate(prompt_ids):
+        want_t = torch.as_tensor(list(want), dtype=rollout.prompt_ids.dtype, device=rollout.prompt_ids.device)
+        for i in range(j * n, (j + 1) * n):
+            if lengths[i] != len(want) or not torch.equal(rollout.prompt_ids[i, width - len(want):], want_t):
+                raise RuntimeError(f"{source} broke the order of samples: row {i} should hold a sample of prompt "
+                                   f"{j} (rows {j * n}..{(j + 1) * n - 1} are its n={n} samples) but holds another "
+                                   f"prompt's")
+
+
 __all__ = ["Engine", "SamplingParams", "ENGINES", "build_engine", "build_rollout", "concat_rollouts",
-           "generate_chunked", "left_pad",
+           "generate_chunked", "check_grouped", "left_pad",
            "HFEngine", "NativeEngine"]

@@ -25,6 +25,7 @@ from verirl.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
+from verirl.train.strategy import grad_norm, is_sharded, on_device_for, optimizer_state_on_device, reshard
 from verirl.types import Rollout, TrainBatch
 
 
@@ -38,6 +39,7 @@ class LogprobPass:
     remove_padding: bool = True  # packed rows (when the model supports it), else padded rows
     share_prompt: bool = True  # packed: each prompt computed once for its samples
     chunk: int = 0  # output-layer rows per chunk; 0 = about 32M logits per chunk
+    offload: bool = False  # the model waits on the host between passes (ref.offload)
 
     @property
     def prompt_once(self) -> bool:
@@ -59,6 +61,7 @@ class UpdateParams:
     entropy_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
+    offload_optimizer: bool = False  # the optimizer state waits on the host between updates (actor.offload)
 
 
 Rows = Union[slice, Sequence[int]]
@@ -168,16 +171,28 @@ def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = Lo
     return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
 
 
+def same_count(micro_batches: list[list[int]], model, dist: Dist) -> list[Optional[list[int]]]:
+    """The micro-batches to run, padded with empty ones (None) to the most any rank has when the model
+    is sharded: each forward gathers weights, so every rank must run as many."""
+    if not (dist.active and is_sharded(model)):
+        return list(micro_batches)
+    n = int(dist.all_max([len(micro_batches)])[0])
+    return list(micro_batches) + [None] * (n - len(micro_batches))
+
+
 @torch.no_grad()
 def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
-                     layouts: Optional[PackCache] = None) -> torch.Tensor:
+                     layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    with eval_mode(model):
-        for mb in plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once):
-            logp, _, _ = sequence_logprobs(model, rollout, mb, how, layouts=layouts)
-            out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
+    planned = plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once)
+    with eval_mode(model), on_device_for(model, out.device, how.offload):
+        for mb in same_count(planned, model, dist or Dist.single()):
+            logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], how, layouts=layouts)
+            if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
+                out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
+    reshard(model)
     return out
 
 
@@ -190,7 +205,13 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
     With several ranks (``dist``), ``batch`` is this rank's share of the global batch: the losses are
     divided by the mini-batch's global token and sequence counts and the gradients are summed over
     the ranks before the step, so the update and the returned statistics are the global batch's."""
-    dist = dist or Dist.single()
+    with optimizer_state_on_device(optimizer, p.offload_optimizer):  # actor.offload=optimizer
+        return _update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single())
+
+
+def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
+            dist: Dist) -> dict[str, float]:
+    """`update_policy` with the optimizer state on its device."""
     model.train()
     r = batch.rollout
     N = r.response_ids.shape[0]
@@ -205,8 +226,13 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
             n_tokens, n_seqs = dist.all_sum([float(mask_all.sum()), float(m1 - m0)])  # of the global mini-batch
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
-            for mb in plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
-                                         p.forward.prompt_once):
+            planned = plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
+                                         p.forward.prompt_once)
+            for mb in same_count(planned, model, dist):
+                if mb is None:  # an empty micro-batch: only the other ranks' all-gathers and reduce-scatters
+                    logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts)
+                    (logp.sum() * 0.0).backward()
+                    continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
                 logp, ent, mask = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
@@ -226,12 +252,10 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
                 sums["pg_loss"] += float(pg_loss.detach())
                 sums["entropy"] += float(ent_loss.detach())
                 sums["pg_clipfrac"] += float((clipped.float() * mask).sum()) / max(n_tokens, 1.0)
-            dist.sum_gradients(params)
+            if not is_sharded(model):  # a sharded model's backward reduce-scattered the gradients already
+                dist.sum_gradients(params)
             sums = dict(zip(sums, dist.all_sum(list(sums.values()))))
-            if p.grad_clip > 0:
-                gn = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
-            else:
-                gn = torch.linalg.vector_norm(torch.stack([q.grad.norm() for q in params if q.grad is not None]))
+            gn = grad_norm(params, p.grad_clip)
             stats["lr"].append(optimizer.param_groups[0]["lr"])
             if torch.isfinite(gn) and all(math.isfinite(v) for v in sums.values()):
                 optimizer.step()

@@ -30,7 +30,8 @@ from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.distributed import Dist
 from verirl.train.packing import supports_packing
-from verirl.train.rundir import RunDirLock
+from verirl.train.strategy import shard
+from verirl.train.rundir import RunDirLock, lock_held_by_launcher
 from verirl.types import Prompt
 
 
@@ -38,7 +39,6 @@ from verirl.types import Prompt
 class StepSettings:
     """What one GRPO step needs, as plain values."""
     prompts_per_step: int  # the global batch's prompts
-    prompts_per_rank: int  # this rank's share: whole groups
     group_size: int  # rollout.n: samples per prompt
     sampling: SamplingParams  # its seed is replaced by the step's own (`sampling_at`)
     seed: int  # trainer.seed
@@ -48,6 +48,14 @@ class StepSettings:
     advantages: Callable[[torch.Tensor], torch.Tensor]  # (N,) rewards -> (N,) advantages
     update: UpdateParams  # its mini_batch_prompts are this rank's share
     dump_rollouts: bool  # the step returns one record per response
+
+    def positions(self, rank: int, world: int) -> list[int]:
+        """The positions in the step's global batch of ``rank``'s prompts: its part of every global
+        mini-batch (whole groups), so its k-th mini-batch is its share of the global k-th one and N
+        ranks take the one-rank update mini-batch by mini-batch."""
+        mine = self.update.mini_batch_prompts  # this rank's part of each global mini-batch
+        every = mine * world
+        return [k * every + rank * mine + j for k in range(self.prompts_per_step // every) for j in range(mine)]
 
     def sampling_at(self, step: int) -> SamplingParams:
         """The rollout's sampling parameters at ``step``: a seed of its own, so a resumed run samples
@@ -114,7 +122,8 @@ class Run:
     save_freq: int  # a checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int  # the newest N are kept (0 = all)
     log: LogSettings
-    lock: RunDirLock  # held from before the run directory is first touched until the run ends
+    lock: RunDirLock  # held from before the run directory is first touched until the run ends (by rank 0
+    # alone, or by the launcher that started the ranks, when this one is not held)
     max_nonfinite_steps: int  # steps in a row with a non-finite loss or grad norm before the run stops
     resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
     nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
@@ -128,25 +137,26 @@ def seed_everything(seed: int) -> None:
 
 
 def build_run(cfg: Config, dist: Optional[Dist] = None) -> Run:
-    """Load the model and data and build every object of the run. Rank 0 takes the run directory's
-    lock (at once if the directory exists, else when it is made); nothing is written into the
-    directory before the inputs are known to be good."""
+    """Load the model and data and build every object of the run. The run directory's lock is held by
+    the launcher that started the ranks, else rank 0 takes it (at once if the directory exists, else
+    when it is made); nothing is written into the directory before the inputs are known to be good."""
     dist = dist or Dist.single()
     if cfg.trainer.threads > 0 or dist.active:  # alone with threads=0, torch's own default (all cores)
         torch.set_num_threads(threads_per_rank(cfg))
     seed_everything(cfg.trainer.seed)
     run_dir = Path(cfg.trainer.run_dir)
     lock = RunDirLock(run_dir)
-    if run_dir.is_dir() and dist.is_main:
+    takes_lock = dist.is_main and not lock_held_by_launcher(run_dir)  # else the launcher holds it for us
+    if run_dir.is_dir() and takes_lock:
         lock.acquire()  # before reading its checkpoints: another run may be writing them
     try:
-        return _build(cfg, run_dir, lock, dist)
+        return _build(cfg, run_dir, lock, dist, takes_lock)
     except BaseException:
         lock.release()
         raise
 
 
-def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist) -> Run:
+def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock: bool) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
@@ -158,11 +168,19 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist) -> Run:
               f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
+        if takes_lock:
+            lock.acquire()
         if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
             clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
     dist.barrier()  # the other ranks start once rank 0 holds the directory
     ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+    if dist.active and cfg.actor.strategy == "fsdp2":
+        device = next(lm.model.parameters()).device
+        shard(lm.model, dist, device, offload_params=cfg.actor.offload == "params")
+        if ref is not None:
+            shard(ref, dist, device, offload_params=cfg.ref.offload, trainable=False)
+    elif ref is not None and cfg.ref.offload:
+        ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward
@@ -199,14 +217,16 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
         group_size=rollout.n, mini_batch_prompts=actor.mini_batch_prompts // world, forward=policy_pass,
         epochs=actor.epochs,
         clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, kl_coef=algo.kl_coef, kl_type=algo.kl_type,
-        entropy_coef=algo.entropy_coef, loss_agg_mode=algo.loss_agg_mode, grad_clip=actor.grad_clip)
+        entropy_coef=algo.entropy_coef, loss_agg_mode=algo.loss_agg_mode, grad_clip=actor.grad_clip,
+        offload_optimizer=actor.offload == "optimizer")
     return StepSettings(
-        prompts_per_step=cfg.data.prompts_per_step, prompts_per_rank=cfg.data.prompts_per_step // world,
+        prompts_per_step=cfg.data.prompts_per_step,
         group_size=rollout.n,
         sampling=SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k),
         seed=cfg.trainer.seed, generate_batch=rollout.micro_batch_size,
         old_pass=None if on_policy else policy_pass,
-        ref_pass=dataclasses.replace(policy_pass, max_tokens=ref_budget) if algo.kl_coef > 0 else None,
+        ref_pass=dataclasses.replace(policy_pass, max_tokens=ref_budget, offload=cfg.ref.offload)
+        if algo.kl_coef > 0 else None,
         advantages=functools.partial(ADVANTAGE_ESTIMATORS[algo.adv_estimator], group_size=rollout.n,
                                      norm_by_std=algo.norm_adv_by_std, epsilon=algo.adv_epsilon),
         update=update, dump_rollouts=cfg.trainer.dump_rollouts)

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from verirl.errors import CheckpointError
+from verirl.train.strategy import is_sharded, shard_optimizer_state, shard_state_dict
 
 FORMAT = 1
 LATEST = "latest"
@@ -144,9 +145,10 @@ class Checkpoint:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, optimizer, scheduler, extra: dict,
-                    keep: int = 0) -> Path:
+                    keep: int = 0, weights: Optional[dict] = None, optimizer_state: Optional[dict] = None) -> Path:
     """Write checkpoint ``step`` atomically, its manifest last (see the module docstring); returns
-    its path."""
+    its path. ``weights`` / ``optimizer_state``: whole tensors gathered from a sharded model (else
+    the model's and the optimizer's own state dicts)."""
     from safetensors.torch import save_file
 
     from verirl.models import save_hf
@@ -158,8 +160,9 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, opti
     for left in ckpt_root.glob("*.discarded.tmp"):  # a deletion a kill interrupted
         shutil.rmtree(left, ignore_errors=True)
     tmp.mkdir()
-    save_hf(model, tokenizer, tmp / "model", stop_ids)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    save_hf(model, tokenizer, tmp / "model", stop_ids, weights)
+    torch.save({"optimizer": optimizer_state if optimizer_state is not None else optimizer.state_dict(),
+                "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
     meta, tensors = rng_state()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "rng_rank0.safetensors"))
     state = {"format": FORMAT, "step": step, "world_size": 1, "rng_rank0": meta, **extra}
@@ -441,7 +444,7 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
         except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError
             raise _damaged(f, "the model weights", e) from e
     try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
     except RuntimeError as e:  # shapes that differ
         raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {_reason(e)}. Was the "
                               f"checkpoint saved from another model.path?") from e
@@ -449,12 +452,12 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "
                               f"unexpected {sorted(unexpected)[:3]}).")
-    if tied:
+    if tied and not is_sharded(model):  # a sharded model keeps its tie: one parameter under both names
         model.tie_weights()
     opt_file = ckpt.path / "optimizer.pt"
     try:
         opt = torch.load(opt_file, weights_only=True, map_location="cpu")
-        optimizer.load_state_dict(opt["optimizer"])
+        optimizer.load_state_dict(shard_optimizer_state(optimizer, opt["optimizer"]))
         scheduler.load_state_dict(opt["scheduler"])
     except Exception as e:  # noqa: BLE001 - torch raises many kinds; none may pass as a traceback
         raise _damaged(opt_file, "the optimizer and scheduler state", e) from e

@@ -6,12 +6,13 @@ holder's pid, host and start time, for the message a second process prints.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from verirl.errors import CheckpointError
 
@@ -21,6 +22,10 @@ except ImportError:  # not POSIX: no lock (verirl's supported platforms are POSI
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".lock"
+# Set by the process that started the ranks (verirl's launcher or the Ray driver) once it holds the
+# lock: the ranks then leave it to it. A rank started by a bare `torchrun` does not see it, and its
+# rank 0 takes the lock itself.
+LOCK_HELD_ENV = "VERIRL_RUN_DIR_LOCKED_BY"
 
 
 class RunDirLock:
@@ -68,3 +73,47 @@ def _describe(raw: bytes) -> str:
         return f"pid {info['pid']} on host {info['host']}, since {info['since']}"
     except (ValueError, KeyError, UnicodeDecodeError):
         return "a process that has not written its pid yet"
+
+
+def lock_held_by_launcher(run_dir: Path) -> bool:
+    """Whether the process that started this rank holds ``run_dir``'s lock."""
+    return os.environ.get(LOCK_HELD_ENV) == str(Path(run_dir).resolve())
+
+
+@contextlib.contextmanager
+def held_by_launcher(run_dir: str) -> Iterator[None]:
+    """The launcher's side: take ``run_dir``'s lock before any rank starts and hold it until every rank
+    has ended (however they end); the ranks, which inherit the environment, see it held. A directory
+    made only to hold the lock is removed again if the run wrote nothing into it."""
+    path = Path(run_dir)
+    made = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    lock = RunDirLock(path)
+    try:
+        lock.acquire()
+    except BaseException:
+        if made:
+            _remove_if_empty(path)
+        raise
+    old = os.environ.get(LOCK_HELD_ENV)
+    os.environ[LOCK_HELD_ENV] = str(path.resolve())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(LOCK_HELD_ENV, None)
+        else:
+            os.environ[LOCK_HELD_ENV] = old
+        lock.release()
+        if made:
+            _remove_if_empty(path)
+
+
+def _remove_if_empty(path: Path) -> None:
+    """Remove a run directory that holds nothing but the lock file."""
+    try:
+        if {p.name for p in path.iterdir()} <= {LOCK_NAME}:
+            (path / LOCK_NAME).unlink(missing_ok=True)
+            path.rmdir()
+    except OSError:
+        pass

@@ -23,6 +23,7 @@ from verirl.train.actor import compute_logprobs, update_policy
 from verirl.train.build import Run, StepSettings
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
+from verirl.train.strategy import full_weights, memory_metrics
 from verirl.types import Prompt, Rollout, TrainBatch
 
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "all")
@@ -34,13 +35,13 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     how, dist = run.step, run.dist
     timer = Timer()
     batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]  # the same on every rank
-    first = dist.rank * how.prompts_per_rank  # this rank's whole groups
-    prompts = batch_prompts[first:first + how.prompts_per_rank]
+    mine = how.positions(dist.rank, dist.world)  # this rank's whole groups
+    prompts = [batch_prompts[i] for i in mine]
     per_response = [p for p in prompts for _ in range(how.group_size)]
     with timer("all"):
-        with timer("rollout"):
+        with timer("rollout"), full_weights(run.model):  # decoding reads whole weights, no collective inside
             rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, how.sampling_at(step),
-                                       how.generate_batch, run.pad_id, range(first, first + len(prompts)))
+                                       how.generate_batch, run.pad_id, mine)
             texts = decode_responses(run.tokenizer, rollout)
         with timer("reward"):  # scoring runs in the reward workers during the log-prob passes below
             pending = run.scorer.submit(texts, [reward_fields(p) for p in per_response])
@@ -48,10 +49,10 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
         old_logprobs = ref_logprobs = None
         if how.old_pass is not None:
             with timer("old_log_prob"):
-                old_logprobs = compute_logprobs(run.model, rollout, how.old_pass, layouts)
+                old_logprobs = compute_logprobs(run.model, rollout, how.old_pass, layouts, dist)
         if run.ref is not None:
             with timer("ref"):
-                ref_logprobs = compute_logprobs(run.ref, rollout, how.ref_pass, layouts)
+                ref_logprobs = compute_logprobs(run.ref, rollout, how.ref_pass, layouts, dist)
         with timer("reward"):  # what is left of the scoring once the passes are done
             rewards = pending.result()
             scores = torch.tensor(rewards.totals, dtype=torch.float32)
@@ -59,10 +60,20 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
         with timer("update"):
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist)
+    actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
     local = StepData([p.task for p in per_response], rewards, scores, advantages.cpu(), rollout)
     metrics = step_metrics(step, how, dist, local, actor_stats, timer)
     records = rollout_records(step, run.tokenizer, per_response, texts, rollout, rewards) if how.dump_rollouts else []
-    return metrics, [r for part in dist.gather(records) for r in part] if records else []
+    return metrics, in_batch_order(dist.gather(records), how, dist.world) if records else []
+
+
+def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> list[dict]:
+    """Every rank's records (``rollout.n`` per prompt, in its own order) in the global batch's order."""
+    at: dict[int, list[dict]] = {}
+    for rank, part in enumerate(parts):
+        for j, position in enumerate(how.positions(rank, world)):
+            at[position] = part[j * how.group_size:(j + 1) * how.group_size]
+    return [r for position in sorted(at) for r in at[position]]
 
 
 def reward_fields(p: Prompt) -> dict:

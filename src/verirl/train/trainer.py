@@ -24,7 +24,7 @@ from verirl.errors import CheckpointError
 from verirl.evaluate import evaluate, val_metrics
 from verirl.metrics import JsonlSink, mean_of, read_jsonl, truncate
 from verirl.models import save_hf
-from verirl.launch.local import launch
+from verirl.launch import launch
 from verirl.models.device import resolve_device
 from verirl.plan import world_size
 from verirl.train import distributed
@@ -32,6 +32,7 @@ from verirl.train.build import LogSettings, Run, build_run
 from verirl.train.distributed import launched
 from verirl.train.checkpoint import restore_training_state, save_checkpoint
 from verirl.train.step import train_step
+from verirl.train.strategy import full_optimizer_state, full_state_dict, full_weights, nonfinite_parameter
 
 
 def train(cfg: Config, console: Optional[Console] = None) -> dict:
@@ -97,8 +98,9 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
     """Write the final model, evaluate after the last step (unless the loop just did), write and
     print the summary."""
     history = log.history
+    weights = full_state_dict(run.model)  # gathered on every rank when sharded; rank 0 writes
     if run.dist.is_main:
-        save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids)
+        save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids, weights)
     k = min(5, len(history))
     summary.update({
         "steps": len(history), "train_seconds": sum(m["timing/all"] for m in history),
@@ -124,10 +126,11 @@ def evaluate_run(run: Run) -> dict[str, float]:
     e, dist = run.eval, run.dist
     share = -(-len(e.prompts) // dist.world)
     first = dist.rank * share
-    return val_metrics(evaluate(run.engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
-                                max_new_tokens=e.max_new_tokens, temperature=e.temperature, greedy=e.greedy,
-                                seed=e.seed, first_index=first,
-                                gather=lambda rows: [r for part in dist.gather(rows) for r in part]))
+    with full_weights(run.model):  # decoding reads whole weights: no weight collective inside
+        return val_metrics(evaluate(run.engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
+                                    max_new_tokens=e.max_new_tokens, temperature=e.temperature, greedy=e.greedy,
+                                    seed=e.seed, first_index=first,
+                                    gather=lambda rows: [r for part in dist.gather(rows) for r in part]))
 
 
 def _signalled(run: Run, signals: "_Signals") -> int:
@@ -237,7 +240,7 @@ def _checkpoint_due(run: Run, step: int) -> bool:
 def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     """A checkpoint of ``step``: weights, optimizer, sampler position, RNG states, log offsets,
     non-finite step counts. Never from non-finite weights."""
-    bad = next((name for name, p in run.model.named_parameters() if not torch.isfinite(p).all()), None)
+    bad = nonfinite_parameter(run.model, run.dist)
     if bad is not None:
         raise NonFiniteTraining(f"after step {step} the weights are not finite ({bad} holds inf or NaN), so no "
                                 f"checkpoint was written; {_last_good(run)}. Lower actor.lr (or raise "
@@ -245,11 +248,13 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite_steps, "nonfinite_in_a_row": run.nonfinite_in_a_row}
+    weights, optimizer_state = full_state_dict(run.model), full_optimizer_state(run.optimizer)  # every rank
     try:
         path = None
         if run.dist.is_main:
             path = save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
-                                   run.optimizer, run.scheduler, extra, keep=run.keep_checkpoints)
+                                   run.optimizer, run.scheduler, extra, keep=run.keep_checkpoints,
+                                   weights=weights, optimizer_state=optimizer_state)
         return run.dist.broadcast(path)  # the other ranks wait until it is written
     except Exception as e:  # OSError, or torch's / safetensors' own error types around the OS error
         failure = _write_failure(run.run_dir, f"the checkpoint of step {step}", e, _last_good(run))

@@ -1,0 +1,244 @@
+"""How the model's states are laid out across the ranks (`actor.strategy`), and the few operations
+that differ between the layouts: full weights for decoding, full state dicts for checkpoints.
+
+* one rank, or ``ddp``: every rank holds the whole model; `verirl.train.distributed.Dist`
+  sums the gradients once per mini-batch.
+* ``fsdp2``: torch's FSDP2 (`fully_shard`) on each decoder layer and then on the root, for the
+  actor and (parameters only) the reference. Parameters, gradients and optimizer state are
+  DTensors sharded over the ranks; each module's forward all-gathers its weights and each backward
+  reduce-scatters the gradients, SUMMED (the losses are already divided by the global token or
+  sequence counts, so the sum is the one-rank gradient; gloo has no pre-multiplied sum, so the sum
+  is forced for every backend).
+
+Every rank must run the same collectives. FSDP2 runs them inside module forwards, so:
+
+* the log-prob passes go through the root's forward (`final_hidden`), never only the decoder's,
+  so the root's weights (embeddings, final norm, output layer) are gathered before the chunked
+  output layer reads them, and its backward is scheduled;
+* decoding reads weights outside module forwards and stops at a different step on each rank, so
+  it runs inside `full_weights`: every unit gathered once before, none resharded during, all
+  resharded after; no collective while decoding;
+* a rank with fewer micro-batches runs empty ones (`padded_micro_batches`).
+
+Checkpoints are one format whatever the layout: full tensors (`full_state_dict`,
+`full_optimizer_state`, gathered on every rank, written by rank 0), placed back into the shards
+on load (`shard_state_dict`, `shard_optimizer_state`).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+
+from verirl.train.distributed import Dist
+
+
+def _dtensor():
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def _units(model) -> list:
+    """The FSDP2 units of ``model`` (each sharded layer, then the root); empty when it is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard(model, dist: Dist, device: torch.device, offload_params: bool = False, trainable: bool = True):
+    """FSDP2 over every decoder layer, then the root (in place; returns ``model``). On accelerators the
+    parameters compute in bf16 and the gradients reduce in fp32; ``offload_params`` keeps the shards
+    on the host (where the device is not the host already). ``trainable=False`` (the reference):
+    parameters only."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.world,))
+    accelerator = device.type != "cpu"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if accelerator and next(model.parameters()).dtype == torch.float32 else MixedPrecisionPolicy()
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_params and accelerator else OffloadPolicy()
+    for layer in model.get_decoder().layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for unit in _units(model):
+        unit.set_gradient_divide_factor(1.0)  # a sum, not a mean: see the module docstring
+        unit.set_force_sum_reduction_for_comms(True)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
+
+
+@contextlib.contextmanager
+def full_weights(model) -> Iterator[None]:
+    """Every parameter of ``model`` whole, as a plain tensor, inside the block (for decoding, which
+    reads weights outside module forwards): one all-gather per unit before, none inside, reshard
+    after. A no-op for a model that is not sharded."""
+    units = _units(model)
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(unit is not model, recurse=False)  # FSDP2's defaults
+            unit.reshard()
+
+
+def reshard(model) -> None:
+    """Free the gathered root weights a no-grad pass leaves behind (FSDP2 keeps the root's whole after
+    its forward, for the backward that follows in training)."""
+    if is_sharded(model):
+        model.reshard()
+
+
+def final_hidden(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states (after the final norm), computed through the root module's
+    forward so that a sharded model gathers its root weights and schedules their gradients; the
+    output layer runs on one position only, and its logits are dropped."""
+    box: dict[str, torch.Tensor] = {}
+    hook = model.get_decoder().register_forward_hook(lambda m, a, out: box.__setitem__("h", out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return box["h"]
+
+
+@contextlib.contextmanager
+def on_device_for(model, device: torch.device, offload: bool) -> Iterator[None]:
+    """``ref.offload``: the model comes to ``device`` for the block and goes back to the host after it
+    (a sharded model's shards stay on the host under FSDP2's offload policy instead: nothing to move).
+    A no-op when ``offload`` is false or the device is the host."""
+    move = offload and device.type != "cpu" and not is_sharded(model)
+    if move:
+        model.to(device)
+    try:
+        yield
+    finally:
+        if move:
+            model.to("cpu")
+
+
+@contextlib.contextmanager
+def optimizer_state_on_device(optimizer, offload: bool) -> Iterator[None]:
+    """``actor.offload=optimizer``: the optimizer state lives on the host between updates and comes to
+    its parameters' device for the update. A no-op when ``offload`` is false or the device is the host."""
+    if offload:
+        _move_optimizer_state(optimizer, to_host=False)
+    try:
+        yield
+    finally:
+        if offload:
+            _move_optimizer_state(optimizer, to_host=True)
+
+
+def _move_optimizer_state(optimizer, to_host: bool) -> None:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.dim() > 0 and p.device.type != "cpu":  # AdamW's step count stays put
+                    state[k] = v.to("cpu" if to_host else p.device, non_blocking=not to_host)
+
+
+def state_bytes(model, optimizer, ref=None) -> int:
+    """Bytes of the model states this rank holds: parameters, gradients, optimizer state, and the
+    reference's parameters (a sharded model's shards only)."""
+    tensors = [local(p) for p in model.parameters()] + [local(p.grad) for p in model.parameters() if p.grad is not None]
+    tensors += [local(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    tensors += [local(p) for p in ref.parameters()] if ref is not None else []
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def memory_metrics(model, optimizer, ref, dist: Dist) -> dict[str, float]:
+    """``perf/model_states_gb`` (`state_bytes`) and the peak memory (`peak_memory`), each the largest
+    over the ranks."""
+    from verirl.models.device import peak_memory
+
+    name, peak = peak_memory(next(model.parameters()).device)
+    states, peak = dist.all_max([state_bytes(model, optimizer, ref) / 2**30, peak])
+    return {"perf/model_states_gb": states, name: peak}
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (the tensor itself when it is not sharded)."""
+    return t.to_local() if isinstance(t, _dtensor()) else t
+
+
+def full(t):
+    """The whole of ``t`` on every rank (an all-gather when it is sharded; a collective: every rank
+    must call it for the same tensors in the same order)."""
+    return t.full_tensor() if isinstance(t, _dtensor()) else t
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's state dict with whole tensors (gathered when sharded; every rank calls it). Tied
+    weights stay one tensor under both names, as in the model."""
+    gathered: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        if id(v) not in gathered:
+            gathered[id(v)] = full(v).detach()
+        out[k] = gathered[id(v)]
+    return out
+
+
+def full_optimizer_state(optimizer) -> dict:
+    """``optimizer.state_dict()`` with whole tensors: the same format as one rank's (every rank calls it)."""
+    sd = optimizer.state_dict()
+    sd["state"] = {i: {k: full(v) for k, v in s.items()} for i, s in sd["state"].items()}
+    return sd
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A whole tensor laid out as ``like`` (this rank's shard of it when ``like`` is sharded, taken
+    from the local copy: no communication)."""
+    if not isinstance(like, _dtensor()):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def shard_state_dict(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole weights (a checkpoint's) laid out as ``model``'s parameters, for ``model.load_state_dict``."""
+    own = model.state_dict()
+    return {k: shard_like(v, own[k]) if k in own else v for k, v in weights.items()}
+
+
+def shard_optimizer_state(optimizer, state: dict) -> dict:
+    """A whole optimizer state (a checkpoint's) laid out as ``optimizer``'s parameters."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    out = dict(state)
+    out["state"] = {i: {k: shard_like(v, params[int(i)]) if torch.is_tensor(v) and v.dim() > 0 else v
+                        for k, v in s.items()} for i, s in state["state"].items()}
+    return out
+
+
+def grad_norm(params, max_norm: float) -> torch.Tensor:
+    """The gradients' global norm (over every rank's shards), clipped to ``max_norm`` when it is > 0."""
+    if max_norm > 0:
+        return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return full(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+
+def nonfinite_parameter(model, dist: Dist) -> Optional[str]:
+    """The name of a parameter holding inf or NaN on any rank (None: all finite), agreed by every rank."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(local(p)).all()]
+    first = dist.all_max([1.0 if bad else 0.0])[0]
+    if not first:
+        return None
+    return next((b for part in dist.gather(bad[:1]) for b in part), "a parameter")
