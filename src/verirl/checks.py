@@ -19,8 +19,10 @@ def check_train(cfg: Config) -> None:
     from verirl.models.device import DEVICES
     from verirl.models.load import DTYPES
     from verirl.rollout import ENGINES
+    from verirl.rollout.replay import REPLAY_EOS, REPLAY_PROMPTS
 
     for registry, name in [(ENGINES, cfg.rollout.engine), (DTYPES, cfg.model.dtype), (DEVICES, cfg.model.device),
+                           (REPLAY_PROMPTS, cfg.rollout.replay_prompts), (REPLAY_EOS, cfg.rollout.replay_eos),
                            (ADVANTAGE_ESTIMATORS, cfg.algo.adv_estimator), (KL_ESTIMATORS, cfg.algo.kl_type),
                            (AGGREGATIONS, cfg.algo.loss_agg_mode), (SHUFFLES, cfg.data.shuffle),
                            (TOO_LONG, cfg.data.too_long)]:
@@ -64,7 +66,7 @@ def check_parallel(cfg: Config) -> None:
         raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "
                           f"torchrun) but trainer.nproc_per_node={cfg.trainer.nproc_per_node} x trainer.nnodes="
                           f"{cfg.trainer.nnodes} = {world}. Set them to match the launch.")
-    if cfg.trainer.nnodes > 1 and not cfg.trainer.rdzv_endpoint:
+    if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local" and not cfg.trainer.rdzv_endpoint:
         raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} needs trainer.rdzv_endpoint=HOST:PORT, the same on every "
                           f"machine (e.g. the first machine's address and a free port such as 29400).")
 
@@ -93,8 +95,11 @@ def check_rules(verifiers, tasks) -> None:
 def check_paths(cfg: Config) -> None:
     """Data files, the templates file, the evaluation data, the model directory and an explicit
     resume checkpoint exist."""
+    if cfg.rollout.engine == "replay" and not cfg.rollout.replay_path:
+        raise ConfigError("rollout.engine=replay needs rollout.replay_path: a rollouts.jsonl (a run with "
+                          "trainer.dump_rollouts=true writes one) or another system's JSONL dump.")
     for key, path in [("data.train_path", cfg.data.train_path), ("data.templates_file", cfg.data.templates_file),
-                      ("eval.data", cfg.eval.data)]:
+                      ("eval.data", cfg.eval.data), ("rollout.replay_path", cfg.rollout.replay_path)]:
         if path and not os.path.exists(path):
             raise ConfigError(f"{key}='{path}' does not exist. Give an existing file or folder.")
     if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):

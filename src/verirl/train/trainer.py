@@ -42,7 +42,7 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
     with ``trainer.resume=auto``. SIGINT / SIGTERM save a checkpoint and raise TrainingInterrupted."""
     started = time.time()
     check_train(cfg)
-    if world_size(cfg) > 1 and not launched():  # this process starts the ranks; each runs this function
+    if (world_size(cfg) > 1 or cfg.trainer.launcher == "ray") and not launched():  # start the ranks; each runs this
         return launch(cfg)
     run = build_run(cfg, distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s))
     log = RunLog(run.run_dir, run.step.dump_rollouts, console or Console(), run.log, enabled=run.dist.is_main)
