@@ -68,17 +68,23 @@ class ModelConfig:
     path: str = "tiny"  # a Hugging Face directory, or tiny (the 1M-parameter model shipped with verirl)
     dtype: str = "float32"  # float32 / bfloat16 / float16
     device: str = "auto"  # auto (cuda, then npu, then cpu) / cpu / cuda / npu
+    # values that replace the model's config.json at load, for the actor, the reference and the rollout
+    # engine alike (veRL's name), e.g. {rms_norm_eps: 1e-5}: how another system's numerics are reproduced
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "native"  # native (own KV-cache sampler) / hf (transformers generate)
+    engine: str = "native"  # native (own KV-cache sampler) / hf (transformers generate) / replay (from a dump)
     n: int = 8  # samples per prompt (the GRPO group size; 8 is the common choice)
     max_new_tokens: int = 512  # response length cap, tokens, the stop token included (veRL's default)
     temperature: float = 1.0  # sampling temperature (0 = greedy); log-probs are taken at the same temperature
     top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens with this much mass
     top_k: int = 0  # 0 = off
     micro_batch_size: int = 0  # sequences per generate call; 0 = the whole step at once
+    replay_path: str = ""  # engine=replay: a rollouts.jsonl (trainer.dump_rollouts) or another system's JSONL dump
+    replay_prompts: str = "data"  # engine=replay: data (the run's prompts, checked against the dump) / dump (the dump's)
+    replay_eos: str = "length"  # engine=replay, text without a stopped field: length (EOS when < max_new_tokens) / always / never
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Load a causal LM and its tokenizer, work out its stop tokens, and save Hugging Face directories."""
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import warnings
@@ -57,15 +58,35 @@ def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
     return ids
 
 
-def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto") -> LoadedModel:
+def model_config(path: str, override: Optional[dict] = None):
+    """The model's transformers config, with ``override`` (model.override_config) applied: each key
+    must be one the config has (a misspelt key would otherwise change nothing, silently)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_path(path))
+    for key, value in (override or {}).items():
+        if not hasattr(config, key):
+            known = sorted(k for k in config.to_dict() if not k.startswith("_"))
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ModelError(f"model.override_config.{key}: {path}'s config ({type(config).__name__}) has no key "
+                             f"'{key}'{f'; did you mean {close[0]}?' if close else ''} Its keys: {', '.join(known)}.")
+        setattr(config, key, value)
+    return config
+
+
+def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
+               override_config: Optional[dict] = None) -> LoadedModel:
+    """The model and tokenizer of ``path`` (a Hugging Face directory or tiny) on ``device``, with
+    ``override_config`` replacing values of its config.json (see `model_config`)."""
     real = resolve_path(path)
     if not os.path.isdir(real) or not os.path.exists(os.path.join(real, "config.json")):
         raise ModelError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
                          f"(no config.json). Point model.path at one, or rebuild the tiny model "
                          f"with `make weights`.")
+    extra = {"config": model_config(path, override_config)} if override_config else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(real)
-        model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa", **extra)
     except (OSError, ValueError, KeyError, SafetensorError) as e:  # a damaged file, an unknown architecture
         raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e

@@ -9,12 +9,15 @@ from verirl.registry import Registry
 from verirl.rollout.base import Engine, SamplingParams, build_rollout, concat_rollouts, left_pad
 from verirl.rollout.hf import HFEngine
 from verirl.rollout.native import NativeEngine
+from verirl.rollout.replay import ReplayEngine
 
-ENGINES = Registry("rollout.engine", {"native": NativeEngine, "hf": HFEngine})
+ENGINES = Registry("rollout.engine", {"native": NativeEngine, "hf": HFEngine, "replay": ReplayEngine})
 
 
-def build_engine(name: str, model, pad_id: int, stop_ids: list[int]) -> Engine:
-    return ENGINES[name](model, pad_id=pad_id, stop_ids=stop_ids)
+def build_engine(name: str, model, pad_id: int, stop_ids: list[int], **options) -> Engine:
+    """The engine ``name`` over ``model``; ``options``: the engine's own keyword arguments (replay: path,
+    tokenizer, prompts, eos)."""
+    return ENGINES[name](model, pad_id=pad_id, stop_ids=stop_ids, **options)
 
 
 def generate_chunked(engine: Engine, prompt_ids, n: int, params: SamplingParams, micro_batch_size: int,
@@ -58,4 +61,4 @@ def check_grouped(rollout, prompt_ids, n: int, source: str) -> None:
 
 __all__ = ["Engine", "SamplingParams", "ENGINES", "build_engine", "build_rollout", "concat_rollouts",
            "generate_chunked", "check_grouped", "left_pad",
-           "HFEngine", "NativeEngine"]
+           "HFEngine", "NativeEngine", "ReplayEngine"]

@@ -16,6 +16,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: Optional[int] = None  # keys the sampling uniforms (see verirl.rollout.sampling); None = unseeded
+    step: Optional[int] = None  # the training step being sampled (the replay engine's key); None outside training
 
 
 class Engine(Protocol):

@@ -25,6 +25,7 @@ from verirl.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
+from verirl.train.taps import response_positions
 from verirl.train.strategy import grad_norm, is_sharded, on_device_for, optimizer_state_on_device, reshard
 from verirl.types import Rollout, TrainBatch
 
@@ -150,9 +151,12 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     response in these rows. Positions restart at each sequence's first real token."""
     input_ids, attn, resp_ids, resp_mask = _slice(rollout, idx)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    b, width = input_ids.shape
     r = resp_ids.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                   logits_to_keep=r + 1).logits[:, :-1]  # (b, r, V): position t predicts response token t
+    rows, cols = resp_mask.nonzero(as_tuple=True)  # column width - r - 1 + t predicts response token t
+    with response_positions(rows * width + width - r - 1 + cols):
+        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                       logits_to_keep=r + 1).logits[:, :-1]  # (b, r, V): position t predicts response token t
     logp = logprobs_from_logits(logits, resp_ids, temperature)
     ent = None
     if with_entropy:

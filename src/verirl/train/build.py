@@ -26,6 +26,7 @@ from verirl.models import load_model
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.rollout.replay import dump_prompts
 from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.distributed import Dist
@@ -60,7 +61,7 @@ class StepSettings:
     def sampling_at(self, step: int) -> SamplingParams:
         """The rollout's sampling parameters at ``step``: a seed of its own, so a resumed run samples
         the same responses."""
-        return dataclasses.replace(self.sampling, seed=self.seed * 1_000_003 + step)
+        return dataclasses.replace(self.sampling, seed=self.seed * 1_000_003 + step, step=step)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def build_run(cfg: Config, dist: Optional[Dist] = None) -> Run:
 
 def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock: bool) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
-    lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
     eval_prompts = val
     if cfg.eval.data:
@@ -190,12 +191,25 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end)
-    return Run(cfg, dist, lm.model, ref, lm.tokenizer, build_engine(cfg.rollout.engine, lm.model, lm.pad_id, stop_ids),
-               optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
-               PromptSampler(len(train), cfg.data.seed, cfg.data.shuffle), step_settings(cfg, lm.model, dist.world),
+    engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
+    return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
+               PromptSampler(len(train), cfg.data.seed, order), step_settings(cfg, lm.model, dist.world),
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
+
+
+def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) -> tuple[Engine, list[Prompt], str]:
+    """(the rollout engine, the training prompts, their order): the data's, unless the replay engine
+    takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order)."""
+    r = cfg.rollout
+    if r.engine != "replay":
+        return build_engine(r.engine, lm.model, lm.pad_id, stop_ids), train, cfg.data.shuffle
+    engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,
+                          prompts=r.replay_prompts, eos=r.replay_eos)
+    if r.replay_prompts == "dump":
+        return engine, dump_prompts(engine.steps, r.n, lm.tokenizer), "sequential"
+    return engine, train, cfg.data.shuffle
 
 
 def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:

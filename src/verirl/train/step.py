@@ -123,9 +123,12 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,
                     rewards: RewardResult) -> list[dict]:
-    """One RUN_DIR/rollouts.jsonl record per response: prompt, response, label, each rule's score."""
+    """One RUN_DIR/rollouts.jsonl record per response: prompt, response, label, each rule's score, and
+    the token ids (``prompt_ids``, ``response_ids``: what `rollout.engine=replay` replays exactly;
+    decoded text does not always re-encode to the same ids)."""
     lengths = rollout.response_lengths.tolist()
     return [{"step": step, "prompt": tokenizer.decode(p.ids), "response": text, "label": p.label, "task": p.task,
              "scores": {rule: scores[i] for rule, scores in rewards.per_rule.items()},
-             "reward": rewards.totals[i], "response_length": lengths[i], "stopped": bool(rollout.stopped[i])}
+             "reward": rewards.totals[i], "response_length": lengths[i], "stopped": bool(rollout.stopped[i]),
+             "prompt_ids": list(p.ids), "response_ids": rollout.response_ids[i, :lengths[i]].tolist()}
             for i, (p, text) in enumerate(zip(per_response, texts))]
