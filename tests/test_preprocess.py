@@ -65,6 +65,30 @@ def test_verl_parquet_handler(tmp_path):
     assert json.loads(r["extra_info"]) == {"index": 2, "split": "train"}
 
 
+def test_verl_rows_keep_source_and_ability_by_default_and_train_with_per_source_metrics(tmp_path):
+    """With the default dataset_additional_keys ([labels]), veRL rows still keep data_source and
+    ability (as task): rewards route by task and the metrics split by source."""
+    from verirl.cli import main
+
+    rows = [{"data_source": "gsm8k" if i % 2 else "math", "prompt": [{"role": "user", "content": f"{i} + 1 = ?"}],
+             "ability": "arith", "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(8)]
+    src = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    preprocess(_cfg(tmp_path, src, handler_name="VerlParquetHandler", prompt_type="tokenizer",
+                    dataset_additional_keys=["labels"]))
+    r = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()[1]
+    assert (r["labels"], r["task"], r["data_source"]) == ("2", "arith", "gsm8k")
+    run = tmp_path / "run"
+    assert main(["train", f"data.train_path={src}", "data.handler_name=VerlParquetHandler",
+                 "data.prompt_type=tokenizer", f"trainer.run_dir={run}", "trainer.total_steps=1",
+                 "data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=8",
+                 "eval.before_train=false", "eval.at_end=false", "log.progress=false", "reward.workers=0",
+                 "reward.tasks={arith: [acc]}", "reward.verifiers=[acc]", "reward.weights=[1.0]"]) == 0
+    m = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert "reward/task/arith/mean" in m and "reward/acc/mean" in m
+    assert {"reward/data_source/gsm8k/mean", "reward/data_source/math/mean"} & set(m)
+
+
 BAD = [
     ({"question": "x", "answer": "1"}, "missing_prompt", r"raw.jsonl row 1: key 'problem' \(map_keys.prompt\) is missing"),
     ({"problem": 12, "answer": "1"}, "bad_prompt_type", r"raw.jsonl row 1: key 'problem' \(map_keys.prompt\) must be a string"),

@@ -54,3 +54,40 @@ def test_hf_tokenizer_matches_tiktoken_on_rendered_prompts(qwen):
         ours = qwen(text, add_special_tokens=False)["input_ids"]
         theirs = ref.encode(text, allowed_special="all")
         assert ours == theirs, text
+
+
+def test_eos_equal_to_pad_is_trained_on_and_never_added(qwen):
+    """Seed 000's collapse: with pad == eos (Qwen2.5 base: 151643 for both), a tool that masks by id
+    strips every EOS, so the policy never learns to stop. verirl masks by position: a finished
+    response's EOS is inside the response mask and its log-prob gets gradient; a response cut at
+    the length cap gets no EOS added. On the real vocabulary, a Qwen2-shaped model of that size."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verirl.algo import aggregate
+    from verirl.rollout import build_rollout, left_pad
+    from verirl.train.actor import LogprobPass, sequence_logprobs
+
+    eos = pad = qwen.convert_tokens_to_ids("<|endoftext|>")
+    assert eos == 151643  # Qwen2.5 base: its EOS, and its pad
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    prompt = qwen("1 + 2 =", add_special_tokens=False)["input_ids"]
+    text = qwen(" 3", add_special_tokens=False)["input_ids"]
+    finished = text + [eos, pad, pad]  # ended on EOS; the engine fills the rest with pad (the same id)
+    cut = (text * 5)[:len(finished)]  # reached the cap without one
+    ids, mask = left_pad([prompt, prompt], pad)
+    r = build_rollout(ids, mask, torch.tensor([finished, cut]), [eos], pad)
+    n = len(text)
+    assert r.response_mask[0].tolist()[:n + 2] == [1] * (n + 1) + [0]  # up to and including the EOS, then off
+    assert r.response_ids[0, n] == eos and bool(r.stopped[0])
+    assert r.response_mask[1].sum() == len(cut) and eos not in r.response_ids[1].tolist() and not r.stopped[1]
+    for packed in (True, False):
+        model.zero_grad()
+        logp, _, m = sequence_logprobs(model, r, [0, 1], LogprobPass(remove_padding=packed))
+        logp.retain_grad()
+        aggregate(-logp, m, "token-mean").backward()
+        assert logp.grad[0, n] != 0  # the EOS token's log-prob is in the loss
+        eos_row = model.lm_head.weight.grad[eos]
+        assert eos_row.abs().sum() > 0

@@ -82,7 +82,7 @@ def _is_preprocessed(path: Path) -> bool:
         return False
 
 
-CACHE_FORMAT = 2  # bump when preprocessing changes what it writes for the same inputs
+CACHE_FORMAT = 3  # bump when preprocessing changes what it writes for the same inputs
 
 # The files of a tokenizer directory that shape its ids and its chat template. config.json is in:
 # AutoTokenizer reads it when tokenizer_config.json does not name the tokenizer class.

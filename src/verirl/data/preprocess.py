@@ -174,12 +174,22 @@ class RowProcessor:
                 out[k]["prompt_ids"] = x  # type: ignore[index]
         return out
 
+    def kept_keys(self, row: dict) -> list[str]:
+        """The configured dataset_additional_keys; veRL rows also keep their ``data_source`` and their
+        ``ability`` (as ``task``) whenever they have them, as veRL users expect: rewards routed by
+        task and metrics per data source, without listing the keys."""
+        keys = list(self.cfg.dataset_additional_keys)
+        if self.kind == "verl":
+            keys += [k for k, present in (("data_source", "data_source" in row),
+                                          ("task", "task" in row or "ability" in row)) if present and k not in keys]
+        return keys
+
     def fields(self, where: str, row: dict) -> dict:
         """Everything but the token ids: the templated prompt text and the kept keys."""
         text = self.render(self._messages(row, where))
         _check_text(where, "the prompt", text)
         out: dict[str, Any] = {"prompt_ids": None, "prompt": text}
-        for key in self.cfg.dataset_additional_keys:
+        for key in self.kept_keys(row):
             if key == "labels":
                 val = self._field(row, "response", where, required=True)
             elif self.kind == "verl" and key == "task" and "task" not in row:

@@ -19,8 +19,9 @@ class RewardResult:
     per_rule: dict[str, list[Optional[float]]]  # rule name -> (N,) score, None where the rule does not apply
     errors: int = 0  # scores that failed (raised, timed out, NaN, wrong length) and counted 0
 
-    def metrics(self, tasks: Sequence[str]) -> dict[str, float]:
-        """reward/mean, reward/<rule>/mean over applicable samples only, reward/task/<task>/mean."""
+    def metrics(self, tasks: Sequence[str], sources: Sequence[Optional[str]] = ()) -> dict[str, float]:
+        """reward/mean, reward/<rule>/mean over applicable samples only, reward/task/<task>/mean, and
+        reward/data_source/<source>/mean for the samples whose prompt has a data source (veRL's rows)."""
         out = {"reward/mean": sum(self.totals) / max(len(self.totals), 1), "reward/errors": float(self.errors)}
         for rule, scores in self.per_rule.items():
             vals = [s for s in scores if s is not None]
@@ -29,6 +30,9 @@ class RewardResult:
         for task in sorted(set(tasks)):
             vals = [t for t, k in zip(self.totals, tasks) if k == task]
             out[f"reward/task/{task}/mean"] = sum(vals) / len(vals)
+        for source in sorted({s for s in sources if s}):
+            vals = [t for t, s in zip(self.totals, sources) if s == source]
+            out[f"reward/data_source/{source}/mean"] = sum(vals) / len(vals)
         return out
 
 

@@ -61,7 +61,8 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
         with timer("update"):
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist)
     actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
-    local = StepData([p.task for p in per_response], rewards, scores, advantages.cpu(), rollout)
+    local = StepData([p.task for p in per_response], [p.extra.get("data_source") for p in per_response], rewards,
+                     scores, advantages.cpu(), rollout)
     metrics = step_metrics(step, how, dist, local, actor_stats, timer)
     records = rollout_records(step, run.tokenizer, per_response, texts, rollout, rewards) if how.dump_rollouts else []
     return metrics, in_batch_order(dist.gather(records), how, dist.world) if records else []
@@ -85,6 +86,7 @@ def reward_fields(p: Prompt) -> dict:
 class StepData:
     """What a rank's step produced, for the metrics of the global batch."""
     tasks: list[str]  # (N,) each response's task
+    sources: list  # (N,) each response's data_source (None: its prompt has none)
     rewards: RewardResult
     scores: torch.Tensor  # (N,) weighted rewards
     advantages: torch.Tensor  # (N,)
@@ -92,7 +94,7 @@ class StepData:
 
     def plain(self) -> dict:
         r = self.rollout
-        return {"tasks": self.tasks, "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
+        return {"tasks": self.tasks, "sources": [None if s is None else str(s) for s in self.sources], "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
                 "errors": self.rewards.errors, "scores": self.scores.tolist(), "advantages": self.advantages.tolist(),
                 "response_lengths": r.response_lengths.tolist(), "prompt_lengths": r.prompt_lengths.tolist(),
                 "stopped": r.stopped.tolist()}
@@ -108,7 +110,7 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
     rewards = RewardResult(cat("totals"), {rule: [x for part in parts for x in part["per_rule"][rule]]
                                            for rule in parts[0]["per_rule"]}, sum(part["errors"] for part in parts))
     m: dict[str, float] = {"step": step}
-    m.update(rewards.metrics(cat("tasks")))
+    m.update(rewards.metrics(cat("tasks"), cat("sources")))
     m.update(advantage_metrics(torch.tensor(cat("advantages")), torch.tensor(cat("scores")), how.group_size))
     m.update(length_metrics(torch.tensor(cat("response_lengths")), torch.tensor(cat("prompt_lengths")),
                             torch.tensor(cat("stopped"))))
