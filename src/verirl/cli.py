@@ -1,4 +1,5 @@
-"""`verirl train | plan | sft | preprocess | export | eval`.
+"""`verirl train | plan | sft | preprocess | export | eval | doctor | convert-config | compare-runs |
+compare-activations`.
 
 Errors a user can fix (`verirl.errors.UserError`: config, files, data, checkpoints, batch
 shapes) print one paragraph and exit 2; set VERIRL_DEBUG=1 to see the traceback too. Any
@@ -23,6 +24,9 @@ EPILOG = """examples:
   verirl preprocess --config configs/preprocess_example.yaml input=data/raw.jsonl output_prefix=data/train
   verirl export runs/tiny_grpo/20261129-120000 exported/   # newest checkpoint -> a Hugging Face directory
   verirl eval --model exported/ --data arith --n 8          # greedy_acc, pass@1..8, maj@8 on the held-out split
+  verirl doctor path/to/model                               # EOS / pad / BOS ids, chat template, numerics
+  verirl convert-config --from verl examples/verl_ppo_trainer_grpo.yaml -o grpo.yaml   # veRL / MindSpeed-RL -> verirl
+  verirl compare-runs runs/a runs/b --png cmp.png           # two runs' curves against a tolerance (docs/alignment.md)
 
 A run checkpoints every trainer.save_freq steps into RUN_DIR/checkpoints and continues from
 the newest one when started again with the same trainer.run_dir (trainer.resume=auto).
@@ -83,7 +87,20 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--size", "--val-size", dest="size", type=int, default=200,
                    help="with --data arith: held-out problems, as eval.size (default 200)")
     v.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
+    for name, module in _align_commands():
+        a = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(a)
     return p
+
+
+def _align_commands():
+    """(name, module) of the alignment commands (`verirl.align.COMMANDS`)."""
+    import importlib
+
+    from verirl.align import COMMANDS
+
+    return [(name, importlib.import_module(path)) for name, path in COMMANDS.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +113,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    from verirl.align import COMMANDS
+
+    if args.command in COMMANDS:
+        import importlib
+
+        from verirl.errors import UserError
+        try:
+            return importlib.import_module(COMMANDS[args.command]).run(args)
+        except UserError as e:
+            return _user_error(args.command, e)
     if args.command == "export":
         return _export(args)
     if args.command == "eval":

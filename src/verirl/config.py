@@ -30,11 +30,13 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError, OmegaConfBaseException
 
@@ -141,6 +143,16 @@ class RefConfig:
 
 
 @dataclass
+class ActivationDumpConfig:
+    # Per-module statistics of the training forward (and backward) of chosen steps, for
+    # `verirl compare-activations` (docs/activations.md); generation is not hooked.
+    steps: list[int] = field(default_factory=list)  # the steps whose update is recorded ([] = none)
+    modules: str = ".*"  # a regular expression over module names, e.g. "layers\\.0\\."
+    backward: bool = False  # also the gradients flowing back into each module's output
+    dir: str = ""  # "" = RUN_DIR/activations; one file per step and rank: DIR/step_N/rankR.json
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 100  # GRPO steps (one rollout each)
     run_dir: str = "runs/default"  # config.yaml, metrics.jsonl, summary.json, final/ go here
@@ -158,6 +170,7 @@ class TrainerConfig:
     launcher: str = "local"  # local (torch.distributed.run) / ray (placement group on a Ray cluster)
     ray_address: str = "auto"  # the Ray cluster to join (auto: the running one, else a local one started for the run)
     dist_timeout_s: int = 600  # a rank that raises or dies ends every rank within this many seconds
+    dump_activations: ActivationDumpConfig = field(default_factory=ActivationDumpConfig)
 
 
 @dataclass
@@ -379,12 +392,17 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         ov = f"{key}={value}"
         try:
             parsed = OmegaConf.select(OmegaConf.from_dotlist([ov]), key)
-            if isinstance(parsed, DictConfig):  # a mapping replaces the file's, not merged into it
+            current = OmegaConf.select(cfg, key, default=None)
+            section = isinstance(current, DictConfig) and is_dataclass(OmegaConf.get_type(current))
+            if isinstance(parsed, DictConfig) and not section:  # a mapping replaces the file's, not merged into it
                 OmegaConf.update(cfg, key, parsed, merge=False)
-            else:
+            else:  # a plain value, or a mapping onto a section of the schema: its keys are set, the rest kept
                 cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
         except OmegaConfBaseException as e:
             raise _wrap(e, f"override '{ov}'", schema_cls) from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override '{ov}': the value is not valid YAML ({' '.join(str(e).split())}). Quote "
+                              f"strings with backslashes in single quotes, e.g. modules: 'layers\\.0\\.'.") from None
     obj = OmegaConf.to_object(cfg)
     if isinstance(obj, Config):
         validate(obj)
@@ -439,6 +457,11 @@ def validate(cfg: Config) -> None:
     paths are checked by `verirl.checks`, which knows the registries and the file system."""
     _finite(cfg)
     data, rollout, algo, actor, trainer = cfg.data, cfg.rollout, cfg.algo, cfg.actor, cfg.trainer
+    try:
+        re.compile(trainer.dump_activations.modules)
+    except re.error as e:
+        raise ConfigError(f"trainer.dump_activations.modules={trainer.dump_activations.modules!r} is not a regular "
+                          f"expression ({e}). Give one over module names, e.g. 'layers\\.0\\.'.") from None
     for key, val in [("data.prompts_per_step", data.prompts_per_step), ("rollout.n", rollout.n),
                      ("rollout.max_new_tokens", rollout.max_new_tokens),
                      ("data.max_prompt_length", data.max_prompt_length),

@@ -14,6 +14,7 @@ Two ways to run the model over a micro-batch, with the same results:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
@@ -25,7 +26,7 @@ from verirl.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
-from verirl.train.taps import response_positions
+from verirl.train.taps import response_positions, silenced
 from verirl.train.strategy import grad_norm, is_sharded, on_device_for, optimizer_state_on_device, reshard
 from verirl.types import Rollout, TrainBatch
 
@@ -154,7 +155,7 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     b, width = input_ids.shape
     r = resp_ids.shape[1]
     rows, cols = resp_mask.nonzero(as_tuple=True)  # column width - r - 1 + t predicts response token t
-    with response_positions(rows * width + width - r - 1 + cols):
+    with response_positions(rows * width + width - r - 1 + cols, cols == 0):
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                        logits_to_keep=r + 1).logits[:, :-1]  # (b, r, V): position t predicts response token t
     logp = logprobs_from_logits(logits, resp_ids, temperature)
@@ -193,7 +194,8 @@ def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
     planned = plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once)
     with eval_mode(model), on_device_for(model, out.device, how.offload):
         for mb in same_count(planned, model, dist or Dist.single()):
-            logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], how, layouts=layouts)
+            with silenced() if mb is None else contextlib.nullcontext():
+                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], how, layouts=layouts)
             if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
                 out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     reshard(model)
@@ -234,8 +236,9 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                                          p.forward.prompt_once)
             for mb in same_count(planned, model, dist):
                 if mb is None:  # an empty micro-batch: only the other ranks' all-gathers and reduce-scatters
-                    logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts)
-                    (logp.sum() * 0.0).backward()
+                    with silenced():
+                        logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts)
+                        (logp.sum() * 0.0).backward()
                     continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
                 logp, ent, mask = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import functools
 import random
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from verirl.algo import ADVANTAGE_ESTIMATORS
 from verirl.config import Config, DataConfig
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
-from verirl.errors import CheckpointError, DataError
+from verirl.errors import CheckpointError, ConfigError, DataError
 from verirl.models import load_model
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
@@ -37,6 +38,16 @@ from verirl.types import Prompt
 
 
 @dataclass(frozen=True)
+class ActivationSettings:
+    """trainer.dump_activations: which steps' updates are recorded, and how (`verirl.align.dump`)."""
+    steps: frozenset[int]
+    modules: str  # a regular expression over module names
+    backward: bool
+    dir: Path
+    meta: dict  # written into each dump: what a comparison must know about the run
+
+
+@dataclass(frozen=True)
 class StepSettings:
     """What one GRPO step needs, as plain values."""
     prompts_per_step: int  # the global batch's prompts
@@ -49,6 +60,7 @@ class StepSettings:
     advantages: Callable[[torch.Tensor], torch.Tensor]  # (N,) rewards -> (N,) advantages
     update: UpdateParams  # its mini_batch_prompts are this rank's share
     dump_rollouts: bool  # the step returns one record per response
+    activations: Optional[ActivationSettings] = None  # record the update's activations at these steps
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global
@@ -243,7 +255,24 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
         if algo.kl_coef > 0 else None,
         advantages=functools.partial(ADVANTAGE_ESTIMATORS[algo.adv_estimator], group_size=rollout.n,
                                      norm_by_std=algo.norm_adv_by_std, epsilon=algo.adv_epsilon),
-        update=update, dump_rollouts=cfg.trainer.dump_rollouts)
+        update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model))
+
+
+def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
+    """trainer.dump_activations as plain values (None: nothing to record); a module pattern that
+    matches no module is an error now, not at the step."""
+    d = cfg.trainer.dump_activations
+    if not d.steps:
+        return None
+    names = [name for name, _ in model.named_modules() if name]
+    if not any(re.search(d.modules, name) for name in names):
+        raise ConfigError(f"trainer.dump_activations.modules={d.modules!r} matches no module of {cfg.model.path} "
+                          f"(its modules are named like {', '.join(names[:4])}, ...).")
+    meta = {"model": cfg.model.path, "override_config": dict(cfg.model.override_config),
+            "remove_padding": cfg.actor.use_remove_padding, "share_prompt": cfg.actor.share_prompt,
+            "dtype": cfg.model.dtype}
+    return ActivationSettings(frozenset(d.steps), d.modules, d.backward,
+                              Path(d.dir or Path(cfg.trainer.run_dir) / "activations"), meta)
 
 
 RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")

@@ -292,7 +292,7 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
     no compute spent on pad tokens and the output layer applied in chunks to response positions only.
     ``layouts`` (optional) keeps the packed layout for the next pass over the same rows."""
     pb = layouts.get(rollout, rows, share_prompt) if layouts is not None else pack_rows(rollout, rows, share_prompt)
-    with _packed_attention(model, pb.layout), response_positions(pb.pred_pos):
+    with _packed_attention(model, pb.layout), response_positions(pb.pred_pos, pb.out_col == 0):
         hidden = final_hidden(model, pb.input_ids, pb.position_ids)[0]
     head = model.get_output_embeddings()
     lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos), head.weight, pb.labels, head.bias, temperature,

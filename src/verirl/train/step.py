@@ -11,7 +11,9 @@ groups) and outcome rewards only (one scalar per response).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -58,7 +60,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             scores = torch.tensor(rewards.totals, dtype=torch.float32)
             advantages = how.advantages(scores).to(rollout.response_ids.device)
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
-        with timer("update"):
+        with timer("update"), recording(run, step):
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist)
     actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
     local = StepData([p.task for p in per_response], [p.extra.get("data_source") for p in per_response], rewards,
@@ -75,6 +77,22 @@ def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> li
         for j, position in enumerate(how.positions(rank, world)):
             at[position] = part[j * how.group_size:(j + 1) * how.group_size]
     return [r for position in sorted(at) for r in at[position]]
+
+
+@contextlib.contextmanager
+def recording(run: Run, step: int) -> Iterator[None]:
+    """trainer.dump_activations: the block's forwards and backwards recorded at the listed steps, saved
+    per rank (`verirl.align.dump`)."""
+    a = run.step.activations
+    if a is None or step not in a.steps:
+        yield
+        return
+    from verirl.align.dump import ActivationRecorder, dump_path
+
+    with ActivationRecorder(run.model, a.modules, a.backward) as recorder:
+        yield
+    recorder.save(dump_path(a.dir, step, run.dist.rank),
+                  {**a.meta, "step": step, "rank": run.dist.rank, "world_size": run.dist.world})
 
 
 def reward_fields(p: Prompt) -> dict:

@@ -1,0 +1,637 @@
+"""veRL's `ppo_trainer` config -> verirl: the tables `verirl convert-config --from verl` reads.
+
+Keys, defaults and meanings as of volcengine/verl main, January 2026
+(verl/trainer/config/ppo_trainer.yaml and its flattened _generated_ppo_trainer.yaml; the code paths
+named in the notes: verl/trainer/ppo/ray_trainer.py, verl/trainer/main_ppo.py,
+verl/workers/fsdp_workers.py, verl/trainer/ppo/core_algos.py). Where an older veRL behaves
+differently and a config may come from it, the note says so.
+
+Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
+`translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
+and `IGNORED` (glob, why) for what verirl needs no equivalent of. Anything else is "unknown".
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verirl.align.convert import Direct, NeedsDecision, Translation
+
+A = "actor_rollout_ref.actor."
+R = "actor_rollout_ref.rollout."
+REF = "actor_rollout_ref.ref."
+M = "actor_rollout_ref.model."
+
+# veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
+DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
+    "data.shuffle": True, "data.seed": None, "data.filter_overlong_prompts": False, "data.truncation": "error",
+    "data.prompt_key": "prompt", "data.reward_fn_key": "data_source",
+    A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size": None, A + "ppo_micro_batch_size_per_gpu": None,
+    A + "use_dynamic_bsz": False, A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1,
+    A + "clip_ratio": 0.2, A + "clip_ratio_low": 0.2, A + "clip_ratio_high": 0.2, A + "loss_agg_mode": "token-mean",
+    A + "entropy_coeff": 0.0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
+    A + "grad_clip": 1.0, A + "optim.clip_grad": 1.0, A + "optim.lr": 1e-6, A + "optim.betas": [0.9, 0.999],
+    A + "optim.weight_decay": 0.01, A + "optim.lr_warmup_steps": -1, A + "optim.lr_warmup_steps_ratio": 0.0,
+    A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None, A + "optim.optimizer": "AdamW",
+    A + "policy_loss.loss_mode": "vanilla", A + "strategy": "fsdp",
+    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "do_sample": True,
+    R + "val_kwargs.n": 1, R + "val_kwargs.do_sample": False, R + "val_kwargs.temperature": 0.0,
+    M + "use_remove_padding": True,
+    "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
+    "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.save_freq": -1,
+    "trainer.test_freq": -1, "trainer.val_before_train": True, "trainer.project_name": "verl_examples",
+    "trainer.experiment_name": "gsm8k", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1,
+    "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
+    "reward_model.enable": False,
+}
+
+KL_TYPES = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var_kl": "low_var_kl",
+            "k3": "low_var_kl"}
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+ADV = {"grpo": "grpo", "rloo": "rloo"}
+
+
+def _kl_type(v: str) -> str:
+    if v not in KL_TYPES:
+        raise NeedsDecision(f"kl_loss_type {v!r} has no verirl estimator (verirl: kl/k1, mse/k2, low_var_kl/k3, abs; "
+                            f"'full' and the straight-through '+' variants are not available); verirl's default "
+                            f"low_var_kl is left")
+    return KL_TYPES[v]
+
+
+def _loss_agg(v: str) -> str:
+    if v not in LOSS_AGG:
+        raise NeedsDecision(f"loss_agg_mode {v!r} is not one of verirl's ({', '.join(LOSS_AGG)}); verirl's "
+                            f"token-mean is left")
+    return v
+
+
+def _top_k(v: Optional[int]) -> int:
+    return 0 if v is None or v < 0 else int(v)
+
+
+def _adv(v: str) -> str:
+    if v not in ADV:
+        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has grpo and rloo only (no critic, so no GAE); "
+                            f"grpo (verirl's default) is left")
+    return ADV[v]
+
+
+DIRECT = [
+    Direct("data.max_prompt_length", "data.max_prompt_length", note="tokens, the same cap"),
+    Direct("data.max_response_length", "rollout.max_new_tokens",
+           note="the response cap in tokens; both count a generated stop token inside it"),
+    Direct(R + "n", "rollout.n", note="samples per prompt"),
+    Direct(R + "temperature", "rollout.temperature"),
+    Direct(R + "top_p", "rollout.top_p"),
+    Direct(R + "top_k", "rollout.top_k", _top_k, note="vLLM's -1 (off) is verirl's 0"),
+    Direct(A + "ppo_epochs", "actor.epochs", note="passes over each step's rollouts"),
+    Direct(A + "entropy_coeff", "algo.entropy_coef", float),
+    Direct(A + "loss_agg_mode", "algo.loss_agg_mode", _loss_agg),
+    Direct(A + "optim.lr", "actor.lr", float),
+    Direct(A + "optim.betas", "actor.betas", lambda v: [float(b) for b in v]),
+    Direct(A + "optim.weight_decay", "actor.weight_decay", float,
+           note="veRL's default is 0.01, verirl's 0.0: written either way"),
+    Direct(M + "use_remove_padding", "actor.use_remove_padding",
+           note="verirl packs sequences with cumulative lengths; veRL's default was false before 2025"),
+    Direct("algorithm.adv_estimator", "algo.adv_estimator", _adv),
+    Direct("algorithm.norm_adv_by_std_in_grpo", "algo.norm_adv_by_std", bool,
+           note="false is Dr. GRPO (no division by the group std)"),
+    Direct("trainer.val_before_train", "eval.before_train", bool),
+    Direct(M + "path", "model.path", note="the other machine's path or hub id"),
+]
+
+_LAYOUT = "the other run's device layout; verirl's result does not depend on the number of ranks " \
+          "(docs/distributed.md): set trainer.nproc_per_node / nnodes for the machine that runs it"
+_MEMORY = "memory placement, not maths: set actor.offload / ref.offload for this machine"
+_VLLM = "a vLLM/SGLang engine setting; verirl's rollout engine has its own (rollout.micro_batch_size)"
+_KERNEL = "a kernel or compile switch: the same maths, another kernel"
+_OBS = "logging, profiling or tracing: verirl writes RUN_DIR/metrics.jsonl"
+
+# (glob, why) for the keys verirl needs no equivalent of; the first match wins.
+IGNORED: list[tuple[str, str]] = [
+    ("defaults", "Hydra's defaults list: the translation applies veRL's defaults to the keys it reads "
+                 "(rows marked default)"),
+    ("hydra.*", "Hydra's own settings"),
+    ("*._target_", "the Python class veRL builds the section with"),
+    ("*profiler*", _OBS), ("global_profiler.*", _OBS), ("*.prometheus.*", _OBS), ("*.trace.*", _OBS),
+    ("critic.*", "GRPO has no critic (veRL only uses it for GAE); verirl has none"),
+    ("reward_model.*", "reward_model.enable is false: rewards come from the reward function"),
+    ("reward_manager.*", "veRL's reward manager gathers the scores; verirl's rules are reward.verifiers"),
+    ("ray_kwargs.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
+    ("ray_init.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
+    ("transfer_queue.*", "veRL's data transfer queue: no equivalent needed"),
+    ("algorithm.gamma", "GAE's discount: GRPO does not use it"),
+    ("algorithm.lam", "GAE's lambda: GRPO does not use it"),
+    ("algorithm.rollout_correction.*", "off-policy importance correction between rollout and training engines: "
+                                       "verirl takes log-probs from the training model"),
+    ("algorithm.use_pf_ppo", "PF-PPO reweighting: not available, and off here"),
+    ("algorithm.pf_ppo.*", "PF-PPO reweighting: not available, and off here"),
+    ("algorithm.filter_groups.*", "DAPO's dynamic sampling: not available, and off here"),
+    (A + "rollout_n", "interpolated from rollout.n"), (REF + "rollout_n", "interpolated from rollout.n"),
+    (A + "fsdp_config.*", _MEMORY + "; sharding is FSDP2 with actor.strategy=fsdp2"),
+    (REF + "fsdp_config.*", _MEMORY), (A + "checkpoint.*", "what veRL's checkpoints hold: verirl's hold everything"),
+    (A + "clip_ratio_c", "dual-clip PPO: veRL caps the loss of a negative-advantage token at ratio clip_ratio_c (3); "
+                         "verirl has no dual clip, which differs only for tokens whose ratio exceeds it"),
+    (A + "policy_loss.*", "parameters of other policy-loss modes (clip_cov, kl_cov, gpg)"),
+    (A + "tau_pos", "parameter of another policy-loss mode"), (A + "tau_neg", "parameter of another policy-loss mode"),
+    (A + "optim.total_training_steps", "filled in by veRL's trainer at run time"),
+    (A + "optim.optimizer_impl", "where veRL imports the optimizer from"),
+    (A + "optim.override_optimizer_config", "extra optimizer arguments: none are set"),
+    (A + "optim.min_lr_ratio", "the cosine schedule's floor: the schedule here is constant"),
+    (A + "optim.num_cycles", "the cosine schedule's cycles: the schedule here is constant"),
+    (A + "optim.lr_decay_steps", "the decay's length: the schedule here is constant"),
+    (A + "optim.min_lr", "the decay's floor: the schedule here is constant"),
+    (A + "optim.weight_decay_incr_style", "constant weight decay, as verirl's"),
+    (A + "optim.lr_wsd_*", "the warmup-stable-decay schedule's decay: not used by a constant schedule"),
+    (A + "optim.use_checkpoint_opt_param_scheduler", "whether a checkpoint's scheduler state wins on resume"),
+    (A + "megatron.*offload", _MEMORY), (REF + "megatron.*offload", _MEMORY),
+    (A + "megatron.override_transformer_config.recompute_*", "activation recomputation: memory only"),
+    (A + "megatron.override_transformer_config.attention_backend", _KERNEL),
+    (A + "megatron.seed", "Megatron's seed for new weights and dropout: the model is loaded, without dropout"),
+    (A + "megatron.*", "Megatron's model parallelism and checkpoint format: verirl's FSDP2 data parallelism "
+                       "replaces it"),
+    (REF + "megatron.*", "Megatron's model parallelism for the reference: verirl colocates it with the actor"),
+    (A + "load_weight", "veRL's Megatron worker loads the weights, as verirl does"), (REF + "load_weight", "as above"),
+    (R + "layer_name_map.*", "weight names for veRL's Megatron-to-vLLM resharding"),
+    (R + "use_fire_sampling", "FIRE sampling is off"),
+    (M + "lora.*", "LoRA is off (lora.rank 0)"),
+    (A + "shuffle", "veRL's mini-batch shuffle (off by default): verirl keeps the step's order"),
+    (A + "data_loader_seed", "seeds veRL's mini-batch shuffle, which is off"),
+    (A + "ulysses_sequence_parallel_size", "sequence parallelism: verirl shards by data parallelism and keeps "
+                                           "whole sequences on a device"),
+    (REF + "ulysses_sequence_parallel_size", "sequence parallelism: not used by verirl"),
+    (A + "use_torch_compile", _KERNEL), (REF + "use_torch_compile", _KERNEL), (A + "use_fused_kernels", _KERNEL),
+    (A + "entropy_from_logits_with_chunking", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
+    (A + "entropy_checkpointing", _KERNEL), (REF + "entropy_from_logits_with_chunking", _KERNEL),
+    (REF + "entropy_checkpointing", _KERNEL), (A + "calculate_entropy", "verirl always logs the entropy"),
+    (A + "calculate_sum_pi_squared", "a diagnostic"), (A + "sum_pi_squared_checkpointing", "a diagnostic"),
+    (A + "use_prefix_grouper", "verirl computes a shared prompt once per group (actor.share_prompt)"),
+    (A + "use_remove_padding", "interpolated from actor_rollout_ref.model.use_remove_padding"),
+    (A + "freeze_vision_tower", "vision models only"), (A + "router_replay.*", "MoE router replay: off"),
+    (REF + "router_replay.*", "MoE router replay: off"), (A + "loss_scale_factor", "unset: veRL's default scaling"),
+    (REF + "strategy", "the reference model follows the actor's strategy"),
+    (REF + "log_prob_micro_batch_size*", "verirl's reference pass runs in the actor's micro-batches "
+                                         "(actor.micro_batch_size) or ref.log_prob_max_token_len_per_device"),
+    (REF + "log_prob_use_dynamic_bsz", "follows actor.use_dynamic_bsz, as here"),
+    (R + "log_prob_*", "the old-log-prob pass: verirl runs it in the actor's micro-batches or token budget, and "
+                       "skips it when the update is on-policy"),
+    (R + "val_kwargs.top_p", "verirl's evaluation samples at eval.temperature without top-p"),
+    (R + "val_kwargs.top_k", "verirl's evaluation samples at eval.temperature without top-k"),
+    (R + "val_kwargs.*", "evaluation sampling"),
+    (R + "prompt_length", "interpolated from data.max_prompt_length"),
+    (R + "response_length", "interpolated from data.max_response_length"),
+    (R + "tensor_model_parallel_size", "the rollout engine's tensor parallelism: verirl's rollout runs on each "
+                                       "data-parallel rank"),
+    (R + "data_parallel_size", _VLLM), (R + "expert_parallel_size", _VLLM), (R + "pipeline_model_parallel_size", _VLLM),
+    (R + "mode", "sync or async rollout server: verirl generates in the training processes"),
+    (R + "dtype", _VLLM + "; the rollout uses the model's weights as trained (model.dtype)"),
+    (R + "gpu_memory_utilization", _VLLM), (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
+    (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
+    (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
+    (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
+    (R + "disable_log_stats", _VLLM), (R + "engine_kwargs*", _VLLM), (R + "calculate_log_probs", _VLLM),
+    (R + "agent.*", "veRL's agent loop workers"), (R + "checkpoint_engine.*", "how veRL moves weights to vLLM"),
+    (R + "skip_rollout", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
+    (R + "skip_dump_dir", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
+    (R + "skip_tokenizer_init", _VLLM), (R + "enable_rollout_routing_replay", "MoE routing replay: off"),
+    (R + "quantization*", _VLLM), (R + "layered_summon", _VLLM), (R + "over_sample_rate", "off"),
+    (R + "multi_stage_wake_up", _VLLM), (R + "mtp", _VLLM), (R + "multi_turn.*", "multi-turn rollouts are off"),
+    (R + "ignore_eos", "false, as verirl"),
+    (M + "enable_gradient_checkpointing", "memory only: activation checkpointing does not change the maths"),
+    (M + "enable_activation_offload", _MEMORY), (M + "use_shm", "how veRL copies the model files"),
+    (M + "trust_remote_code", "verirl loads the model's own transformers class"),
+    (M + "external_lib", "a module veRL imports to register a model class"),
+    (M + "use_liger", _KERNEL), (M + "use_fused_kernels", _KERNEL), (M + "fused_kernel_options.*", _KERNEL),
+    (M + "tiled_mlp.*", _KERNEL), (M + "mtp.*", "multi-token prediction: off"),
+    (M + "lora_alpha", "LoRA is off (lora_rank 0)"), (M + "target_modules", "LoRA is off (lora_rank 0)"),
+    (M + "exclude_modules", "LoRA is off"), (M + "lora_adapter_path", "LoRA is off"),
+    (M + "hf_config_path", "unset: the config.json of model.path"), (M + "tokenizer_path", "unset: model.path's"),
+    (M + "custom_chat_template", "unset: the tokenizer's own template"),
+    (M + "override_config", "empty: the model's config.json as it is"),
+    ("actor_rollout_ref.hybrid_engine", "verirl always colocates actor, rollout and reference"),
+    ("data.tokenizer", "unset: the model's tokenizer"), ("data.use_shm", "how veRL copies the data files"),
+    ("data.train_max_samples", "-1: the whole file"), ("data.val_max_samples", "-1: the whole file"),
+    ("data.val_batch_size", "verirl evaluates in the engine's batches"),
+    ("data.return_raw_input_ids", "veRL's data-loader output format"), ("data.return_raw_chat", "veRL's data-loader "
+                                                                                                "output format"),
+    ("data.return_full_prompt", "veRL's data-loader output format"),
+    ("data.return_multi_modal_inputs", "vision models only"), ("data.image_key", "vision models only"),
+    ("data.video_key", "vision models only"), ("data.image_patch_size", "vision models only"),
+    ("data.dataloader_num_workers", "data-loader processes: no effect on what is drawn"),
+    ("data.filter_overlong_prompts_workers", "processes for the overlong filter"),
+    ("data.validation_shuffle", "verirl evaluates in the file's order"),
+    ("data.trust_remote_code", "verirl loads the model's own tokenizer class"),
+    ("data.custom_cls.*", "unset: veRL's own data set class"), ("data.sampler.*", "unset: veRL's random sampler"),
+    ("data.datagen.*", "unset"), ("data.apply_chat_template_kwargs", "empty"),
+    ("data.tool_config_path", "tools are off"),
+    ("custom_reward_function.name", "no custom_reward_function.path: the name is unused"),
+    ("trainer.n_gpus_per_node", _LAYOUT), ("trainer.nnodes", _LAYOUT), ("trainer.device", _LAYOUT),
+    ("trainer.balance_batch", "verirl balances its token-budget micro-batches itself"),
+    ("trainer.critic_warmup", "no critic"), ("trainer.max_critic_ckpt_to_keep", "no critic"),
+    ("trainer.logger", _OBS), ("trainer.log_val_generations", _OBS), ("trainer.validation_data_dir", _OBS),
+    ("trainer.default_local_dir", "the other machine's checkpoint folder: verirl writes under trainer.run_dir"),
+    ("trainer.default_hdfs_dir", "HDFS copies of checkpoints"), ("trainer.del_local_ckpt_after_load", "HDFS only"),
+    ("trainer.resume_from_path", "the other machine's checkpoint"), ("trainer.esi_redundant_time", "ESI only"),
+    ("trainer.ray_wait_register_center_timeout", "Ray start-up"), ("trainer.use_legacy_worker_impl", "which veRL "
+                                                                                                     "worker class"),
+    ("trainer.rollout_data_dir", "unset: no rollout dump"), ("trainer.val_only", "false: training"),
+    ("trainer.val_generations_to_log_to_wandb", _OBS),
+    ("trainer.remove_previous_ckpt_in_save", "verirl keeps trainer.keep_checkpoints checkpoints"),
+    ("trainer.max_actor_ckpt_to_keep", "unset: veRL keeps every checkpoint"),
+]
+
+
+# ---------------------------------------------------------------- derived keys
+
+def _batches(t: Translation) -> None:
+    """Step, mini-batch and micro-batch sizes, and token budgets."""
+    prompts = t.get("data.train_batch_size")
+    t.put("data.prompts_per_step", prompts, "data.train_batch_size", note="prompts per step in both")
+    if t.given("data.gen_batch_size") and t.get("data.gen_batch_size") != prompts:
+        t.decide("data.gen_batch_size", "veRL draws gen_batch_size prompts and trains on train_batch_size of them "
+                                        "(DAPO's dynamic sampling): verirl draws and trains on data.prompts_per_step")
+    mini = t.get(A + "ppo_mini_batch_size")
+    t.put("actor.mini_batch_prompts", mini, A + "ppo_mini_batch_size",
+          note="prompts in both: veRL multiplies it by rollout.n inside its workers (ppo_mini_batch_size *= n), "
+               "verirl counts prompts and says so")
+    dynamic = bool(t.get(A + "use_dynamic_bsz"))
+    micro_keys = (A + "ppo_micro_batch_size_per_gpu", A + "ppo_micro_batch_size")
+    if dynamic:
+        budget = t.get(A + "ppo_max_token_len_per_gpu")
+        t.put("actor.max_token_len_per_device", budget, A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu",
+              note="use_dynamic_bsz: micro-batches of at most this many tokens per device in both")
+        if int(t.get(A + "ulysses_sequence_parallel_size", 1) or 1) > 1:
+            t.note(A + "ppo_max_token_len_per_gpu", "veRL packs budget x ulysses size tokens over that many devices; "
+                                                    "verirl keeps the per-device budget")
+        for key in micro_keys:
+            t.ignore(key, "with use_dynamic_bsz veRL sizes micro-batches by tokens (ppo_max_token_len_per_gpu)")
+        if t.given(REF + "log_prob_max_token_len_per_gpu") and t.get(REF + "log_prob_max_token_len_per_gpu") != budget:
+            t.put("ref.log_prob_max_token_len_per_device", t.get(REF + "log_prob_max_token_len_per_gpu"),
+                  REF + "log_prob_max_token_len_per_gpu", note="the reference pass's token budget per device")
+        else:
+            t.translated(REF + "log_prob_max_token_len_per_gpu",
+                         "the actor's budget, as verirl's ref.log_prob_max_token_len_per_device=0 takes it")
+    else:
+        t.ignore(A + "ppo_max_token_len_per_gpu", "read only with use_dynamic_bsz=true")
+        t.ignore(REF + "log_prob_max_token_len_per_gpu", "read only with use_dynamic_bsz=true")
+        if t.given(A + "use_dynamic_bsz"):
+            t.translated(A + "use_dynamic_bsz", "false: micro-batches of ppo_micro_batch_size_per_gpu sequences, "
+                                                "verirl's actor.micro_batch_size")
+        per_gpu = t.get(micro_keys[0])
+        if per_gpu is not None:
+            t.put("actor.micro_batch_size", int(per_gpu), micro_keys[0],
+                  note="sequences per forward/backward on one device in both")
+            t.ignore(micro_keys[1], "ppo_micro_batch_size_per_gpu is set")
+        elif t.get(micro_keys[1]) is not None:
+            world = int(t.get("trainer.n_gpus_per_node")) * int(t.get("trainer.nnodes"))
+            t.put("actor.micro_batch_size", max(1, int(t.get(micro_keys[1])) // world), micro_keys[1],
+                  "trainer.n_gpus_per_node", "trainer.nnodes",
+                  note=f"the deprecated global micro-batch, divided by the {world} devices as veRL does")
+
+
+def _kl(t: Translation) -> None:
+    """KL: veRL's KL loss (use_kl_loss) is verirl's; its in-reward KL penalty has no verirl equivalent."""
+    if bool(t.get(A + "use_kl_loss")):
+        t.put("algo.kl_coef", float(t.get(A + "kl_loss_coef")), A + "use_kl_loss", A + "kl_loss_coef",
+              note="the KL-to-reference term of the loss")
+        try:
+            t.put("algo.kl_type", _kl_type(t.get(A + "kl_loss_type")), A + "kl_loss_type",
+                  note="the same estimator (low_var_kl: k3, clamped to [-10, 10] in both)")
+        except NeedsDecision as e:
+            t.decide(A + "kl_loss_type", str(e))
+    else:
+        t.put("algo.kl_coef", 0.0, A + "use_kl_loss", note="no KL loss: verirl skips the reference pass")
+        t.ignore(A + "kl_loss_coef", "use_kl_loss is false")
+        t.ignore(A + "kl_loss_type", "use_kl_loss is false")
+    if bool(t.get("algorithm.use_kl_in_reward")):
+        t.decide("algorithm.use_kl_in_reward", "veRL subtracts a KL penalty from the reward; verirl has the KL loss "
+                                               "only (algo.kl_coef): drop the penalty or move it to the loss")
+    else:
+        t.translated("algorithm.use_kl_in_reward", "false, as verirl (no KL in the reward)")
+        for key in ["algorithm.kl_penalty", *t.under("algorithm.kl_ctrl")]:
+            t.ignore(key, "use_kl_in_reward is false")
+
+
+def _clip(t: Translation) -> None:
+    """veRL clips at [1 - low, 1 + high], with low/high falling back to clip_ratio where null."""
+    ratio = t.get(A + "clip_ratio")
+    low, high = t.get(A + "clip_ratio_low"), t.get(A + "clip_ratio_high")
+    for name, value in (("low", low), ("high", high)):
+        key = A + f"clip_ratio_{name}"
+        if value is None:
+            t.put(f"algo.clip_ratio_{name}", float(ratio), A + "clip_ratio", key,
+                  note=f"clip_ratio_{name} is null: veRL uses clip_ratio")
+        else:
+            t.put(f"algo.clip_ratio_{name}", float(value), key)
+    if low is not None and high is not None:
+        t.ignore(A + "clip_ratio", "veRL reads clip_ratio only where clip_ratio_low/high are null; they are set "
+                                   "(veRL's defaults are 0.2 since April 2025)")
+        if t.given(A + "clip_ratio") and not (t.given(A + "clip_ratio_low") and t.given(A + "clip_ratio_high")) \
+                and float(ratio) != 0.2:
+            t.warn(f"{A}clip_ratio={ratio} has no effect in veRL since April 2025 (clip_ratio_low/high default to "
+                   f"0.2 and win): the translation uses 0.2, as veRL ran")
+    mode = t.get(A + "policy_loss.loss_mode")
+    if mode == "vanilla":
+        t.translated(A + "policy_loss.loss_mode", "the clipped PPO/GRPO loss, as verirl's")
+    else:
+        t.decide(A + "policy_loss.loss_mode", f"policy loss {mode!r} is not available in verirl (its loss is "
+                                              f"veRL's vanilla clipped loss)")
+
+
+def _optimizer(t: Translation) -> None:
+    name = str(t.get(A + "optim.optimizer"))
+    if name.lower() == "adamw":
+        t.translated(A + "optim.optimizer", "AdamW, as verirl's")
+    elif name.lower() == "adam" and t.get(A + "strategy") == "megatron":
+        t.translated(A + "optim.optimizer", "Megatron's adam decouples the weight decay: AdamW, as verirl's")
+    else:
+        t.decide(A + "optim.optimizer", f"optimizer {name!r}: verirl trains with AdamW")
+    legacy, new = A + "grad_clip", A + "optim.clip_grad"
+    if t.given(legacy) and t.given(new) and t.get(legacy) != t.get(new):
+        t.warn(f"{legacy}={t.get(legacy)} and {new}={t.get(new)} differ: veRL's legacy workers read grad_clip, its "
+               f"new engine optim.clip_grad; the translation takes grad_clip")
+    key = legacy if t.given(legacy) or not t.given(new) else new
+    t.put("actor.grad_clip", float(t.get(key)), key, note="max global gradient norm")
+    if key == legacy and t.given(new):
+        t.translated(new, "see grad_clip")
+    schedule = t.get(A + "optim.warmup_style") or t.get(A + "optim.lr_scheduler_type")
+    sched_key = A + ("optim.warmup_style" if t.get(A + "optim.warmup_style") else "optim.lr_scheduler_type")
+    if schedule == "constant":
+        t.translated(sched_key, "constant after the warm-up, as verirl's")
+        t.ignore(A + "optim.warmup_style", "deprecated name of lr_scheduler_type")
+    else:
+        t.decide(sched_key, f"lr schedule {schedule!r}: verirl keeps the lr constant after the warm-up")
+    style = t.get(A + "optim.lr_decay_style", None)  # the Megatron optimizer's own schedule
+    if style is not None:
+        if style == "constant":
+            t.translated(A + "optim.lr_decay_style", "constant after the warm-up, as verirl's")
+        else:
+            t.decide(A + "optim.lr_decay_style", f"lr_decay_style {style!r}: verirl keeps the lr constant after the "
+                                                 f"warm-up")
+    init = t.get(A + "optim.lr_warmup_init", None)
+    if init is not None:
+        if float(init) == 0:
+            t.translated(A + "optim.lr_warmup_init", "the warm-up starts from 0, as verirl's")
+        else:
+            t.decide(A + "optim.lr_warmup_init", f"the warm-up starts from {init}: verirl's starts from 0")
+
+
+def _steps(t: Translation) -> Optional[int]:
+    """trainer.total_steps: total_training_steps, else total_epochs x batches per epoch (needs the rows)."""
+    steps_key, epochs_key = "trainer.total_training_steps", "trainer.total_epochs"
+    batch = int(t.get("data.gen_batch_size", t.get("data.train_batch_size")))
+    if t.get(steps_key) is not None:
+        steps = int(t.get(steps_key))
+        t.put("trainer.total_steps", steps, steps_key, note="GRPO steps, one rollout each, in both")
+        t.ignore(epochs_key, "total_training_steps is set, and wins over total_epochs in veRL")
+        return steps
+    t.ignore(steps_key, "null: the steps come from total_epochs")
+    epochs, rows = int(t.get(epochs_key)), t.options.train_rows
+    if rows is None:
+        t.decide(epochs_key, "veRL counts epochs; verirl counts steps = total_epochs x floor(rows / "
+                             "train_batch_size) (veRL's data loader drops the last partial batch): pass "
+                             "--train-rows N (the rows left after veRL's overlong-prompt filter), or set "
+                             "trainer.total_steps")
+        return None
+    per_epoch = rows // batch
+    if per_epoch == 0:
+        from verirl.errors import ConfigError
+
+        raise ConfigError(f"--train-rows {rows} is less than one batch of data.train_batch_size={batch} prompts: "
+                          f"veRL would run 0 steps. Give the number of training rows.")
+    steps = epochs * per_epoch
+    t.put("trainer.total_steps", steps, epochs_key,
+          note=f"{epochs} epochs x floor({rows} rows / {batch}) = {epochs} x {per_epoch} steps (--train-rows)")
+    if epochs > 1 and rows % batch:
+        t.warn(f"veRL drops the last {rows % batch} rows of each epoch (drop_last); verirl's prompt order runs on "
+               f"across epochs, so from epoch 2 its steps draw other prompts than veRL's. For identical steps use a "
+               f"row count divisible by {batch}")
+    return steps
+
+
+def _warmup(t: Translation, steps: Optional[int]) -> None:
+    """veRL warms up over RL steps (its scheduler steps once per update_actor call); verirl over optimizer steps."""
+    ratio_key, steps_key = A + "optim.lr_warmup_steps_ratio", A + "optim.lr_warmup_steps"
+    per_step = (int(t.get("data.train_batch_size")) // int(t.get(A + "ppo_mini_batch_size"))) * int(
+        t.get(A + "ppo_epochs"))
+    explicit = t.get(steps_key)
+    ratio = float(t.get(ratio_key))
+    if explicit is not None and int(explicit) > 0:
+        rl_steps, source = int(explicit), steps_key
+        t.ignore(ratio_key, "lr_warmup_steps is set, and wins over the ratio in veRL")
+        how = f"{rl_steps} veRL steps"
+    elif ratio > 0:
+        if steps is None:
+            t.decide(ratio_key, f"a warm-up of {ratio:g} of the run's steps, which are not known (epochs without "
+                                f"--train-rows): set actor.warmup_steps = {ratio:g} x total steps x {per_step} "
+                                f"optimizer steps per step")
+            t.warn(f"warm-up left as a ratio ({ratio:g}): actor.warmup_steps is not written until the step count is "
+                   f"known")
+            t.ignore(steps_key, "unset (-1): the ratio applies")
+            return
+        rl_steps, source = int(ratio * steps), ratio_key
+        how = f"int({ratio:g} x {steps} steps) = {rl_steps} veRL steps"
+        t.ignore(steps_key, "unset (-1): the ratio applies")
+    else:
+        if t.given(ratio_key) or t.given(steps_key):
+            t.put("actor.warmup_steps", 0, *[k for k in (ratio_key, steps_key) if t.given(k)], note="no warm-up")
+        return
+    t.put("actor.warmup_steps", rl_steps * per_step, source,
+          note=f"{how} x {per_step} optimizer steps per step (train_batch_size / ppo_mini_batch_size x ppo_epochs); "
+               f"veRL holds the lr for a whole step and starts at 0, verirl ramps per optimizer step from lr/warmup")
+
+
+def _data(t: Translation) -> None:
+    files = t.get("data.train_files", None)
+    if files is None:
+        t.check("data.train_files is not set: point data.train_path at the training parquet")
+    else:
+        listed = list(files) if isinstance(files, (list, tuple)) else [files]
+        t.put("data.train_path", str(listed[0]), "data.train_files", note="the other machine's path")
+        t.put("data.handler_name", "VerlParquetHandler", "data.train_files",
+              note="veRL's rows: chat-message prompt, reward_model.ground_truth, data_source, ability")
+        t.put("data.prompt_type", "tokenizer", "data.train_files", note="veRL applies the tokenizer's chat template")
+        if len(listed) > 1:
+            t.decide("data.train_files", f"{len(listed)} files; verirl reads one file or folder: put them in one "
+                                         f"folder and point data.train_path at it (the first file stands in)")
+        t.check(f"data.train_path ({listed[0]}) is the other machine's: copy the data and point it at the copy")
+    val = t.get("data.val_files", None)
+    if val is not None:
+        listed = list(val) if isinstance(val, (list, tuple)) else [val]
+        t.put("eval.data", str(listed[0]), "data.val_files", note="the other machine's path")
+        if len(listed) > 1:
+            t.decide("data.val_files", f"{len(listed)} files; verirl evaluates one file or folder (the first "
+                                       f"stands in)")
+    key = t.get("data.prompt_key")
+    if key != "prompt":
+        t.put("data.map_keys", {"prompt": key}, "data.prompt_key", note="the column holding the prompt")
+    else:
+        t.translated("data.prompt_key", "'prompt', the VerlParquetHandler's default")
+    t.put("data.shuffle", "verl" if t.get("data.shuffle") else "sequential", "data.shuffle",
+          note="verl: torch RandomSampler with a seeded generator, veRL's order")
+    seed = t.get("data.seed")
+    if seed is None:
+        t.put("data.seed", 1, "data.seed")
+        t.decide("data.seed", "veRL before October 2025 seeded the order with 1 when data.seed was absent "
+                              "(written: 1); "
+                              "since then an absent or null seed leaves veRL's order unseeded, a different order each "
+                              "run, which no other run can match step by step")
+    else:
+        t.put("data.seed", int(seed), "data.seed", note="seeds the sampler's generator, as veRL does")
+    t.put("data.too_long", "filter" if t.get("data.filter_overlong_prompts") else "error",
+          "data.filter_overlong_prompts", note="drop prompts over data.max_prompt_length (filter), or refuse (error)")
+    trunc = t.get("data.truncation")
+    if trunc == "error":
+        t.translated("data.truncation", "error: verirl never truncates a prompt either")
+    else:
+        t.decide("data.truncation", f"veRL truncates over-long prompts ({trunc}); verirl never does: it drops them "
+                                    f"(data.too_long=filter) or refuses (error)")
+    for key in ("data.tokenizer", "data.custom_cls.path", "data.sampler.class_path", "data.datagen.path"):
+        if t.get(key, None) is not None:
+            t.decide(key, f"{key} is set ({t.get(key)}): verirl has no such hook; make the data and order match "
+                          f"by hand")
+    if t.get("data.apply_chat_template_kwargs", None):
+        t.decide("data.apply_chat_template_kwargs", "extra chat-template arguments (e.g. enable_thinking): check that "
+                                                    "verirl's template gives the same prompt ids")
+    if int(t.get("data.train_max_samples", -1) or -1) > 0:
+        t.decide("data.train_max_samples", "veRL trains on the first N rows: cut the file to them")
+
+
+def _model(t: Translation) -> None:
+    path = t.get(M + "path", None)
+    if path is not None:
+        t.check(f"model.path ({path}) is the other machine's path or a hub id: run `verirl doctor` on both copies "
+                f"(EOS / pad / BOS ids, rms_norm_eps, rope_theta, vocabulary size)")
+    for key in t.under(M + "override_config"):
+        name = key[len(M + "override_config."):]
+        if t.get(key) == {} or name.startswith("moe_config."):
+            t.ignore(key, "empty, or MoE router settings: nothing of the model's numerics")
+            continue
+        t.decide(key, f"veRL overrides the model's config.json: set model.override_config.{name}={t.get(key)} in "
+                      f"verirl too (not written here)")
+        t.check(f"{name}={t.get(key)} is overridden in veRL's run: check it against the model's config.json with "
+                f"`verirl doctor` and set model.override_config")
+    for key in t.under(A + "megatron.override_transformer_config"):
+        leaf = key.rsplit(".", 1)[1]
+        if not (leaf.startswith("recompute_") or leaf == "attention_backend"):
+            t.decide(key, f"a Megatron transformer-config override ({leaf}={t.get(key)}): if it changes the model's "
+                          f"numerics, set the same in model.override_config (check with `verirl doctor`)")
+    if int(t.get(M + "lora.rank", 0) or 0) > 0:
+        t.decide(M + "lora.rank", "LoRA: verirl trains all weights")
+    if int(t.get(M + "lora_rank", 0) or 0) > 0:
+        t.decide(M + "lora_rank", "LoRA: verirl trains all weights")
+    elif t.given(M + "lora_rank"):
+        t.ignore(M + "lora_rank", "0: LoRA is off")
+    for key in (M + "custom_chat_template", M + "tokenizer_path", M + "hf_config_path"):
+        if t.get(key, None) is not None:
+            t.decide(key, f"{key} is set: make verirl's tokenizer and template give the same ids (`verirl doctor`)")
+    t.check("tokenizer ids: EOS, pad and BOS must agree between the two runs' tokenizers and configs (`verirl doctor`; "
+            "seed 000: an EOS equal to pad was stripped and training collapsed)")
+
+
+def _engine(t: Translation) -> None:
+    name = t.get(R + "name", None)
+    if name is not None:
+        t.put("rollout.engine", "hf" if name == "hf" else "native", R + "name",
+              note=f"veRL's {name} engine; verirl's engines sample with the same temperature / top_p / top_k")
+    if not t.get(R + "do_sample"):
+        t.put("rollout.temperature", 0.0, R + "do_sample", note="do_sample=false: greedy decoding")
+    elif t.given(R + "do_sample"):
+        t.translated(R + "do_sample", "sampling, as verirl's")
+    if t.get(R + "multi_turn.enable", False):
+        t.decide(R + "multi_turn.enable", "multi-turn rollouts: not available in verirl")
+    if t.get(R + "ignore_eos", False):
+        t.decide(R + "ignore_eos", "veRL ignores EOS while sampling: verirl always stops at it")
+
+
+def _reward(t: Translation) -> None:
+    path = t.get("custom_reward_function.path")
+    if path is not None:
+        name = t.get("custom_reward_function.name")
+        t.put("reward.verifiers", [f"{path}:{name}"], "custom_reward_function.path", "custom_reward_function.name")
+        t.put("reward.weights", [1.0], "custom_reward_function.path")
+        t.decide("custom_reward_function.path",
+                 f"veRL calls {name}(data_source, solution_str, ground_truth, extra_info); verirl passes the response "
+                 f"first and the rest by name (label or ground_truth, data_source, task): wrap it, e.g. "
+                 f"def rule(response, ground_truth, data_source): return {name}(data_source, response, ground_truth), "
+                 f"and name the wrapper in reward.verifiers")
+        t.check(f"the reward function {path} is the other machine's file: copy it")
+        t.ignore("data.reward_fn_key", "the column veRL hands the reward function as data_source: verirl passes "
+                                       "data_source by name to a rule that takes it")
+    else:
+        t.ignore("custom_reward_function.path", "null: veRL's default reward, by data_source")
+        t.decide("data.reward_fn_key",
+                 "veRL's default reward picks a scorer by each row's data_source (gsm8k: 1/0 on the number after "
+                 "####, as verirl's gsm8k rule; MATH sets: 1/0 on the boxed answer, nearest verirl rule exact); "
+                 "name verirl's rules in reward.verifiers (verirl's defaults [acc, format] are left)")
+    if t.get("reward_model.enable"):
+        t.decide("reward_model.enable", "a reward model: verirl scores with rules only")
+        for key in t.under("reward_model"):
+            t.ignore(key, "part of the reward model, which verirl does not run")
+
+
+def _trainer(t: Translation) -> None:
+    save = int(t.get("trainer.save_freq"))
+    t.put("trainer.save_freq", max(save, 0), "trainer.save_freq",
+          note="every N steps" if save > 0 else "veRL's -1 never saves; verirl's 0 saves only at the end")
+    test = int(t.get("trainer.test_freq"))
+    t.put("eval.every", max(test, 0), "trainer.test_freq", note="evaluate every N steps")
+    t.put("eval.at_end", test > 0, "trainer.test_freq",
+          note="veRL also evaluates after the last step when test_freq > 0")
+    if t.given(R + "val_kwargs.do_sample") or t.given(R + "val_kwargs.n") or t.given("trainer.test_freq"):
+        if t.get(R + "val_kwargs.do_sample"):
+            t.put("eval.n", int(t.get(R + "val_kwargs.n")), R + "val_kwargs.n", R + "val_kwargs.do_sample",
+                  note="sampled responses per problem")
+            t.put("eval.temperature", float(t.get(R + "val_kwargs.temperature")), R + "val_kwargs.temperature")
+            t.put("eval.greedy", False, R + "val_kwargs.do_sample")
+        else:
+            t.put("eval.n", 0, R + "val_kwargs.do_sample", note="do_sample=false: veRL validates greedily, once")
+            t.put("eval.greedy", True, R + "val_kwargs.do_sample")
+            t.ignore(R + "val_kwargs.n", "do_sample=false: one greedy response")
+            t.ignore(R + "val_kwargs.temperature", "do_sample=false: greedy")
+    if t.given("trainer.experiment_name") or t.given("trainer.project_name"):
+        run_dir = f"runs/{t.get('trainer.project_name')}/{t.get('trainer.experiment_name')}"
+        t.put("trainer.run_dir", run_dir, "trainer.project_name", "trainer.experiment_name",
+              note="verirl's run folder, named after the experiment")
+    mode = t.get("trainer.resume_mode", "auto")
+    if not t.given("trainer.resume_mode"):
+        pass
+    elif mode in ("auto", "disable"):
+        t.put("trainer.resume", "auto" if mode == "auto" else "false", "trainer.resume_mode",
+              note="auto: continue from the run folder's newest checkpoint")
+    else:
+        t.decide("trainer.resume_mode", f"resume_mode={mode}: the checkpoint is the other machine's (veRL's format); "
+                                        f"start fresh or convert it")
+    keep = t.get("trainer.max_actor_ckpt_to_keep", None)
+    if keep is not None:
+        t.put("trainer.keep_checkpoints", int(keep), "trainer.max_actor_ckpt_to_keep")
+    if t.get("trainer.rollout_data_dir", None) is not None:
+        t.put("trainer.dump_rollouts", True, "trainer.rollout_data_dir",
+              note="verirl writes RUN_DIR/rollouts.jsonl (with token ids, for replay)")
+    if t.get("trainer.val_only", False):
+        t.decide("trainer.val_only", "evaluation only: use `verirl eval`")
+    if t.given("actor_rollout_ref.nccl_timeout"):
+        t.put("trainer.dist_timeout_s", int(t.get("actor_rollout_ref.nccl_timeout")), "actor_rollout_ref.nccl_timeout",
+              note="seconds before a stuck collective ends the run")
+    strategy = t.get(A + "strategy")
+    if t.given(A + "strategy"):
+        t.put("actor.strategy", "fsdp2", A + "strategy",
+              note="verirl shards by data parallelism with FSDP2" + (
+                  "; Megatron's tensor and pipeline parallelism are replaced by it" if strategy == "megatron" else ""))
+
+
+def translate(t: Translation) -> None:
+    """Every veRL key the tables know, in the order a step uses them."""
+    t.apply(DIRECT)
+    _batches(t)
+    _engine(t)
+    _kl(t)
+    _clip(t)
+    _optimizer(t)
+    steps = _steps(t)
+    _warmup(t, steps)
+    _data(t)
+    _model(t)
+    _reward(t)
+    _trainer(t)

@@ -1,0 +1,469 @@
+"""`verirl convert-config`: both shipped examples translated and checked key by key, every source key
+classified, the written YAML passing verirl's schema checks, and the meanings that differ between the
+systems converted (seed 000's table: mini-batch already multiplied by n, warm-up ratio vs fraction,
+seq_length = prompt + response, epochs vs iterations)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from verirl.align import convert_mindspeed, convert_verl
+from verirl.align.convert import STATUSES, convert, flatten, verirl_keys
+from verirl.cli import main
+from verirl.config import Config, load_config, validate
+from verirl.errors import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+VERL = str(EXAMPLES / "verl_ppo_trainer_grpo.yaml")
+MSRL = str(EXAMPLES / "mindspeed_rl_grpo_qwen25_7b.yaml")
+A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+
+# ---------------------------------------------------------------- what each example becomes
+
+VERL_CONFIG = {
+    "data.prompts_per_step": 64,  # data.train_batch_size
+    "data.max_prompt_length": 8192, "rollout.max_new_tokens": 4096,  # max_prompt_length, max_response_length
+    "data.too_long": "filter", "data.seed": 1, "data.shuffle": "verl",
+    "data.train_path": "/data/math_tasks/train.parquet", "data.prompt_type": "tokenizer",
+    "data.handler_name": "VerlParquetHandler", "model.path": "/models/Qwen2.5-7B",
+    "rollout.engine": "native", "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+    "rollout.top_k": 0,  # vLLM's -1
+    "reward.verifiers": ["/workspace/reward/task_rules.py:compute_score"], "reward.weights": [1.0],
+    "algo.adv_estimator": "grpo", "algo.norm_adv_by_std": True,
+    "algo.kl_coef": 0.001, "algo.kl_type": "low_var_kl",  # use_kl_loss / kl_loss_coef / kl_loss_type
+    "algo.clip_ratio_low": 0.2, "algo.clip_ratio_high": 0.2, "algo.entropy_coef": 0.0,
+    "algo.loss_agg_mode": "token-mean",
+    "actor.lr": 1e-6, "actor.betas": [0.9, 0.999], "actor.weight_decay": 0.01,
+    "actor.warmup_steps": 50,  # int(0.05 x 500 steps) = 25 veRL steps x (64 / 32) optimizer steps each
+    "actor.grad_clip": 1.0,
+    "actor.mini_batch_prompts": 32,  # ppo_mini_batch_size counts prompts (veRL multiplies by n inside)
+    "actor.epochs": 1, "actor.max_token_len_per_device": 24576,  # ppo_max_token_len_per_gpu (use_dynamic_bsz)
+    "actor.use_remove_padding": True, "actor.strategy": "fsdp2",
+    "ref.log_prob_max_token_len_per_device": 49152,
+    "trainer.total_steps": 500,  # total_training_steps wins over total_epochs
+    "trainer.run_dir": "runs/grpo_math_tasks/qwen25_7b_8k4k", "trainer.save_freq": 100, "trainer.resume": "auto",
+    "eval.data": "/data/math_tasks/test.parquet", "eval.n": 4, "eval.temperature": 0.6, "eval.greedy": False,
+    "eval.before_train": True, "eval.every": 50, "eval.at_end": True,  # test_freq
+}
+
+MSRL_CONFIG = {
+    "data.prompts_per_step": 64,  # global_batch_size
+    "data.max_prompt_length": 8192, "rollout.max_new_tokens": 4096,  # seq_length 12288 = 8192 + 4096
+    "data.too_long": "filter", "data.seed": 1, "data.shuffle": "megatron",
+    "data.dataset_additional_keys": ["labels", "task"], "model.path": "./model_from_hf/qwen25-7b",
+    "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0,
+    "reward.verifiers": ["base_acc", "format"], "reward.weights": [1.0, 0.5], "reward.timeout": 120.0,
+    "algo.adv_estimator": "grpo", "algo.kl_coef": 0.001, "algo.kl_type": "low_var_kl",
+    "algo.clip_ratio_low": 0.2, "algo.clip_ratio_high": 0.2, "algo.entropy_coef": 0.0,
+    "algo.loss_agg_mode": "seq-mean-token-mean",  # token mean per micro-batch of 1 sequence
+    "actor.lr": 1e-6, "actor.betas": [0.9, 0.999], "actor.weight_decay": 0.01,
+    "actor.warmup_steps": 50,  # 0.05 x 500 iterations x 2 mini-batches per iteration
+    "actor.grad_clip": 1.0,
+    "actor.mini_batch_prompts": 32,  # 256 sequences / 8 samples per prompt
+    "actor.micro_batch_size": 1, "actor.epochs": 1,
+    "trainer.total_steps": 500, "trainer.seed": 1, "trainer.save_freq": 100,
+}
+
+# Every source key of each example: (status, the verirl keys written from it).
+VERL_ROWS = {
+    "hydra.searchpath": ("ignored", []), "defaults": ("ignored", []),
+    "data.train_files": ("translated", ["data.train_path", "data.handler_name", "data.prompt_type"]),
+    "data.val_files": ("translated", ["eval.data"]), "data.prompt_key": ("translated", []),
+    "data.reward_fn_key": ("ignored", []),
+    "data.max_prompt_length": ("translated", ["data.max_prompt_length"]),
+    "data.max_response_length": ("translated", ["rollout.max_new_tokens"]),
+    "data.train_batch_size": ("translated", ["data.prompts_per_step"]),
+    "data.filter_overlong_prompts": ("translated", ["data.too_long"]), "data.truncation": ("translated", []),
+    "data.shuffle": ("translated", ["data.shuffle"]), "data.seed": ("translated", ["data.seed"]),
+    "data.dataloader_num_workers": ("ignored", []), "actor_rollout_ref.hybrid_engine": ("ignored", []),
+    "actor_rollout_ref.model.path": ("translated", ["model.path"]),
+    "actor_rollout_ref.model.use_remove_padding": ("translated", ["actor.use_remove_padding"]),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ("ignored", []),
+    "actor_rollout_ref.model.override_config": ("ignored", []),
+    A + "strategy": ("translated", ["actor.strategy"]),
+    A + "ppo_mini_batch_size": ("translated", ["actor.mini_batch_prompts"]),
+    A + "ppo_micro_batch_size_per_gpu": ("ignored", []),
+    A + "use_dynamic_bsz": ("translated", ["actor.max_token_len_per_device"]),
+    A + "ppo_max_token_len_per_gpu": ("translated", ["actor.max_token_len_per_device"]),
+    A + "ppo_epochs": ("translated", ["actor.epochs"]),
+    A + "clip_ratio_low": ("translated", ["algo.clip_ratio_low"]),
+    A + "clip_ratio_high": ("translated", ["algo.clip_ratio_high"]), A + "clip_ratio_c": ("ignored", []),
+    A + "loss_agg_mode": ("translated", ["algo.loss_agg_mode"]),
+    A + "entropy_coeff": ("translated", ["algo.entropy_coef"]),
+    A + "use_kl_loss": ("translated", ["algo.kl_coef"]), A + "kl_loss_coef": ("translated", ["algo.kl_coef"]),
+    A + "kl_loss_type": ("translated", ["algo.kl_type"]), A + "grad_clip": ("translated", ["actor.grad_clip"]),
+    A + "optim.lr": ("translated", ["actor.lr"]),
+    A + "optim.lr_warmup_steps_ratio": ("translated", ["actor.warmup_steps"]),
+    A + "optim.lr_scheduler_type": ("translated", []),
+    A + "optim.weight_decay": ("translated", ["actor.weight_decay"]),
+    A + "optim.betas": ("translated", ["actor.betas"]),
+    A + "fsdp_config.param_offload": ("ignored", []), A + "fsdp_config.optimizer_offload": ("ignored", []),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": ("translated", ["ref.log_prob_max_token_len_per_device"]),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": ("ignored", []),
+    R + "name": ("translated", ["rollout.engine"]), R + "mode": ("ignored", []), R + "n": ("translated", ["rollout.n"]),
+    R + "temperature": ("translated", ["rollout.temperature"]), R + "top_p": ("translated", ["rollout.top_p"]),
+    R + "top_k": ("translated", ["rollout.top_k"]), R + "tensor_model_parallel_size": ("ignored", []),
+    R + "gpu_memory_utilization": ("ignored", []), R + "enable_chunked_prefill": ("ignored", []),
+    R + "max_num_batched_tokens": ("ignored", []), R + "log_prob_max_token_len_per_gpu": ("ignored", []),
+    R + "val_kwargs.do_sample": ("translated", ["eval.n", "eval.greedy"]),
+    R + "val_kwargs.n": ("translated", ["eval.n"]), R + "val_kwargs.temperature": ("translated", ["eval.temperature"]),
+    R + "val_kwargs.top_p": ("ignored", []),
+    "algorithm.adv_estimator": ("translated", ["algo.adv_estimator"]),
+    "algorithm.norm_adv_by_std_in_grpo": ("translated", ["algo.norm_adv_by_std"]),
+    "algorithm.use_kl_in_reward": ("translated", []),
+    "custom_reward_function.path": ("decide", ["reward.verifiers", "reward.weights"]),
+    "custom_reward_function.name": ("translated", ["reward.verifiers"]),
+    "trainer.project_name": ("translated", ["trainer.run_dir"]),
+    "trainer.experiment_name": ("translated", ["trainer.run_dir"]),
+    "trainer.logger": ("ignored", []), "trainer.n_gpus_per_node": ("ignored", []), "trainer.nnodes": ("ignored", []),
+    "trainer.total_epochs": ("ignored", []), "trainer.total_training_steps": ("translated", ["trainer.total_steps"]),
+    "trainer.save_freq": ("translated", ["trainer.save_freq"]),
+    "trainer.test_freq": ("translated", ["eval.every", "eval.at_end"]),
+    "trainer.val_before_train": ("translated", ["eval.before_train"]), "trainer.critic_warmup": ("ignored", []),
+    "trainer.balance_batch": ("ignored", []), "trainer.resume_mode": ("translated", ["trainer.resume"]),
+    "trainer.default_local_dir": ("ignored", []),
+    # veRL's defaults the translation read (absent from the file)
+    A + "policy_loss.loss_mode": ("translated", []), A + "optim.optimizer": ("translated", []),
+}
+
+MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
+MSRL_ROWS = {
+    "defaults": ("ignored", []), MT + "model": ("ignored", []),
+    **{MT + k: ("ignored", []) for k in (
+        "use_fused_rmsnorm", "use_mcore_models", "sequence_parallel", "use_flash_attn", "no_masked_softmax_fusion",
+        "attention_softmax_in_fp32", "no_gradient_accumulation_fusion", "use_fused_swiglu", "use_fused_rotary_pos_emb",
+        "bf16", "use_distributed_optimizer", "tokenizer_type", "init_method_std", "distributed_backend",
+        "no_shared_storage", "variable_seq_lengths")},
+    MT + "tokenizer_name_or_path": ("translated", ["model.path"]),
+    MT + "global_batch_size": ("translated", ["data.prompts_per_step"]),
+    MT + "seq_length": ("translated", ["data.max_prompt_length", "rollout.max_new_tokens"]),
+    MT + "save_interval": ("translated", ["trainer.save_freq"]),
+    MT + "train_iters": ("translated", ["trainer.total_steps", "actor.warmup_steps"]),
+    MT + "stage": ("translated", []), MT + "attention_dropout": ("translated", []),
+    MT + "hidden_dropout": ("translated", []),
+    MT + "dataset_additional_keys": ("translated", ["data.dataset_additional_keys"]),
+    MT + "data_path": ("decide", []), MT + "split": ("translated", []),
+    AC + "model": ("decide", []),
+    AC + "micro_batch_size": ("translated", ["actor.micro_batch_size", "algo.loss_agg_mode"]),
+    **{AC + k: ("ignored", []) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "min_lr",
+                                         "finetune", "load", "save", "no_load_optim", "no_load_rng")},
+    AC + "lr": ("translated", ["actor.lr"]), AC + "lr_decay_style": ("translated", []),
+    AC + "weight_decay": ("translated", ["actor.weight_decay"]),
+    AC + "lr_warmup_fraction": ("translated", ["actor.warmup_steps"]),
+    AC + "clip_grad": ("translated", ["actor.grad_clip"]), AC + "adam_beta1": ("translated", ["actor.betas"]),
+    AC + "adam_beta2": ("translated", ["actor.betas"]), AC + "seed": ("translated", ["data.seed", "trainer.seed"]),
+    **{RL + k: ("ignored", []) for k in ("use_integrated_worker", "blocking", "experience_count", "gamma", "lam",
+                                         "shuffle_mini_batch", "verifier_parallel", "use_tensorboard",
+                                         "actor_resource.num_npus")},
+    RL + "adv_estimator": ("translated", ["algo.adv_estimator"]), RL + "kl_penalty": ("translated", ["algo.kl_type"]),
+    RL + "kl_ctrl_type": ("translated", []), RL + "init_kl_coef": ("translated", ["algo.kl_coef"]),
+    RL + "mini_batch_size": ("translated", ["actor.mini_batch_prompts"]),
+    RL + "max_prompt_length": ("translated", ["data.max_prompt_length", "data.too_long"]),
+    RL + "epochs": ("translated", ["actor.epochs"]),
+    RL + "clip_ratio": ("translated", ["algo.clip_ratio_low", "algo.clip_ratio_high"]),
+    RL + "entropy_coeff": ("translated", ["algo.entropy_coef"]),
+    RL + "n_samples_per_prompt": ("translated", ["rollout.n", "actor.mini_batch_prompts"]),
+    RL + "rule_reward": ("translated", []), RL + "verifier_function": ("translated", ["reward.verifiers"]),
+    RL + "verifier_weight": ("translated", ["reward.weights"]),
+    RL + "verifier_timeout": ("translated", ["reward.timeout"]),
+    **{GEN + k: ("ignored", []) for k in (
+        "trust_remote_code", "offload_train_optimizer", "offload_train_grad", "offload_train_param",
+        "infer_tensor_parallel_size", "infer_pipeline_parallel_size", "infer_expert_parallel_size", "max_num_seqs",
+        "max_model_len", "max_num_batched_tokens", "dtype", "gpu_memory_utilization", "sampling_config.logprobs",
+        "sampling_config.min_p", "sampling_config.detokenize")},
+    GEN + "sampling_config.max_tokens": ("translated", ["rollout.max_new_tokens"]),
+    GEN + "sampling_config.top_p": ("translated", ["rollout.top_p"]),
+    GEN + "sampling_config.top_k": ("translated", ["rollout.top_k"]),
+    GEN + "sampling_config.temperature": ("translated", ["rollout.temperature"]),
+    # MindSpeed-RL's defaults the translation read (absent from the file)
+    RL + "use_dynamic_bsz": ("translated", []), RL + "use_kl_in_reward": ("translated", []),
+    MT + "no_shuffle": ("decide", ["data.shuffle"]),
+}
+
+
+def _flat(result) -> dict:
+    return {f"{s}.{k}": v for s, keys in result.config.items() for k, v in keys.items()}
+
+
+def _source_keys(path: str) -> set[str]:
+    return set(flatten(yaml.safe_load(Path(path).read_text())))
+
+
+@pytest.fixture(scope="module")
+def verl():
+    return convert("verl", VERL)
+
+
+@pytest.fixture(scope="module")
+def msrl():
+    return convert("mindspeed-rl", MSRL)
+
+
+# ---------------------------------------------------------------- the examples, key by key
+
+@pytest.mark.parametrize("which", ["verl", "msrl"])
+def test_example_translated_key_by_key(which, request):
+    result = request.getfixturevalue(which)
+    expected = VERL_CONFIG if which == "verl" else MSRL_CONFIG
+    assert _flat(result) == expected  # every value written, and nothing else
+
+
+@pytest.mark.parametrize("which", ["verl", "msrl"])
+def test_every_source_key_has_its_row(which, request):
+    result = request.getfixturevalue(which)
+    rows = VERL_ROWS if which == "verl" else MSRL_ROWS
+    path = VERL if which == "verl" else MSRL
+    got = {r.key: (r.status, r.targets) for r in result.rows}
+    assert got == rows
+    assert _source_keys(path) <= set(got)  # nothing dropped silently
+    for r in result.rows:
+        assert r.status in STATUSES and r.note, r  # each row says what became of it, or why not
+        assert (r.origin == "default") == (r.key not in _source_keys(path))
+    assert not result.by_status("unknown")
+
+
+def test_verl_notes_spell_out_the_conversions(verl):
+    assert "prompts in both" in verl.row(A + "ppo_mini_batch_size").note
+    assert "ppo_mini_batch_size *= n" in verl.row(A + "ppo_mini_batch_size").note
+    warm = verl.row(A + "optim.lr_warmup_steps_ratio").note
+    assert "int(0.05 x 500 steps) = 25 veRL steps x 2 optimizer steps" in warm
+    assert "dual" in verl.row(A + "clip_ratio_c").note
+    assert "total_training_steps is set" in verl.row("trainer.total_epochs").note
+    assert "compute_score(data_source, solution_str, ground_truth" in verl.row("custom_reward_function.path").note
+    assert any("verirl doctor" in c and "/models/Qwen2.5-7B" in c for c in verl.checks)
+    assert any("tokenizer ids" in c for c in verl.checks)
+
+
+def test_mindspeed_notes_spell_out_the_conversions(msrl):
+    mini = msrl.row(RL + "mini_batch_size").note
+    assert "before 2.0" in mini and "256 sequences / 8 = 32 prompts" in mini
+    assert "= max_prompt_length 8192 + max_tokens 4096" in msrl.row(MT + "seq_length").note
+    assert "0.05 x 500 x 2 mini-batches per step = 50 optimizer steps" in msrl.row(AC + "lr_warmup_fraction").note
+    assert "iterations" in msrl.row(MT + "train_iters").note and "not epochs" in msrl.row(MT + "train_iters").note
+    assert "seq-mean-token-mean" in msrl.row(AC + "micro_batch_size").note
+    assert "configs/model/qwen25_7b.yaml" in msrl.row(AC + "model").note
+    assert "overridden by actor_config.model" in msrl.row(MT + "model").note
+    assert "kernel" in msrl.row(MT + "use_fused_rmsnorm").note
+    assert "data-parallel" in msrl.row(AC + "tensor_model_parallel_size").note
+    assert any("rms_norm_eps" in c and "not" not in c[:5] for c in msrl.checks)
+    assert "override_config" not in msrl.config.get("model", {})  # flagged, not guessed
+
+
+def test_the_two_examples_describe_one_run(verl, msrl):
+    """The GPU run and its NPU migration agree on every key of the step's maths; what differs is what the systems
+    do differently with the same settings (seed 000's findings)."""
+    v, m = _flat(verl), _flat(msrl)
+    shared = set(v) & set(m)
+    differ = {k for k in shared if v[k] != m[k]}
+    # MindSpeed-RL's loss averages per micro-batch (1 sequence: seq-mean-token-mean); pre-2.0 MindSpeed-RL shuffled
+    # Megatron's way; the paths are each machine's; the GPU run scored with its own function, the NPU run with rules
+    assert differ == {"algo.loss_agg_mode", "data.shuffle", "model.path", "reward.verifiers", "reward.weights"}
+    for key in ("data.prompts_per_step", "rollout.n", "actor.mini_batch_prompts", "actor.warmup_steps",
+                "trainer.total_steps", "algo.kl_coef", "data.max_prompt_length", "rollout.max_new_tokens"):
+        assert v[key] == m[key], key
+
+
+# ---------------------------------------------------------------- the written YAML
+
+@pytest.mark.parametrize("fmt,path,expected", [("verl", VERL, VERL_CONFIG), ("mindspeed-rl", MSRL, MSRL_CONFIG)])
+def test_written_yaml_passes_the_schema_checks(fmt, path, expected, tmp_path, capsys):
+    out = tmp_path / "grpo.yaml"
+    assert main(["convert-config", "--from", fmt, path, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "source keys:" in printed and f"wrote {out}" in printed
+    text = out.read_text()
+    assert text.startswith(f"# verirl config translated from {fmt} config {path}")
+    cfg = load_config(str(out))  # types, ranges, batch arithmetic
+    assert isinstance(cfg, Config)
+    validate(cfg)
+    for dotted, value in expected.items():
+        section, name = dotted.split(".")
+        assert getattr(getattr(cfg, section), name) == value, dotted
+    assert "# <- data.train_batch_size" in text or "# <- megatron_training.global_batch_size" in text
+
+
+def test_mindspeed_rule_names_are_verirl_rules(msrl):
+    from verirl.checks import check_rules
+
+    check_rules(msrl.config["reward"]["verifiers"], {})
+
+
+def test_yaml_goes_to_stdout_and_the_table_to_stderr(capsys):
+    assert main(["convert-config", "--from", "mindspeed-rl", MSRL]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["actor"]["mini_batch_prompts"] == 32
+    assert "rl_config.mini_batch_size" in err and "decide" in err
+
+
+def test_json_table(capsys):
+    assert main(["convert-config", "--from", "verl", VERL, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["counts"] == {s: len([r for r in VERL_ROWS.values() if r[0] == s]) for s in STATUSES}
+    assert data["config"]["actor"]["mini_batch_prompts"] == 32
+    assert {r["key"] for r in data["rows"]} == set(VERL_ROWS)
+
+
+# ---------------------------------------------------------------- veRL: overrides, epochs, warm-up
+
+def test_verl_overrides_apply_before_translation():
+    r = convert("verl", VERL, [R + "n=16", "data.train_batch_size=128", "+" + R + "val_kwargs.top_k=20"])
+    assert r.get("rollout.n") == 16 and r.get("data.prompts_per_step") == 128
+    assert r.row(R + "n").origin == "override" and r.row(R + "n").value == 16
+    assert r.get("actor.warmup_steps") == 25 * 4  # 128 / 32 = 4 optimizer steps per veRL step
+    assert r.row(R + "val_kwargs.top_k").status == "ignored"
+    cli = main(["convert-config", "--from", "verl", VERL, R + "n=16", "--json"])
+    assert cli == 0
+
+
+def test_verl_epochs_need_the_row_count():
+    r = convert("verl", VERL, ["trainer.total_training_steps=null"])
+    assert r.row("trainer.total_epochs").status == "decide" and "--train-rows" in r.row("trainer.total_epochs").note
+    assert r.get("trainer.total_steps") is None  # verirl's default stands, the header says so
+    assert r.row(A + "optim.lr_warmup_steps_ratio").status == "decide"  # a ratio of an unknown step count
+    assert r.get("actor.warmup_steps") is None and any("left as a ratio" in w for w in r.warnings)
+    r = convert("verl", VERL, ["trainer.total_training_steps=null"], train_rows=7473)
+    assert r.get("trainer.total_steps") == 15 * (7473 // 64) == 1740  # drop_last: floor
+    assert r.get("actor.warmup_steps") == int(0.05 * 1740) * 2 == 174
+    assert any("drops the last 49 rows" in w for w in r.warnings)
+    with pytest.raises(ConfigError, match="less than one batch"):
+        convert("verl", VERL, ["trainer.total_training_steps=null"], train_rows=10)
+
+
+def test_verl_command_line_only_uses_verl_defaults(capsys):
+    """A run script's overrides alone (no FILE): veRL's defaults fill the rest and are marked so."""
+    argv = ["convert-config", "--from", "verl", "algorithm.adv_estimator=grpo", "data.train_batch_size=1024",
+            "data.max_prompt_length=1024", "data.max_response_length=1024",
+            "actor_rollout_ref.model.path=Qwen/Qwen2-7B",
+            A + "ppo_mini_batch_size=256", A + "ppo_micro_batch_size_per_gpu=16", A + "use_kl_loss=True",
+            R + "n=5", "trainer.total_epochs=15", "--train-rows", "7473", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    cfg, rows = data["config"], {r["key"]: r for r in data["rows"]}
+    assert cfg["actor"]["micro_batch_size"] == 16 and cfg["trainer"]["total_steps"] == 15 * 7
+    assert cfg["actor"]["weight_decay"] == 0.01 and rows[A + "optim.weight_decay"]["origin"] == "default"
+    assert cfg["algo"]["kl_coef"] == 0.001 and rows[A + "kl_loss_coef"]["origin"] == "default"
+    assert cfg["actor"]["betas"] == [0.9, 0.999]
+    assert rows["data.seed"]["status"] == "decide"  # veRL's null seed: an unseeded order
+
+
+def test_verl_kl_off_and_clip_fallback():
+    r = convert("verl", VERL, [A + "use_kl_loss=false", A + "clip_ratio_low=null", A + "clip_ratio_high=0.28",
+                               "+" + A + "clip_ratio=0.25"])
+    assert r.get("algo.kl_coef") == 0.0 and r.row(A + "kl_loss_coef").status == "ignored"
+    assert r.get("algo.clip_ratio_low") == 0.25 and r.get("algo.clip_ratio_high") == 0.28  # null falls back
+
+
+def test_verl_model_override_is_flagged_not_written():
+    r = convert("verl", VERL, ["+actor_rollout_ref.model.override_config.rms_norm_eps=1e-5"])
+    row = r.row("actor_rollout_ref.model.override_config.rms_norm_eps")
+    assert row.status == "decide" and "model.override_config.rms_norm_eps=1e-05" in row.note
+    assert any("rms_norm_eps" in c for c in r.checks) and "override_config" not in r.config.get("model", {})
+
+
+def test_token_budget_under_the_longest_sequence_is_raised():
+    r = convert("verl", VERL, [A + "ppo_max_token_len_per_gpu=8192"])
+    assert r.get("actor.max_token_len_per_device") == 8192 + 4096
+    assert r.row(A + "ppo_max_token_len_per_gpu").status == "decide"
+
+
+# ---------------------------------------------------------------- MindSpeed-RL: versions and splits
+
+def test_mindspeed_mini_batch_by_version():
+    # the example: 256 > global_batch_size 64 can only be sequences (pre-2.0): 256 / 8 = 32 prompts
+    assert convert("mindspeed-rl", MSRL).get("actor.mini_batch_prompts") == 32
+    # a 2.0+ file says 32 for the same run; auto reads it as prompts and says how to read it otherwise
+    ov = [RL + "mini_batch_size=32", "~" + RL + "experience_count"]
+    r = convert("mindspeed-rl", MSRL, ov)
+    assert r.get("actor.mini_batch_prompts") == 32 and "2.0 or later" in r.row(RL + "mini_batch_size").note
+    assert any("--mindspeed-rl-version pre-2.0" in w for w in r.warnings)
+    r = convert("mindspeed-rl", MSRL, ov, mindspeed_rl_version="pre-2.0")
+    assert r.get("actor.mini_batch_prompts") == 4 and r.get("actor.warmup_steps") == round(0.05 * 500 * 16)
+    # more prompts than the step holds: one mini-batch, the whole step
+    r = convert("mindspeed-rl", MSRL, mindspeed_rl_version="2.0+")
+    assert r.get("actor.mini_batch_prompts") == 64 and "one mini-batch" in r.row(RL + "mini_batch_size").note
+
+
+def test_mindspeed_before_2_0_loss_terms():
+    """Before 2.0 MindSpeed-RL's GRPO loss used k3 whatever kl_penalty said, and had no entropy term."""
+    r = convert("mindspeed-rl", MSRL, [RL + "kl_penalty=kl", RL + "entropy_coeff=0.01"])
+    assert r.get("algo.kl_type") == "low_var_kl" and any("had no effect" in w for w in r.warnings)
+    assert r.get("algo.entropy_coef") == 0.0 and "no entropy term" in r.row(RL + "entropy_coeff").note
+    r = convert("mindspeed-rl", MSRL, [RL + "kl_penalty=kl", RL + "entropy_coeff=0.01", RL + "mini_batch_size=32",
+                                       "~" + RL + "experience_count"])  # read as 2.0+
+    assert r.get("algo.kl_type") == "kl" and r.get("algo.entropy_coef") == 0.01
+
+
+def test_mindspeed_seq_length_split_into_prompt_and_response():
+    r = convert("mindspeed-rl", MSRL, ["~" + GEN + "sampling_config.max_tokens"])
+    assert r.get("rollout.max_new_tokens") == 12288 - 8192
+    assert set(r.row(MT + "seq_length").targets) == {"rollout.max_new_tokens"}
+    assert any("no max_tokens" in w for w in r.warnings)
+    r = convert("mindspeed-rl", MSRL, [MT + "seq_length=10000"])
+    assert r.get("rollout.max_new_tokens") == 4096 and any("less than max_prompt_length" in w for w in r.warnings)
+
+
+def test_mindspeed_actor_config_wins_over_megatron_training():
+    r = convert("mindspeed-rl", MSRL, [MT + "lr=5e-7", MT + "seed=1234"])
+    assert r.get("actor.lr") == 1e-6 and r.get("data.seed") == 1
+    assert "overridden by actor_config.lr" in r.row(MT + "lr").note and r.row(MT + "lr").status == "ignored"
+
+
+def test_mindspeed_numerics_and_unknown_rules_need_a_decision():
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}norm_epsilon=1e-6",
+                                       f"{RL}verifier_function=[base_acc,math_verify_reward]",
+                                       f"{RL}verifier_weight=[1.0,1.0]", f"+{RL}some_new_knob=3",
+                                       f"{MT}hidden_dropout=0.1"])
+    assert r.row(MT + "norm_epsilon").status == "decide" and "rms_norm_eps" in r.row(MT + "norm_epsilon").note
+    assert "override_config" not in r.config.get("model", {})
+    assert r.get("reward.verifiers") == ["base_acc", "math_verify_reward"]  # kept: verirl refuses it at start
+    assert r.row(RL + "verifier_function").status == "decide"
+    assert r.row(RL + "some_new_knob").status == "unknown"
+    assert r.row(MT + "hidden_dropout").status == "decide"
+
+
+def test_mindspeed_dapo_stage_and_dynamic_batches():
+    r = convert("mindspeed-rl", MSRL, [f"{MT}stage=ray_dapo", f"+{RL}clip_higher_enable=true",
+                                       f"+{RL}clip_ratio_low=0.2", f"+{RL}clip_ratio_high=0.28",
+                                       f"+{RL}use_dynamic_bsz=true", f"+{RL}max_packing_token_size=16384"])
+    assert r.get("algo.clip_ratio_high") == 0.28 and r.get("algo.kl_coef") == 0.0
+    assert r.get("algo.loss_agg_mode") == "token-mean"  # token_level_loss defaults to true
+    assert r.get("actor.max_token_len_per_device") == 16384
+
+
+# ---------------------------------------------------------------- user errors: one paragraph, exit 2
+
+@pytest.mark.parametrize("argv,message", [
+    (["--from", "verl", "no/such/file.yaml"], "does not exist"),
+    (["--from", "openrlhf", VERL], "is not a format convert-config reads"),
+    (["--from", "verl", VERL, "actor_rollout_ref.rollout.n"], "not of the form key.sub=value"),
+    (["--from", "mindspeed-rl", MSRL, "rl_config.mini_batch_size=48"], "fails verirl's checks"),
+    (["--from", "verl", VERL, "--train-rows", "0"], "positive integer"),
+    (["--from", "verl", VERL, "data.train_batch_size=sixty"], "data.train_batch_size='sixty'"),
+    (["--from", "mindspeed-rl", MSRL, "rl_config.n_samples_per_prompt=null"], "rl_config.n_samples_per_prompt=None"),
+])
+def test_bad_input_is_one_paragraph_and_exit_2(argv, message, capsys):
+    assert main(["convert-config", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("verirl convert-config: config error:") and message in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text,message", [("a: [1, 2\n", "not valid YAML"), ("- 1\n- 2\n", "mapping of keys")])
+def test_bad_file_is_one_paragraph_and_exit_2(text, message, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert main(["convert-config", "--from", "mindspeed-rl", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+# ---------------------------------------------------------------- the tables themselves
+
+@pytest.mark.parametrize("module", [convert_verl, convert_mindspeed])
+def test_tables_name_real_verirl_keys(module):
+    keys = verirl_keys()
+    assert {d.target for d in module.DIRECT} <= keys
+    assert all(why for _, why in module.IGNORED)
