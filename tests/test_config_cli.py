@@ -1,4 +1,5 @@
 """Bad input gets one paragraph naming the key, the value and the fix; never a traceback."""
+import importlib.util
 import re
 
 import pytest
@@ -44,7 +45,9 @@ def test_other_refusals():
     ("algo.loss_agg_mode=mean", "algo.loss_agg_mode='mean' is not a known name; known: token-mean"),
     ("algo.adv_estimator=gae", "algo.adv_estimator='gae' is not a known name; known: grpo, rloo"),
     ("algo.kl_type=k4", "algo.kl_type='k4' is not a known name; known: kl, k1, abs"),
-    ("rollout.engine=vllm", "rollout.engine='vllm' is not a known name; known: native, hf"),
+    ("rollout.engine=sglang", "rollout.engine='sglang' is not a known name; known: native, hf, replay, vllm"),
+    pytest.param("rollout.engine=vllm", "rollout.engine=vllm but vLLM is not installed", marks=pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")),
     ("data.shuffle=random", "data.shuffle='random' is not a known name"),
     ("data.too_long=cut", "data.too_long='cut' is not a known name; known: error, filter"),
     ("data.task=geometry", "data.task='geometry' is not a known name; known: arith"),

@@ -30,6 +30,7 @@ def check_train(cfg: Config) -> None:
     if not cfg.data.train_path:
         TASKS.check(cfg.data.task)
     check_rules(cfg.reward.verifiers, cfg.reward.tasks)
+    check_engine(cfg)
     check_paths(cfg)
     check_parallel(cfg)
     if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
@@ -90,6 +91,20 @@ def check_rules(verifiers, tasks) -> None:
                 raise ConfigError(
                     f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
                     f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
+
+
+def check_engine(cfg: Config) -> None:
+    """An optional engine is installed and runs in this layout."""
+    from verirl.plan import world_size
+
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine=vllm but vLLM is not installed in this environment. Install it with pip "
+                          "install 'verirl[vllm]' (on a CPU: make test-vllm builds .venv-vllm; docs/vllm.md), or "
+                          "use rollout.engine=native.")
+    if cfg.rollout.engine == "vllm" and world_size(cfg) > 1:
+        raise ConfigError(f"rollout.engine=vllm with {world_size(cfg)} ranks: this version runs vLLM in one process "
+                          f"only (one engine per rank is not wired yet). Use trainer.nproc_per_node=1, or "
+                          f"rollout.engine=native with several ranks.")
 
 
 def check_paths(cfg: Config) -> None:

@@ -77,7 +77,7 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "native"  # native (own KV-cache sampler) / hf (transformers generate) / replay (from a dump)
+    engine: str = "native"  # native (own KV-cache sampler) / hf (transformers generate) / replay (from a dump) / vllm
     n: int = 8  # samples per prompt (the GRPO group size; 8 is the common choice)
     max_new_tokens: int = 512  # response length cap, tokens, the stop token included (veRL's default)
     temperature: float = 1.0  # sampling temperature (0 = greedy); log-probs are taken at the same temperature
@@ -87,6 +87,14 @@ class RolloutConfig:
     replay_path: str = ""  # engine=replay: a rollouts.jsonl (trainer.dump_rollouts) or another system's JSONL dump
     replay_prompts: str = "data"  # engine=replay: data (the run's prompts, checked against the dump) / dump (the dump's)
     replay_eos: str = "length"  # engine=replay, text without a stopped field: length (EOS when < max_new_tokens) / always / never
+    # engine=vllm (docs/vllm.md): vLLM's offline engine inside each training process
+    tensor_parallel_size: int = 1  # ranks per vLLM engine (a tensor-parallel group of the data-parallel ranks)
+    gpu_memory_utilization: float = 0.5  # share of the device's memory vLLM may take (weights + KV cache)
+    max_num_seqs: int = 0  # sequences vLLM schedules at once; 0 = data.prompts_per_step x rollout.n / data-parallel size
+    max_num_batched_tokens: int = 0  # tokens per vLLM scheduler step; 0 = vLLM's default
+    enable_chunked_prefill: bool = True  # split long prefills across scheduler steps
+    enforce_eager: bool = True  # no CUDA graphs (faster start, less memory; graphs are faster per token)
+    free_cache_engine: bool = True  # vLLM sleeps (frees its KV cache) while the actor trains, where the backend can
 
 
 @dataclass

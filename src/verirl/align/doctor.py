@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -294,7 +293,7 @@ def _verirl_ids(real: Path, config, raw: dict, gen_raw: Optional[dict], tokenize
     (`verirl.models.load.stop_token_ids`), and the EOS disagreements that rule warns about."""
     from transformers import GenerationConfig
 
-    from verirl.models.load import stop_token_ids
+    from verirl.models.load import eos_disagree, eos_sources, pad_token_id
 
     cfg = config if config is not None else SimpleNamespace(eos_token_id=raw.get("eos_token_id"))
     if gen_raw is not None:
@@ -304,23 +303,20 @@ def _verirl_ids(real: Path, config, raw: dict, gen_raw: Optional[dict], tokenize
     else:
         gen = None
     tok = tokenizer if tokenizer is not None else SimpleNamespace(eos_token_id=None, pad_token_id=None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            stops = stop_token_ids(str(real), SimpleNamespace(config=cfg, generation_config=gen), tok)
-        except ModelError:
-            stops = []
-            report.add("error", "no-eos",
-                       f"{real}: no EOS id in generation_config.json, config.json or the tokenizer, so no response "
-                       f"would ever end. Set eos_token_id in generation_config.json and config.json (and eos_token "
-                       f"in tokenizer_config.json).")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (stops[0] if stops else None)
+    sources = eos_sources(cfg, gen, tok)  # verirl's own rule (`verirl.models.load.stop_token_ids`)
+    stops = sorted({i for v in sources.values() for i in v})
+    if not stops:
+        report.add("error", "no-eos",
+                   f"{real}: no EOS id in generation_config.json, config.json or the tokenizer, so no response "
+                   f"would ever end. Set eos_token_id in generation_config.json and config.json (and eos_token "
+                   f"in tokenizer_config.json).")
+    pad = pad_token_id(tok, stops) if stops or tok.pad_token_id is not None else None
     report.ids["verirl"] = {"eos": stops, "pad": pad, "bos": None}
     if tokenizer is not None and tokenizer.pad_token_id is None and stops:
         report.add("info", "no-pad-token",
                    f"{real}: the tokenizer has no pad_token; verirl pads with the first stop id {stops[0]} "
                    f"({_tok(tokenizer, stops[0])}), which is safe because it masks by position (see eos-is-pad).")
-    if any(issubclass(w.category, UserWarning) and "EOS ids disagree" in str(w.message) for w in caught):
+    if eos_disagree(sources):
         gen_src, gen_list = _generation_eos(report)
         gen_ids = set(gen_list)
         extra = {}

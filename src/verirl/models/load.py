@@ -34,24 +34,42 @@ def resolve_path(path: str) -> str:
     return str(TINY_DIR) if path == "tiny" else path
 
 
+def eos_sources(config, generation_config, tokenizer) -> dict[str, list[int]]:
+    """The EOS ids each source names: generation_config.json, config.json, the tokenizer (absent
+    sources left out)."""
+    sources: dict[str, list[int]] = {}
+    for name, val in [("generation_config.json", getattr(generation_config, "eos_token_id", None)),
+                      ("config.json", getattr(config, "eos_token_id", None)),
+                      ("tokenizer", getattr(tokenizer, "eos_token_id", None))]:
+        if val is not None:
+            sources[name] = [val] if isinstance(val, int) else list(val)
+    return sources
+
+
+def eos_disagree(sources: dict[str, list[int]]) -> bool:
+    """Whether a source names an EOS id that generation_config.json does not (transformers' generate()
+    and vLLM would not stop on it)."""
+    ids = {i for v in sources.values() for i in v}
+    gen_ids = set(sources.get("generation_config.json", ids))
+    return any(not set(v) <= gen_ids for v in sources.values())
+
+
+def pad_token_id(tokenizer, stop_ids: list[int]) -> int:
+    """The tokenizer's pad id, else the first stop id (safe: responses are masked by position)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+
+
 def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
     """Union of the EOS ids of generation_config.json, config.json and the tokenizer.
 
     Warns when they disagree: Qwen2.5 base and instruct differ here, and a rollout that does
     not stop at the model's real EOS never shows the policy that token, so it never learns to stop."""
-    sources: dict[str, list[int]] = {}
-    gen = getattr(model, "generation_config", None)
-    for name, val in [("generation_config.json", getattr(gen, "eos_token_id", None)),
-                      ("config.json", getattr(model.config, "eos_token_id", None)),
-                      ("tokenizer", tokenizer.eos_token_id)]:
-        if val is not None:
-            sources[name] = [val] if isinstance(val, int) else list(val)
+    sources = eos_sources(model.config, getattr(model, "generation_config", None), tokenizer)
     ids = sorted({i for v in sources.values() for i in v})
     if not ids:
         raise ModelError(f"{path}: no EOS token id in generation_config.json, config.json or the tokenizer. "
                          f"Set eos_token_id in generation_config.json.")
-    gen_ids = set(sources.get("generation_config.json", ids))
-    if any(not set(v) <= gen_ids for v in sources.values()):  # generate() would not stop on one of them
+    if eos_disagree(sources):  # generate() would not stop on one of them
         detail = "; ".join(f"{k}: {v}" for k, v in sources.items())
         warnings.warn(f"{path}: EOS ids disagree ({detail}). verirl stops on any of {ids}; check that the "
                       f"chat template ends turns with one of them.", stacklevel=2)
@@ -92,8 +110,7 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e
     model.to(resolve_device(device))
     stops = stop_token_ids(path, model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    return LoadedModel(model, tokenizer, stops, pad, real)
+    return LoadedModel(model, tokenizer, stops, pad_token_id(tokenizer, stops), real)
 
 
 def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int],

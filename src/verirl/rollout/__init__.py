@@ -11,7 +11,15 @@ from verirl.rollout.hf import HFEngine
 from verirl.rollout.native import NativeEngine
 from verirl.rollout.replay import ReplayEngine
 
-ENGINES = Registry("rollout.engine", {"native": NativeEngine, "hf": HFEngine, "replay": ReplayEngine})
+def _vllm_engine(*args, **kwargs):
+    """vLLM, imported only when chosen (an optional extra: pip install 'verirl[vllm]')."""
+    from verirl.rollout.vllm import VLLMEngine
+
+    return VLLMEngine(*args, **kwargs)
+
+
+ENGINES = Registry("rollout.engine", {"native": NativeEngine, "hf": HFEngine, "replay": ReplayEngine,
+                                      "vllm": _vllm_engine})
 
 
 def build_engine(name: str, model, pad_id: int, stop_ids: list[int], **options) -> Engine:

@@ -20,6 +20,12 @@ class SamplingParams:
 
 
 class Engine(Protocol):
+    def sync_weights(self, model) -> None:
+        """Make the next `generate` sample from ``model``'s current weights (called after every update).
+        Engines that read the live model (native, hf) have nothing to do; the vLLM engine pushes the
+        weights into its own copy."""
+        ...
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         """Sample n responses per prompt; the n samples of a prompt are contiguous in the result.
@@ -79,10 +85,12 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         fill = t.new_full((t.shape[0], extra), value)
         return torch.cat([fill, t] if left else [t, fill], dim=1)
 
+    with_logprobs = all(r.sample_logprobs is not None for r in parts)
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
         response_ids=torch.cat([pad(r.response_ids, R, pad_id, False) for r in parts]),
         response_mask=torch.cat([pad(r.response_mask, R, 0, False) for r in parts]),
         stopped=torch.cat([r.stopped for r in parts]),
+        sample_logprobs=torch.cat([pad(r.sample_logprobs, R, 0, False) for r in parts]) if with_logprobs else None,
     )

@@ -21,6 +21,9 @@ class HFEngine:
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
 
     @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        """Nothing to do: this engine reads the live model."""
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         device = next(self.model.parameters()).device

@@ -128,6 +128,9 @@ class NativeEngine:
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
     @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        """Nothing to do: this engine reads the live model."""
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         model = self.model

@@ -126,6 +126,9 @@ class ReplayEngine:
         self.pad_id, self.stop_ids = pad_id, list(stop_ids)
         self.device = next(model.parameters()).device
 
+    def sync_weights(self, model) -> None:
+        """Nothing to do: the responses come from the dump."""
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:
         if params.step is None:

@@ -203,20 +203,26 @@ def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams,
-                  layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> dict[str, float]:
+                  layouts: Optional[PackCache] = None, dist: Optional[Dist] = None,
+                  on_policy_out: Optional[torch.Tensor] = None) -> dict[str, float]:
     """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics, and
     ``actor/nonfinite_updates``: the mini-batches whose loss or grad norm was not finite, for which
     no optimizer or scheduler step was taken.
 
     With several ranks (``dist``), ``batch`` is this rank's share of the global batch: the losses are
     divided by the mini-batch's global token and sequence counts and the gradients are summed over
-    the ranks before the step, so the update and the returned statistics are the global batch's."""
+    the ranks before the step, so the update and the returned statistics are the global batch's.
+
+    ``on_policy_out`` (N, R), on-policy only (no old-log-prob pass): filled with the log-probs the
+    update computed before its (single) optimizer step, the trainer's side of the rollout engine's
+    log-prob check."""
     with optimizer_state_on_device(optimizer, p.offload_optimizer):  # actor.offload=optimizer
-        return _update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single())
+        return _update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single(),
+                       on_policy_out if batch.old_logprobs is None else None)
 
 
 def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
-            dist: Dist) -> dict[str, float]:
+            dist: Dist, on_policy_out: Optional[torch.Tensor]) -> dict[str, float]:
     """`update_policy` with the optimizer state on its device."""
     model.train()
     r = batch.rollout
@@ -244,6 +250,8 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                 logp, ent, mask = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
+                if on_policy_out is not None:
+                    on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
                 pg, clipped = clipped_policy_loss(logp, old, batch.advantages[sel], p.clip_low, p.clip_high)
                 pg_loss = aggregate(pg, mask, p.loss_agg_mode, n_tokens, n_seqs)
                 loss = pg_loss

@@ -215,6 +215,17 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
     """(the rollout engine, the training prompts, their order): the data's, unless the replay engine
     takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order)."""
     r = cfg.rollout
+    if r.engine == "vllm":
+        from verirl.plan import world_size
+
+        seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // r.tensor_parallel_size, 1)
+        options = dict(path=lm.path, tokenizer=lm.tokenizer, dtype=cfg.model.dtype,
+                       override_config=dict(cfg.model.override_config), tensor_parallel_size=r.tensor_parallel_size,
+                       gpu_memory_utilization=r.gpu_memory_utilization, max_num_seqs=seqs,
+                       max_num_batched_tokens=r.max_num_batched_tokens, enable_chunked_prefill=r.enable_chunked_prefill,
+                       enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
+                       max_model_len=cfg.data.max_prompt_length + r.max_new_tokens, seed=cfg.trainer.seed)
+        return build_engine("vllm", lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     if r.engine != "replay":
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids), train, cfg.data.shuffle
     engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,

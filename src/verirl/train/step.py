@@ -28,7 +28,7 @@ from verirl.train.packing import PackCache
 from verirl.train.strategy import full_weights, memory_metrics
 from verirl.types import Prompt, Rollout, TrainBatch
 
-PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "all")
+PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights", "all")
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
@@ -41,7 +41,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     prompts = [batch_prompts[i] for i in mine]
     per_response = [p for p in prompts for _ in range(how.group_size)]
     with timer("all"):
-        with timer("rollout"), full_weights(run.model):  # decoding reads whole weights, no collective inside
+        with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
             rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, how.sampling_at(step),
                                        how.generate_batch, run.pad_id, mine)
             texts = decode_responses(run.tokenizer, rollout)
@@ -60,9 +60,15 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             scores = torch.tensor(rewards.totals, dtype=torch.float32)
             advantages = how.advantages(scores).to(rollout.response_ids.device)
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
+        trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
+            torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
         with timer("update"), recording(run, step):
-            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist)
+            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist,
+                                        on_policy_out=trainer_logp)
+        with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
+            run.engine.sync_weights(run.model)
     actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
+    actor_stats.update(logprob_check(rollout, trainer_logp, dist))
     local = StepData([p.task for p in per_response], [p.extra.get("data_source") for p in per_response], rewards,
                      scores, advantages.cpu(), rollout)
     metrics = step_metrics(step, how, dist, local, actor_stats, timer)
@@ -79,6 +85,12 @@ def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> li
     return [r for position in sorted(at) for r in at[position]]
 
 
+def decoding_weights(run: Run):
+    """Whole weights while an engine that reads the live model decodes (a sharded model is gathered
+    once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) needs nothing."""
+    return full_weights(run.model) if getattr(run.engine, "reads_live_model", True) else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def recording(run: Run, step: int) -> Iterator[None]:
     """trainer.dump_activations: the block's forwards and backwards recorded at the listed steps, saved
@@ -93,6 +105,21 @@ def recording(run: Run, step: int) -> Iterator[None]:
         yield
     recorder.save(dump_path(a.dir, step, run.dist.rank),
                   {**a.meta, "step": step, "rank": run.dist.rank, "world_size": run.dist.world})
+
+
+def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float]:
+    """``rollout/logprob_diff/mean`` and ``/max``: |log p under the engine - log p under the trainer|
+    over the global batch's response tokens, both of the distribution each token was sampled from
+    (after temperature), for engines that return their log-probs (vLLM). A weight push that did not
+    happen shows at once (seed 001's check: an importance ratio of about 1)."""
+    if rollout.sample_logprobs is None or trainer_logp is None:
+        return {}
+    mask = rollout.response_mask.float()
+    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], mask.shape[1])
+    diff = (rollout.sample_logprobs[:, :width].float() - trainer_logp[:, :width].float()).abs() * mask[:, :width]
+    total, count = dist.all_sum([float(diff.sum()), float(mask[:, :width].sum())])
+    return {"rollout/logprob_diff/mean": total / max(count, 1.0),
+            "rollout/logprob_diff/max": dist.all_max([float(diff.max()) if diff.numel() else 0.0])[0]}
 
 
 def reward_fields(p: Prompt) -> dict:

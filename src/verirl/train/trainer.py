@@ -81,6 +81,7 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
     first = restore(run, log)
+    run.engine.sync_weights(run.model)  # an engine with its own weights (vLLM) starts from the restored ones
     if run.dist.is_main:
         _write(run.run_dir / "config.yaml", to_yaml(run.cfg))  # only once the checkpoint has restored
     summary: dict = {"run_dir": str(run.run_dir), "params": n_params}

@@ -1,0 +1,227 @@
+"""vLLM as the rollout engine, inside the training process (docs/vllm.md).
+
+* vLLM's offline ``LLM`` runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core and
+  its one worker live in this process), so the weight push below hands vLLM live tensors, not copies
+  through a socket.
+* Prompts go in as token ids (``TokensPrompt``). Every sample is its own request (``n=1``) with a seed
+  derived from (the step's seed, the prompt's global position, the sample index): sample j of the
+  prompt at global position g is the same whatever else is in the call (the chunking, the rank's
+  share), as with the native engine. vLLM's sampler is not the native engine's inverse-CDF Philox
+  sampler, so the SAMPLED tokens differ from the native engine's for the same seed; only greedy output
+  (temperature 0) matches it.
+* Stops: ``ignore_eos=True`` plus ``stop_token_ids=stop_ids``: exactly verirl's stop ids end a response
+  (every one of them, and not some other EOS vLLM reads from generation_config.json), and the stop
+  token is in the returned ids; ``build_rollout`` masks by position.
+* Log-probs: ``logprobs=0`` (the sampled token's only) with ``logprobs_mode="processed_logprobs"``:
+  log-softmax of the logits after temperature AND after top-k/top-p masking, i.e. of the distribution
+  the token was drawn from. With top_k=0 and top_p=1 (the defaults) that is exactly the trainer's
+  log-softmax(logits / T) over the whole vocabulary. With truncation on, vLLM's value is renormalised
+  over the kept tokens (it is larger by -log(kept mass)); vLLM 0.32 has no mode "after temperature,
+  before truncation" (its modes: raw_logprobs, raw_logits, processed_logprobs, processed_logits), so
+  ``rollout/logprob_diff`` then also measures the truncation, not only a stale push.
+* Weight push (``sync_weights``): the live parameters, one tensor at a time (gathered with
+  ``strategy.full`` when FSDP2 shards them), streamed as an iterator of (HF name, tensor) into the
+  worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` through
+  ``LLM.collective_rpc``. That is vLLM's in-place reload: it restores each layer to checkpoint format,
+  runs the model's ``load_weights`` (HF -> vLLM names, q/k/v and gate/up fusion) and then the layer's
+  ``process_weights_after_loading`` again (the CPU backend's repacking of linear weights), copying the
+  result into the tensors the engine already holds. A plain ``model.load_weights`` into a live CPU
+  engine fails (``'Parameter' object has no attribute 'weight_loader'``) because the repacked
+  parameters have lost their loaders; this route works on CPU and GPU alike (no file round-trip).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from verirl.rollout.base import SamplingParams, build_rollout, left_pad
+from verirl.types import Rollout
+
+# Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
+# values for them). Only for the test that shows a failed push is caught by rollout/logprob_diff.
+SKIP_ENV = "VERIRL_VLLM_PUSH_SKIP"
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
+
+
+def request_seed(seed: int, prompt_position: int, sample: int) -> int:
+    """The vLLM request seed of sample ``sample`` of the prompt at global position ``prompt_position``
+    (63 bits of a hash of the three): independent of batching, ranks and chunking."""
+    h = hashlib.blake2b(f"verirl-vllm:{int(seed)}:{int(prompt_position)}:{int(sample)}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def _set_cpu_env() -> None:
+    """Environment vLLM reads when it starts (set only where the user has not): in-process engine
+    core; on CPU a small explicit KV cache (GiB) instead of a share of the host's memory, and the
+    OpenMP threads bound to this process's CPUs."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}-{cpus[-1]}" if cpus == list(
+            range(cpus[0], cpus[-1] + 1)) else ",".join(map(str, cpus)))
+
+
+def _refresh_cpu_lm_head(worker) -> int:
+    """(Runs in the vLLM worker.) The CPU backend's vocabulary layers keep their weight AND a GEMM
+    handle built from it (``dispatch_cpu_unquantized_gemm(remove_weight=False)``). With tied embeddings
+    vLLM's ``load_weights`` skips ``lm_head.weight``, so the in-place reload updates the shared weight but
+    never rebuilds the LM head's handle: the logits stay those of the old embeddings. Rebuild it."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    done = 0
+    for module in worker.model_runner.get_model().modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear") \
+                and module.weight.numel() and not module.weight.is_meta:
+            module.quant_method.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
+class VLLMEngine:
+    """The ``vllm`` rollout engine (see the module docstring and docs/vllm.md).
+
+    ``push_skip``: a regex of HF parameter names NOT to push (a test hook that makes a push fail on
+    purpose; also read from the environment variable ``VERIRL_VLLM_PUSH_SKIP``). Never set it in a run."""
+
+    reads_live_model = False  # generate never reads the trainer's parameters (no need to unshard them for it)
+
+    def __init__(self, model, pad_id: int, stop_ids: Sequence[int], *, path: str, tokenizer=None,
+                 dtype: str = "float32", override_config: Optional[dict] = None, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256, max_num_batched_tokens: int = 0,
+                 enable_chunked_prefill: bool = True, enforce_eager: bool = True, free_cache_engine: bool = True,
+                 max_model_len: int = 0, seed: int = 0, push_skip: Optional[str] = None):
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            raise NotImplementedError(
+                "rollout.engine=vllm runs in one process only for now: a vLLM engine per data-parallel rank "
+                "(distributed_executor_backend='external_launcher') is not wired yet; see docs/vllm.md")
+        _set_cpu_env()
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("rollout.engine=vllm needs vLLM: pip install 'verirl[vllm]' (on CPU: make test-vllm "
+                              "builds .venv-vllm; see docs/vllm.md)") from e
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        from verirl.models.load import resolve_path
+
+        self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
+        self.push_skip = push_skip if push_skip is not None else (os.environ.get(SKIP_ENV) or None)
+        self.sleep_supported = bool(current_platform.is_sleep_mode_available())
+        self.free_cache_engine = bool(free_cache_engine) and self.sleep_supported
+        self.asleep = False
+        kwargs = dict(model=resolve_path(path), dtype=_DTYPES.get(dtype, dtype), seed=int(seed),
+                      tensor_parallel_size=int(tensor_parallel_size),
+                      gpu_memory_utilization=float(gpu_memory_utilization), enforce_eager=bool(enforce_eager),
+                      enable_chunked_prefill=bool(enable_chunked_prefill),
+                      logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
+                      enable_sleep_mode=self.free_cache_engine)
+        if max_num_seqs:
+            kwargs["max_num_seqs"] = int(max_num_seqs)
+        if max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
+        if max_model_len:
+            kwargs["max_model_len"] = int(max_model_len)
+        if override_config:
+            kwargs["hf_overrides"] = dict(override_config)
+        if not self.sleep_supported:
+            # the CPU backend's share is of the HOST's memory and is checked against what is free; the KV
+            # cache size comes from VLLM_CPU_KVCACHE_SPACE instead (set above)
+            kwargs["gpu_memory_utilization"] = min(kwargs["gpu_memory_utilization"], 0.1)
+        self.llm = LLM(**kwargs)
+        self.pushes = 0  # weight pushes done (sync_weights calls)
+        self.last_push: list[str] = []  # the names pushed by the last sync_weights
+        self.last_skipped: list[str] = []  # the names the test hook kept back
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _weights(self, model) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, whole tensor) for every parameter and persistent buffer, one at a time: under FSDP2
+        each is gathered just before vLLM consumes it (``strategy.full``: a collective, called for the
+        same tensors in the same order on every rank, skipped ones included). Tied tensors once."""
+        from verirl.train.strategy import full
+
+        skip = re.compile(self.push_skip) if self.push_skip else None
+        seen: set[int] = set()
+        for name, t in model.state_dict(keep_vars=True).items():
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            whole = full(t).detach()
+            if skip is not None and skip.search(name):
+                self.last_skipped.append(name)
+                continue
+            self.last_push.append(name)
+            yield name, whole
+
+    @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        """Push ``model``'s current weights into the engine (vLLM's in-place ``reload_weights``)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])  # weights back on the device; the KV cache stays freed
+        self.last_push, self.last_skipped = [], []
+        self.llm.collective_rpc("reload_weights",
+                                kwargs=dict(weights_iterator=self._weights(model), is_checkpoint_format=True))
+        if not torch.cuda.is_available():
+            self.llm.collective_rpc(_refresh_cpu_lm_head)
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self.pushes += 1
+
+    # -- generation ------------------------------------------------------------------------------
+    def _sampling(self, params: SamplingParams, seed: Optional[int]):
+        from vllm import SamplingParams as VSamplingParams
+
+        greedy = params.temperature <= 0
+        return VSamplingParams(
+            n=1, max_tokens=int(params.max_new_tokens), temperature=0.0 if greedy else float(params.temperature),
+            top_p=1.0 if greedy else float(params.top_p), top_k=0 if greedy else int(params.top_k),
+            seed=None if greedy else seed, stop_token_ids=list(self.stop_ids), ignore_eos=True,
+            logprobs=0, detokenize=False, skip_special_tokens=False)
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
+        from vllm.inputs import TokensPrompt
+
+        from verirl.rollout.native import _check_prompt_index
+
+        index = _check_prompt_index(prompt_index, len(prompt_ids))
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+        prompts, sampling = [], []
+        for p, g in zip(prompt_ids, index):
+            for j in range(n):
+                prompts.append(TokensPrompt(prompt_token_ids=[int(x) for x in p]))
+                seed = None if params.seed is None else request_seed(params.seed, g, j)
+                sampling.append(self._sampling(params, seed))
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
+        R = params.max_new_tokens
+        N = len(prompts)
+        tokens = torch.full((N, R), self.pad_id, dtype=torch.long)
+        logps = torch.zeros((N, R), dtype=torch.float32)
+        for i, out in enumerate(outputs):
+            c = out.outputs[0]
+            toks = list(c.token_ids)[:R]
+            tokens[i, :len(toks)] = torch.as_tensor(toks, dtype=torch.long)
+            if c.logprobs is not None:
+                logps[i, :len(toks)] = torch.tensor([d[t].logprob for d, t in zip(c.logprobs, toks)],
+                                                    dtype=torch.float32)
+        if self.free_cache_engine:
+            self.llm.sleep(level=1)  # weights to host memory, KV cache freed, until the next push / rollout
+            self.asleep = True
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad(prompt_ids, self.pad_id)
+        rollout = build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
+                                self.stop_ids, self.pad_id)
+        rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
+        if device.type != "cpu":
+            rollout = Rollout(*(t.to(device) for t in (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                                       rollout.response_mask, rollout.stopped,
+                                                       rollout.sample_logprobs)))
+        return rollout

