@@ -138,3 +138,17 @@ def test_every_stop_id_ends_a_response_and_is_kept(engine):
         got = out.response_ids[i][out.response_mask[i].bool()].tolist()
         assert got == want, i
         assert bool(out.stopped[i]) == (cut is not None)
+
+
+def test_verirl_eval_with_vllm_gives_the_native_engines_greedy_accuracy(tmp_path):
+    """`verirl eval --engine vllm`: the same held-out problems, the same greedy answers as the native
+    engine on the same weights."""
+    from verirl.cli import main
+
+    out = {}
+    for name in ("native", "vllm"):
+        path = tmp_path / f"{name}.json"
+        assert main(["eval", "--engine", name, "--n", "0", "--size", "16", "--json", str(path)]) == 0
+        out[name] = json.loads(path.read_text())
+    assert out["vllm"]["overall"]["greedy_acc"] == out["native"]["overall"]["greedy_acc"]
+    assert out["vllm"]["overall"]["prompts"] == 16

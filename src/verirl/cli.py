@@ -8,6 +8,7 @@ other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -81,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-prompt-length", type=int, default=1024)
     v.add_argument("--temperature", type=float, default=1.0)
     v.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
-    v.add_argument("--engine", default="native", choices=["native", "hf"])
+    v.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
+                   help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
     v.add_argument("--size", "--val-size", dest="size", type=int, default=200,
@@ -231,6 +233,9 @@ def _eval(args) -> int:
                     os.path.exists(args.json) and not os.access(args.json, os.W_OK)):
                 raise ConfigError(f"--json {args.json}: cannot write there (no such folder, or not writable). "
                                   f"Give a writable path.")
+        if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError("--engine vllm but vLLM is not installed here. pip install 'verirl[vllm]' "
+                              "(docs/vllm.md), or use --engine native.")
         if args.model != "tiny" and not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
@@ -249,7 +254,13 @@ def _eval(args) -> int:
         if not prompts:
             raise DataError(f"--data {args.data}: no prompts to evaluate.")
         scorer = Scorer(rules, [1.0] * len(rules), workers=default_workers(), timeout=args.timeout)
-        engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids)
+        options = {}
+        if args.engine == "vllm":  # vLLM's defaults of the rollout section (docs/vllm.md)
+            from verirl.config import RolloutConfig
+            from verirl.train.build import vllm_options
+            options = vllm_options(RolloutConfig(), lm, "float32", {}, 256,
+                                   args.max_prompt_length + args.max_new_tokens, args.seed)
+        engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids, **options)
         try:
             with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
                 res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,

@@ -219,12 +219,8 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
         from verirl.plan import world_size
 
         seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // r.tensor_parallel_size, 1)
-        options = dict(path=lm.path, tokenizer=lm.tokenizer, dtype=cfg.model.dtype,
-                       override_config=dict(cfg.model.override_config), tensor_parallel_size=r.tensor_parallel_size,
-                       gpu_memory_utilization=r.gpu_memory_utilization, max_num_seqs=seqs,
-                       max_num_batched_tokens=r.max_num_batched_tokens, enable_chunked_prefill=r.enable_chunked_prefill,
-                       enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
-                       max_model_len=cfg.data.max_prompt_length + r.max_new_tokens, seed=cfg.trainer.seed)
+        options = vllm_options(r, lm, cfg.model.dtype, dict(cfg.model.override_config), seqs,
+                               cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     if r.engine != "replay":
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids), train, cfg.data.shuffle
@@ -233,6 +229,17 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
     if r.replay_prompts == "dump":
         return engine, dump_prompts(engine.steps, r.n, lm.tokenizer), "sequential"
     return engine, train, cfg.data.shuffle
+
+
+def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:
+    """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`);
+    the context length at most the model's (vLLM refuses more)."""
+    max_model_len = min(max_model_len, getattr(lm.model.config, "max_position_embeddings", None) or max_model_len)
+    return dict(path=lm.path, tokenizer=lm.tokenizer, dtype=dtype, override_config=override_config,
+                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+                enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
+                free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
 
 
 def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
