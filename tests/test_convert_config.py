@@ -356,11 +356,12 @@ def test_verl_kl_off_and_clip_fallback():
     assert r.get("algo.clip_ratio_low") == 0.25 and r.get("algo.clip_ratio_high") == 0.28  # null falls back
 
 
-def test_verl_model_override_is_flagged_not_written():
+def test_verl_model_override_is_carried_over():
     r = convert("verl", VERL, ["+actor_rollout_ref.model.override_config.rms_norm_eps=1e-5"])
     row = r.row("actor_rollout_ref.model.override_config.rms_norm_eps")
-    assert row.status == "decide" and "model.override_config.rms_norm_eps=1e-05" in row.note
-    assert any("rms_norm_eps" in c for c in r.checks) and "override_config" not in r.config.get("model", {})
+    assert row.status == "translated" and row.targets == ["model.override_config"]
+    assert r.get("model.override_config") == {"rms_norm_eps": 1e-5}
+    assert any("rms_norm_eps=1e-05" in c for c in r.checks)
 
 
 def test_token_budget_under_the_longest_sequence_is_raised():
@@ -416,8 +417,8 @@ def test_mindspeed_numerics_and_unknown_rules_need_a_decision():
                                        f"{RL}verifier_function=[base_acc,math_verify_reward]",
                                        f"{RL}verifier_weight=[1.0,1.0]", f"+{RL}some_new_knob=3",
                                        f"{MT}hidden_dropout=0.1"])
-    assert r.row(MT + "norm_epsilon").status == "decide" and "rms_norm_eps" in r.row(MT + "norm_epsilon").note
-    assert "override_config" not in r.config.get("model", {})
+    assert r.row(MT + "norm_epsilon").status == "translated"  # the run's own numerics, seed 000's fix
+    assert r.get("model.override_config") == {"rms_norm_eps": 1e-6}
     assert r.get("reward.verifiers") == ["base_acc", "math_verify_reward"]  # kept: verirl refuses it at start
     assert r.row(RL + "verifier_function").status == "decide"
     assert r.row(RL + "some_new_knob").status == "unknown"

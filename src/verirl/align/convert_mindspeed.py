@@ -539,12 +539,19 @@ def _data_and_model(t: Translation, version: str) -> None:
                 t.ignore(key, "the architecture: verirl reads it from model.path's config.json")
     else:
         model_keys = []
+    numerics, sources = {}, []
     for key in [MT + k for k in NUMERICS] + [AC + k for k in NUMERICS] + model_keys:
         leaf = key.rsplit(".", 1)[1]
         if t.given(key) and leaf in NUMERICS:
-            hf = NUMERICS[leaf]
-            t.decide(key, f"{leaf} {t.get(key)} set for the run: compare with config.json's {hf} (`verirl doctor`) "
-                          f"and set model.override_config.{hf} if they differ (not written here)")
+            if leaf == "padded_vocab_size":  # Megatron pads the embedding; the values it computes are the same
+                t.decide(key, f"{leaf} {t.get(key)}: Megatron's padded embedding rows; compare with config.json's "
+                              f"vocab_size (`verirl doctor`)")
+                continue
+            numerics[NUMERICS[leaf]] = t.get(key)
+            sources.append(key)
+    if numerics:  # what the MindSpeed-RL run computed with, whatever config.json says (seed 000's rms_norm_eps)
+        t.put("model.override_config", numerics, *sources,
+              note="the run's own numerics; compare with config.json (`verirl doctor`)")
     for name_ in ("attention_dropout", "hidden_dropout"):
         key = _actor_key(t, name_)
         value = float(t.get(key))

@@ -503,15 +503,18 @@ def _model(t: Translation) -> None:
     if path is not None:
         t.check(f"model.path ({path}) is the other machine's path or a hub id: run `verirl doctor` on both copies "
                 f"(EOS / pad / BOS ids, rms_norm_eps, rope_theta, vocabulary size)")
+    overrides, sources = {}, []
     for key in t.under(M + "override_config"):
         name = key[len(M + "override_config."):]
         if t.get(key) == {} or name.startswith("moe_config."):
             t.ignore(key, "empty, or MoE router settings: nothing of the model's numerics")
             continue
-        t.decide(key, f"veRL overrides the model's config.json: set model.override_config.{name}={t.get(key)} in "
-                      f"verirl too (not written here)")
-        t.check(f"{name}={t.get(key)} is overridden in veRL's run: check it against the model's config.json with "
-                f"`verirl doctor` and set model.override_config")
+        overrides[name] = t.get(key)
+        sources.append(key)
+    if overrides:  # the same key, the same meaning: values that replace the model's config.json at load
+        t.put("model.override_config", overrides, *sources)
+        t.check(f"veRL's run overrides the model's config.json ({', '.join(f'{k}={v}' for k, v in overrides.items())}); "
+                f"model.override_config carries them. A key the model's config does not have is refused at load.")
     for key in t.under(A + "megatron.override_transformer_config"):
         leaf = key.rsplit(".", 1)[1]
         if not (leaf.startswith("recompute_") or leaf == "attention_backend"):
