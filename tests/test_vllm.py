@@ -1,7 +1,8 @@
 """rollout.engine=vllm (docs/vllm.md): needs vLLM, so these run only in `make test-vllm` (.venv-vllm).
 
 An engine takes ~15-40 s to start on CPU: the engine-level checks share one (module fixture); each
-training run starts its own inside `verirl train`."""
+training run starts its own inside `verirl train` (one per rank, or per tensor-parallel group, with
+trainer.nproc_per_node=2)."""
 import importlib.util
 import json
 from pathlib import Path
@@ -24,21 +25,53 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _train(run: Path, *extra: str) -> list[dict]:
+def _train(run: Path, *extra: str, steps: int = 3) -> list[dict]:
     from verirl.cli import main
 
-    assert main(["train", "trainer.total_steps=3", f"trainer.run_dir={run}", *BASE, *extra]) == 0
+    assert main(["train", f"trainer.total_steps={steps}", f"trainer.run_dir={run}", *BASE, *extra]) == 0
     rows = [r for r in _rows(run) if "rollout/logprob_diff/max" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     return rows
 
 
-def test_three_grpo_steps_match_the_trainers_logprobs(tmp_path):
-    rows = _train(tmp_path / "run")
+def _rollouts(run: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "prompt"}
+            for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """3 GRPO steps in one process (the reference for the runs with several ranks)."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    return run, _train(run, "trainer.dump_rollouts=true")
+
+
+def test_three_grpo_steps_match_the_trainers_logprobs(one_rank):
+    _, rows = one_rank
     for r in rows:  # every step: the engine sampled from the trainer's current weights (the push happened)
         assert r["rollout/logprob_diff/max"] < 1e-3, r
         assert r["rollout/logprob_diff/mean"] < 1e-4, r
         assert r["timing/sync_weights"] >= 0
+
+
+@pytest.mark.parametrize("strategy,tp", [("ddp", 1), ("fsdp2", 1), ("fsdp2", 2)])
+def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy, tp):
+    """trainer.nproc_per_node=2: each rank (tp=1), or the pair as one tensor-parallel engine (tp=2),
+    runs vLLM inside the launcher's gloo process group (distributed_executor_backend=external_launcher).
+    Every step vLLM's log-probs are the trainer's (max over both ranks), and the rollouts are exactly the
+    one-process run's (the per-request seeds do not depend on the rank)."""
+    run = tmp_path / "run"
+    rows = _train(run, "trainer.nproc_per_node=2", f"actor.strategy={strategy}", "trainer.dist_timeout_s=300",
+                  f"rollout.tensor_parallel_size={tp}", "trainer.dump_rollouts=true", steps=2)
+    for r in rows:
+        assert r["rollout/logprob_diff/max"] < 1e-3, r
+        assert r["rollout/logprob_diff/mean"] < 1e-4, r
+    one_run, one_rows = one_rank
+    two = _rollouts(run)
+    assert len(two) == 2 * 4 * 8 and {r["step"] for r in two} == {1, 2}
+    assert two == [r for r in _rollouts(one_run) if r["step"] <= 2]
+    for a, b in zip(rows, one_rows):
+        assert a["reward/mean"] == b["reward/mean"]
 
 
 def test_a_push_that_skips_a_layer_is_caught(tmp_path, monkeypatch):

@@ -101,10 +101,10 @@ def check_engine(cfg: Config) -> None:
         raise ConfigError("rollout.engine=vllm but vLLM is not installed in this environment. Install it with pip "
                           "install 'verirl[vllm]' (on a CPU: make test-vllm builds .venv-vllm; docs/vllm.md), or "
                           "use rollout.engine=native.")
-    if cfg.rollout.engine == "vllm" and world_size(cfg) > 1:
-        raise ConfigError(f"rollout.engine=vllm with {world_size(cfg)} ranks: this version runs vLLM in one process "
-                          f"only (one engine per rank is not wired yet). Use trainer.nproc_per_node=1, or "
-                          f"rollout.engine=native with several ranks.")
+    if cfg.rollout.engine == "vllm" and world_size(cfg) % cfg.rollout.tensor_parallel_size:
+        raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} must divide the "
+                          f"{world_size(cfg)} ranks: each group of tensor_parallel_size consecutive ranks runs one "
+                          f"vLLM engine (docs/vllm.md).")
 
 
 def check_paths(cfg: Config) -> None:

@@ -28,6 +28,11 @@
   result into the tensors the engine already holds. A plain ``model.load_weights`` into a live CPU
   engine fails (``'Parameter' object has no attribute 'weight_loader'``) because the repacked
   parameters have lost their loaders; this route works on CPU and GPU alike (no file round-trip).
+* Several ranks (docs/vllm.md): ``distributed_executor_backend="external_launcher"``: vLLM joins the
+  launcher's already-initialised process group instead of making its own, and lays it out as
+  (world / tp independent engines) x (tp consecutive ranks each). tp = 1: an engine per rank on the
+  rank's prompts; tp > 1: the group's ranks gather their prompts and all submit the same list (vLLM's
+  external launcher relies on identical requests), each keeps its own rows.
 """
 from __future__ import annotations
 
@@ -53,6 +58,13 @@ def request_seed(seed: int, prompt_position: int, sample: int) -> int:
     (63 bits of a hash of the three): independent of batching, ranks and chunking."""
     h = hashlib.blake2b(f"verirl-vllm:{int(seed)}:{int(prompt_position)}:{int(sample)}".encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def _world() -> tuple[int, int]:
+    """(world size, rank) of the default process group; (1, 0) when there is none."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
 
 
 def _set_cpu_env() -> None:
@@ -83,6 +95,35 @@ def _refresh_cpu_lm_head(worker) -> int:
     return done
 
 
+def _guard_shutdown(llm) -> None:
+    """vLLM's in-process engine shuts itself down from a finalizer (at the latest at interpreter exit),
+    destroying the process groups it built on the launcher's default group. If that group has already
+    been destroyed (verirl's ``distributed.close`` at the end of a run, when nobody called
+    ``VLLMEngine.close`` first), torch raises "Invalid process group specified" in that finalizer. Keep
+    vLLM's finalizer but skip the process-group teardown when there is no default group left: those
+    groups went with it."""
+    import weakref
+
+    client = llm.llm_engine.engine_core  # InprocClient (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is None or finalizer.detach() is None:
+        return
+    client._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core)
+
+
+def _shutdown_core(core) -> None:
+    if torch.distributed.is_initialized():
+        core.shutdown()
+        return
+    from vllm.distributed import parallel_state
+
+    for name in ("_TP", "_ETP", "_ENGRAM_DP", "_DCP", "_PCP", "_PP", "_DP", "_EP", "_EPLB", "_INNER_DP_WORLD",
+                 "_WORLD"):
+        if hasattr(parallel_state, name):
+            setattr(parallel_state, name, None)  # destroyed with the default group; do not destroy them again
+    core.shutdown()
+
+
 class VLLMEngine:
     """The ``vllm`` rollout engine (see the module docstring and docs/vllm.md).
 
@@ -96,11 +137,16 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256, max_num_batched_tokens: int = 0,
                  enable_chunked_prefill: bool = True, enforce_eager: bool = True, free_cache_engine: bool = True,
                  max_model_len: int = 0, seed: int = 0, push_skip: Optional[str] = None):
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        world, rank = _world()
+        tp = int(tensor_parallel_size)
+        if tp < 1 or world % tp:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} must divide the {world} ranks (consecutive ranks "
+                             f"form one engine's tensor-parallel group)")
+        if world == 1 and tp > 1:
             raise NotImplementedError(
-                "rollout.engine=vllm runs in one process only for now: a vLLM engine per data-parallel rank "
-                "(distributed_executor_backend='external_launcher') is not wired yet; see docs/vllm.md")
+                "rollout.tensor_parallel_size > 1 needs as many ranks (trainer.nproc_per_node): each rank holds "
+                "one tensor-parallel shard of its group's engine (docs/vllm.md)")
+        self.world, self.rank, self.tp = world, rank, tp
         _set_cpu_env()
         try:
             import vllm  # noqa: F401
@@ -131,14 +177,34 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if override_config:
             kwargs["hf_overrides"] = dict(override_config)
+        if world > 1:
+            # one engine per group of tp consecutive ranks, inside the launcher's process group (docs/vllm.md):
+            # vLLM's "external_launcher" executor runs the one worker in this process with RANK / LOCAL_RANK
+            # from the environment and, finding torch.distributed initialised, builds its world and its
+            # tensor-parallel groups from the existing default group (world / tp independent engines).
+            for key in ("RANK", "LOCAL_RANK"):
+                if key not in os.environ:
+                    raise RuntimeError(f"rollout.engine=vllm with {world} ranks needs {key} in the environment "
+                                       f"(set by torch's launcher / torchrun)")
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if not self.sleep_supported:
             # the CPU backend's share is of the HOST's memory and is checked against what is free; the KV
             # cache size comes from VLLM_CPU_KVCACHE_SPACE instead (set above)
             kwargs["gpu_memory_utilization"] = min(kwargs["gpu_memory_utilization"], 0.1)
         self.llm = LLM(**kwargs)
+        if world > 1:
+            _guard_shutdown(self.llm)
         self.pushes = 0  # weight pushes done (sync_weights calls)
         self.last_push: list[str] = []  # the names pushed by the last sync_weights
         self.last_skipped: list[str] = []  # the names the test hook kept back
+
+    def close(self) -> None:
+        """Shut the engine down. With several ranks call it BEFORE the launcher's process group is
+        destroyed: vLLM's shutdown destroys its own groups (built on that default group) and then the
+        default group itself. Idempotent."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
     # -- weights ---------------------------------------------------------------------------------
     def _weights(self, model) -> Iterator[tuple[str, torch.Tensor]]:
@@ -173,6 +239,22 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.pushes += 1
 
+    def _group_prompts(self, mine: list, index: list, n: int, params: SamplingParams):
+        """(every rank's prompts of this tensor-parallel group in rank order, their global positions, where
+        this rank's start): vLLM's external_launcher runs one scheduler per rank, and the ranks of a group
+        stay in step only if they submit the same requests in the same order. A collective over the group:
+        its ranks must call ``generate`` the same number of times with the same ``n`` and sampling."""
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        parts: list = [None] * group.world_size
+        torch.distributed.all_gather_object(parts, (mine, index, n, params), group=group.cpu_group)
+        if any((pn, pp) != (n, params) for _, _, pn, pp in parts):
+            raise RuntimeError(f"rollout.tensor_parallel_size={self.tp}: the ranks of one engine called generate "
+                               f"with different n / sampling parameters: {[(pn, pp) for _, _, pn, pp in parts]}")
+        first = sum(len(p[0]) for p in parts[:group.rank_in_group])
+        return [p[0] for p in parts], [g for p in parts for g in p[1]], first
+
     # -- generation ------------------------------------------------------------------------------
     def _sampling(self, params: SamplingParams, seed: Optional[int]):
         from vllm import SamplingParams as VSamplingParams
@@ -194,15 +276,20 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+        mine = [[int(x) for x in p] for p in prompt_ids]
+        every, first = [mine], 0
+        if self.tp > 1:  # one engine for the group: every rank of it submits the group's prompts, in rank order
+            every, index, first = self._group_prompts(mine, list(index), n, params)
         prompts, sampling = [], []
-        for p, g in zip(prompt_ids, index):
+        for p, g in zip((p for part in every for p in part), index):
             for j in range(n):
-                prompts.append(TokensPrompt(prompt_token_ids=[int(x) for x in p]))
+                prompts.append(TokensPrompt(prompt_token_ids=p))
                 seed = None if params.seed is None else request_seed(params.seed, g, j)
                 sampling.append(self._sampling(params, seed))
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
+        outputs = outputs[first * n:(first + len(mine)) * n]  # this rank's rows
         R = params.max_new_tokens
-        N = len(prompts)
+        N = len(mine) * n
         tokens = torch.full((N, R), self.pad_id, dtype=torch.long)
         logps = torch.zeros((N, R), dtype=torch.float32)
         for i, out in enumerate(outputs):
