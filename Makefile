@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow test-vllm weights clean
+.PHONY: setup run test test-slow setup-vllm test-vllm weights clean
 
 # Restartable: a venv left half-made by Ctrl-C (no working pip in it) is made again from scratch;
 # every pip step below can be repeated, and the stamp is written last.
@@ -49,6 +49,8 @@ $(VSTAMP): pyproject.toml
 	$(VBIN)/pip install -q -e ".[test]" "$(TORCH)"
 	$(VBIN)/python -c "import torch, vllm; assert torch.__version__.split('+')[0] == '$(TORCH)'.split('==')[1], torch.__version__"
 	touch $(VSTAMP)
+
+setup-vllm: $(VSTAMP)
 
 test-vllm: $(VSTAMP)
 	$(VBIN)/python -m pytest -q -m vllm $(ARGS)
