@@ -279,7 +279,11 @@ def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
     finished = False
     try:
         for ch in chunks:
-            pending.append((pool.submit(_process_chunk, ch), ch))
+            try:
+                pending.append((pool.submit(_process_chunk, ch), ch))
+            except BrokenProcessPool:  # a worker died before this chunk could even be handed out
+                pending.append((None, ch))
+                raise died() from None
             while len(pending) >= 2 * cfg.workers:
                 take()
         while pending:
