@@ -46,3 +46,17 @@ def qwen_tokenizer_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("qwen25-tokenizer")
     build_qwen_tokenizer(out)
     return out
+
+
+@pytest.fixture
+def rank1_dies(tmp_path):
+    """A reward rule, ``f"{path}:die"``, whose call kills rank 1's whole process at once (exit code 3):
+    a real dying rank, for the launchers' failure tests."""
+    rule = tmp_path / "die.py"
+    rule.write_text(
+        "import os\n\n\n"
+        "def die(response, label, **_):\n"
+        "    if os.environ.get(\"RANK\") == \"1\":\n"
+        "        os._exit(3)  # the whole rank process, at once\n"
+        "    return 0.0\n")
+    return f"{rule}:die"

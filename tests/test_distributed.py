@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -108,19 +107,10 @@ def test_ranks_with_very_different_response_lengths_neither_hang_nor_change_the_
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_ends_the_run(tmp_path, capsys):
-    rule = tmp_path / "die.py"
-    rule.write_text(textwrap.dedent("""
-        import os
-
-        def die(response, label, **_):
-            if os.environ.get("RANK") == "1":
-                os._exit(3)  # the whole rank process, at once
-            return 0.0
-    """))
+def test_a_rank_that_dies_ends_the_run(tmp_path, capsys, rank1_dies):
     started = time.time()
     rc = main(["train", f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=3", "trainer.nproc_per_node=2",
-               f"reward.verifiers=[{rule}:die]", "reward.weights=[1.0]", "reward.tasks={}", *BASE])
+               f"reward.verifiers=[{rank1_dies}]", "reward.weights=[1.0]", "reward.tasks={}", *BASE])
     assert rc == 2 and time.time() - started < 60  # a bound on a hang, not a speed figure
     err = capsys.readouterr().err
     assert "rank 1 failed" in err and "exit code 3" in err and "Run the same command again" in err

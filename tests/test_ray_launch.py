@@ -137,19 +137,10 @@ def test_two_ray_ranks_train_three_steps_and_stop_their_cluster(tmp_path, ray_en
 
 
 @pytest.mark.slow
-def test_a_ray_rank_that_dies_ends_the_run(tmp_path, ray_env):
-    rule = tmp_path / "die.py"
-    rule.write_text(textwrap.dedent("""
-        import os
-
-        def die(response, label, **_):
-            if os.environ.get("RANK") == "1":
-                os._exit(3)  # the whole rank process, at once
-            return 0.0
-    """))
+def test_a_ray_rank_that_dies_ends_the_run(tmp_path, ray_env, rank1_dies):
     started = time.time()
     done = _train([f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=3", *RAY, *BASE,
-                   f"reward.verifiers=[{rule}:die]", "reward.weights=[1.0]", "reward.tasks={}"], ray_env)
+                   f"reward.verifiers=[{rank1_dies}]", "reward.weights=[1.0]", "reward.tasks={}"], ray_env)
     assert done.returncode == 2 and time.time() - started < 90, done.stderr[-3000:]  # a bound on a hang
     err = done.stderr
     assert "rank 1 failed (its process died without raising" in err, err[-3000:]
