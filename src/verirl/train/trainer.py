@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
