@@ -32,10 +32,13 @@ VERL_CONFIG = {
     "rollout.engine": "native", "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
     "rollout.top_k": 0,  # vLLM's -1
     "reward.verifiers": ["/workspace/reward/task_rules.py:compute_score"], "reward.weights": [1.0],
-    "algo.adv_estimator": "grpo", "algo.norm_adv_by_std": True,
+    "algo.adv_estimator": "grpo", "algo.scale_rewards": "group",  # norm_adv_by_std_in_grpo: true
     "algo.kl_coef": 0.001, "algo.kl_type": "low_var_kl",  # use_kl_loss / kl_loss_coef / kl_loss_type
+    "algo.policy_loss": "dual_clip", "algo.clip_ratio_c": 3.0,  # veRL's vanilla loss has the dual clip
     "algo.clip_ratio_low": 0.2, "algo.clip_ratio_high": 0.2, "algo.entropy_coef": 0.0,
     "algo.loss_agg_mode": "token-mean",
+    # veRL's rollout correction is off by default, verirl's rejection is on: written off
+    "algo.rollout_correction.rollout_is": None, "algo.rollout_correction.rollout_rs": None,
     "actor.lr": 1e-6, "actor.betas": [0.9, 0.999], "actor.weight_decay": 0.01,
     "actor.warmup_steps": 50,  # int(0.05 x 500 steps) = 25 veRL steps x (64 / 32) optimizer steps each
     "actor.grad_clip": 1.0,
@@ -59,6 +62,8 @@ MSRL_CONFIG = {
     "algo.adv_estimator": "grpo", "algo.kl_coef": 0.001, "algo.kl_type": "low_var_kl",
     "algo.clip_ratio_low": 0.2, "algo.clip_ratio_high": 0.2, "algo.entropy_coef": 0.0,
     "algo.loss_agg_mode": "seq-mean-token-mean",  # token mean per micro-batch of 1 sequence
+    "algo.policy_loss": "vanilla",  # no dual clip in MindSpeed-RL's loss
+    "algo.rollout_correction.rollout_is": None, "algo.rollout_correction.rollout_rs": None,  # none in MindSpeed-RL
     "actor.lr": 1e-6, "actor.betas": [0.9, 0.999], "actor.weight_decay": 0.01,
     "actor.warmup_steps": 50,  # 0.05 x 500 iterations x 2 mini-batches per iteration
     "actor.grad_clip": 1.0,
@@ -90,7 +95,8 @@ VERL_ROWS = {
     A + "ppo_max_token_len_per_gpu": ("translated", ["actor.max_token_len_per_device"]),
     A + "ppo_epochs": ("translated", ["actor.epochs"]),
     A + "clip_ratio_low": ("translated", ["algo.clip_ratio_low"]),
-    A + "clip_ratio_high": ("translated", ["algo.clip_ratio_high"]), A + "clip_ratio_c": ("ignored", []),
+    A + "clip_ratio_high": ("translated", ["algo.clip_ratio_high"]),
+    A + "clip_ratio_c": ("translated", ["algo.clip_ratio_c"]),
     A + "loss_agg_mode": ("translated", ["algo.loss_agg_mode"]),
     A + "entropy_coeff": ("translated", ["algo.entropy_coef"]),
     A + "use_kl_loss": ("translated", ["algo.kl_coef"]), A + "kl_loss_coef": ("translated", ["algo.kl_coef"]),
@@ -112,7 +118,7 @@ VERL_ROWS = {
     R + "val_kwargs.n": ("translated", ["eval.n"]), R + "val_kwargs.temperature": ("translated", ["eval.temperature"]),
     R + "val_kwargs.top_p": ("ignored", []),
     "algorithm.adv_estimator": ("translated", ["algo.adv_estimator"]),
-    "algorithm.norm_adv_by_std_in_grpo": ("translated", ["algo.norm_adv_by_std"]),
+    "algorithm.norm_adv_by_std_in_grpo": ("translated", ["algo.scale_rewards"]),
     "algorithm.use_kl_in_reward": ("translated", []),
     "custom_reward_function.path": ("decide", ["reward.verifiers", "reward.weights"]),
     "custom_reward_function.name": ("translated", ["reward.verifiers"]),
@@ -126,7 +132,9 @@ VERL_ROWS = {
     "trainer.balance_batch": ("ignored", []), "trainer.resume_mode": ("translated", ["trainer.resume"]),
     "trainer.default_local_dir": ("ignored", []),
     # veRL's defaults the translation read (absent from the file)
-    A + "policy_loss.loss_mode": ("translated", []), A + "optim.optimizer": ("translated", []),
+    A + "policy_loss.loss_mode": ("translated", ["algo.policy_loss"]), A + "optim.optimizer": ("translated", []),
+    "algorithm.rollout_correction.rollout_is": ("translated", ["algo.rollout_correction.rollout_is"]),
+    "algorithm.rollout_correction.rollout_rs": ("translated", ["algo.rollout_correction.rollout_rs"]),
 }
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
@@ -142,7 +150,7 @@ MSRL_ROWS = {
     MT + "seq_length": ("translated", ["data.max_prompt_length", "rollout.max_new_tokens"]),
     MT + "save_interval": ("translated", ["trainer.save_freq"]),
     MT + "train_iters": ("translated", ["trainer.total_steps", "actor.warmup_steps"]),
-    MT + "stage": ("translated", []), MT + "attention_dropout": ("translated", []),
+    MT + "stage": ("translated", ["algo.policy_loss"]), MT + "attention_dropout": ("translated", []),
     MT + "hidden_dropout": ("translated", []),
     MT + "dataset_additional_keys": ("translated", ["data.dataset_additional_keys"]),
     MT + "data_path": ("decide", []), MT + "split": ("translated", []),
@@ -185,7 +193,18 @@ MSRL_ROWS = {
 
 
 def _flat(result) -> dict:
-    return {f"{s}.{k}": v for s, keys in result.config.items() for k, v in keys.items()}
+    """verirl's dotted keys -> values, sub-sections (algo.filter_groups, ...) flattened too."""
+    keys, out = verirl_keys(), {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if f"{prefix}{k}" in keys:
+                out[f"{prefix}{k}"] = v
+            else:
+                walk(v, f"{prefix}{k}.")
+
+    walk(result.config, "")
+    return out
 
 
 def _source_keys(path: str) -> set[str]:
@@ -230,7 +249,7 @@ def test_verl_notes_spell_out_the_conversions(verl):
     assert "ppo_mini_batch_size *= n" in verl.row(A + "ppo_mini_batch_size").note
     warm = verl.row(A + "optim.lr_warmup_steps_ratio").note
     assert "int(0.05 x 500 steps) = 25 veRL steps x 2 optimizer steps" in warm
-    assert "dual" in verl.row(A + "clip_ratio_c").note
+    assert "dual" in verl.row(A + "clip_ratio_c").note and "dual_clip" in verl.row(A + "policy_loss.loss_mode").note
     assert "total_training_steps is set" in verl.row("trainer.total_epochs").note
     assert "compute_score(data_source, solution_str, ground_truth" in verl.row("custom_reward_function.path").note
     assert any("verirl doctor" in c and "/models/Qwen2.5-7B" in c for c in verl.checks)
@@ -258,9 +277,11 @@ def test_the_two_examples_describe_one_run(verl, msrl):
     v, m = _flat(verl), _flat(msrl)
     shared = set(v) & set(m)
     differ = {k for k in shared if v[k] != m[k]}
-    # MindSpeed-RL's loss averages per micro-batch (1 sequence: seq-mean-token-mean); pre-2.0 MindSpeed-RL shuffled
-    # Megatron's way; the paths are each machine's; the GPU run scored with its own function, the NPU run with rules
-    assert differ == {"algo.loss_agg_mode", "data.shuffle", "model.path", "reward.verifiers", "reward.weights"}
+    # MindSpeed-RL's loss averages per micro-batch (1 sequence: seq-mean-token-mean) and has no dual clip (veRL's
+    # vanilla has); pre-2.0 MindSpeed-RL shuffled Megatron's way; the paths are each machine's; the GPU run scored
+    # with its own function, the NPU run with rules
+    assert differ == {"algo.loss_agg_mode", "algo.policy_loss", "data.shuffle", "model.path", "reward.verifiers",
+                      "reward.weights"}
     for key in ("data.prompts_per_step", "rollout.n", "actor.mini_batch_prompts", "actor.warmup_steps",
                 "trainer.total_steps", "algo.kl_coef", "data.max_prompt_length", "rollout.max_new_tokens"):
         assert v[key] == m[key], key
@@ -280,8 +301,10 @@ def test_written_yaml_passes_the_schema_checks(fmt, path, expected, tmp_path, ca
     assert isinstance(cfg, Config)
     validate(cfg)
     for dotted, value in expected.items():
-        section, name = dotted.split(".")
-        assert getattr(getattr(cfg, section), name) == value, dotted
+        node = cfg
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        assert node == value, dotted
     assert "# <- data.train_batch_size" in text or "# <- megatron_training.global_batch_size" in text
 
 
@@ -468,3 +491,276 @@ def test_tables_name_real_verirl_keys(module):
     keys = verirl_keys()
     assert {d.target for d in module.DIRECT} <= keys
     assert all(why for _, why in module.IGNORED)
+
+
+# ---------------------------------------------------------------- veRL: the algorithm options
+
+def _checked(result):
+    """The translation loads as a verirl config and passes the name checks of its algorithm options."""
+    from verirl.checks import check_algorithms
+    from verirl.config import load_config_dict
+
+    cfg = load_config_dict(result.config)
+    check_algorithms(cfg)
+    return cfg
+
+
+def _verl_vanilla(logp, old, adv, low, high, c):
+    """veRL's compute_policy_loss_vanilla (core_algos.py, January 2026), per token."""
+    import torch
+
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    clipped1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - low, 1 + high))
+    return torch.where(adv < 0, torch.min(-adv * c, clipped1), clipped1)
+
+
+def test_verl_vanilla_loss_is_verirl_dual_clip():
+    """veRL's vanilla loss applies the dual clip (clip_ratio_c): verirl's dual_clip is that loss, its vanilla is not."""
+    import torch
+
+    from verirl.algo import POLICY_LOSSES, PolicyLossParams
+
+    r = convert("verl", VERL, [A + "clip_ratio_c=10.0", A + "clip_ratio_high=0.28"])
+    assert r.get("algo.policy_loss") == "dual_clip" and r.get("algo.clip_ratio_c") == 10.0
+    assert r.row(A + "clip_ratio_c").targets == ["algo.clip_ratio_c"]
+    cfg = _checked(r)
+    g = torch.Generator().manual_seed(0)
+    logp, old = torch.randn(4, 16, generator=g) - 1, torch.randn(4, 16, generator=g) - 1
+    adv, mask = torch.randn(4, 16, generator=g), torch.ones(4, 16)
+    p = PolicyLossParams(cfg.algo.clip_ratio_low, cfg.algo.clip_ratio_high, cfg.algo.clip_ratio_c)
+    expected = _verl_vanilla(logp, old, adv, 0.2, 0.28, 10.0)
+    torch.testing.assert_close(POLICY_LOSSES[cfg.algo.policy_loss](logp, old, adv, mask, p)[0], expected)
+    assert not torch.allclose(POLICY_LOSSES["vanilla"](logp, old, adv, mask, p)[0], expected)  # the dual clip acts
+    r = convert("verl", VERL, [A + "clip_ratio_c=1.0"])  # veRL asserts clip_ratio_c > 1
+    assert r.row(A + "clip_ratio_c").status == "decide" and r.get("algo.clip_ratio_c") is None
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("gspo", {"algo.policy_loss": "gspo", "algo.loss_agg_mode": "seq-mean-token-mean", "algo.clip_ratio_low": 0.2,
+              "algo.clip_ratio_high": 0.2}),
+    ("clip_cov", {"algo.policy_loss": "clip_cov", "algo.clip_cov_ratio": 0.0002, "algo.clip_cov_lb": 1.0,
+                  "algo.clip_cov_ub": 5.0}),
+    ("kl_cov", {"algo.policy_loss": "kl_cov", "algo.kl_cov_ratio": 0.0002, "algo.ppo_kl_coef": 0.1}),
+    ("cispo", {"algo.policy_loss": "cispo", "algo.clip_ratio_max": 1.2}),
+])
+def test_verl_loss_modes_map_by_name(mode, expected):
+    r = convert("verl", VERL, [f"+{A}policy_loss.loss_mode={mode}"])
+    flat = _flat(r)
+    for key, value in expected.items():
+        assert flat[key] == pytest.approx(value), key
+    assert "algo.clip_ratio_c" not in flat  # the dual clip is vanilla's only
+    _checked(r)
+    if mode == "gspo":  # veRL's gspo ignores loss_agg_mode; the KL loss (on in the example) still reads it
+        assert r.row(A + "loss_agg_mode").status == "decide" and "KL" in r.row(A + "loss_agg_mode").note
+        assert "3e-4" in r.row(A + "clip_ratio_low").note
+    if mode == "cispo":  # veRL also floors the weight at 1 - clip_ratio_low: not exact, said so
+        assert r.row(A + "policy_loss.loss_mode").status == "decide"
+        assert "[0.8, 1.2]" in r.row(A + "policy_loss.loss_mode").note
+    if mode == "kl_cov":
+        r = convert("verl", VERL, [f"+{A}policy_loss.loss_mode=kl_cov", f"+{A}policy_loss.ppo_kl_coef=0.5"])
+        assert r.get("algo.ppo_kl_coef") == 0.5 and r.row(A + "policy_loss.ppo_kl_coef").status == "translated"
+
+
+@pytest.mark.parametrize("mode", ["gpg", "sapo", "geo_mean", "something_new"])
+def test_verl_unsupported_loss_mode_is_reported(mode):
+    r = convert("verl", VERL, [f"+{A}policy_loss.loss_mode={mode}"])
+    row = r.row(A + "policy_loss.loss_mode")
+    assert row.status == "decide" and "not available in verirl" in row.note
+    assert r.get("algo.policy_loss") is None and r.get("algo.clip_ratio_c") is None
+    assert r.row(A + "clip_ratio_c").status == "ignored"
+    assert any(d.key == A + "policy_loss.loss_mode" for d in r.by_status("decide"))
+
+
+def test_verl_advantage_scaling_and_estimators():
+    r = convert("verl", VERL, ["algorithm.norm_adv_by_std_in_grpo=false"])
+    assert r.get("algo.scale_rewards") == "none" and r.get("algo.norm_adv_by_std") is None
+    r = convert("verl", VERL, ["algorithm.adv_estimator=rloo"])  # veRL's rloo never divides by a std
+    assert r.get("algo.adv_estimator") == "rloo" and r.get("algo.scale_rewards") == "none"
+    assert r.row("algorithm.norm_adv_by_std_in_grpo").status == "ignored"
+    r = convert("verl", VERL, ["algorithm.adv_estimator=reinforce_plus_plus_baseline"])
+    assert r.get("algo.adv_estimator") == "reinforce_plus_plus_baseline" and r.get("algo.scale_rewards") is None
+    _checked(r)
+    r = convert("verl", VERL, ["algorithm.adv_estimator=gae"])
+    assert r.row("algorithm.adv_estimator").status == "decide" and r.get("algo.adv_estimator") is None
+
+
+def test_verl_seq_mean_token_sum_norm_and_its_scale_factor():
+    base = [A + "loss_agg_mode=seq-mean-token-sum-norm", A + "use_dynamic_bsz=false",
+            "+" + A + "ppo_micro_batch_size_per_gpu=4"]
+    r = convert("verl", VERL, base)  # loss_scale_factor null: the padded response width, max_response_length
+    assert r.get("algo.loss_agg_mode") == "seq-mean-token-sum-norm" and r.get("algo.loss_scale_factor") == 0.0
+    assert r.row(A + "loss_scale_factor").origin == "default" and "max_response_length" in \
+        r.row(A + "loss_scale_factor").note
+    agg = r.row(A + "loss_agg_mode")
+    assert agg.status == "decide" and "grad_clip / 4" in agg.note  # veRL's loss is verirl's x the micro-batch
+    r = convert("verl", VERL, base + ["+" + A + "loss_scale_factor=2048"])  # legacy workers ignore it in the loss
+    assert r.get("algo.loss_scale_factor") == 0.0 and r.row(A + "loss_scale_factor").status == "decide"
+    r = convert("verl", VERL, base + ["+" + A + "loss_scale_factor=2048", "+trainer.use_legacy_worker_impl=disable"])
+    assert r.get("algo.loss_scale_factor") == 2048.0 and r.row(A + "loss_scale_factor").status == "translated"
+    _checked(r)
+    r = convert("verl", VERL, ["+" + A + "loss_scale_factor=2048"])  # token-mean: not read
+    assert r.row(A + "loss_scale_factor").status == "ignored" and r.get("algo.loss_scale_factor") is None
+
+
+RCK = "algorithm.rollout_correction."
+
+
+def test_verl_rollout_correction_defaults_differ():
+    """veRL's correction is off unless asked for (and needs the rollout's log-probs); verirl's rejection is on by
+    default, so the translation always writes the two modes."""
+    from verirl.config import Config
+
+    assert Config().algo.rollout_correction.rollout_rs == "sequence"  # verirl's default: on
+    r = convert("verl", VERL)
+    assert r.get("algo.rollout_correction") == {"rollout_is": None, "rollout_rs": None}
+    row = r.row(RCK + "rollout_rs")
+    assert row.origin == "default" and "verirl's default rejects" in row.note
+    # asked for, but veRL keeps no rollout log-probs without calculate_log_probs: it ran without the correction
+    r = convert("verl", VERL, [f"+{RCK}rollout_is=token", f"+{RCK}rollout_rs=token_k1",
+                               f"+{RCK}rollout_rs_threshold=2.0"])
+    assert r.get("algo.rollout_correction") == {"rollout_is": None, "rollout_rs": None}
+    assert "calculate_log_probs" in r.row(RCK + "rollout_is").note
+    assert r.row(RCK + "rollout_rs_threshold").status == "ignored"
+
+
+@pytest.mark.parametrize("rs,threshold,lower,expected", [
+    ("token_k1", "2.0", None, ("token", 0.5, 2.0)),  # one value: lower bound 1 / upper
+    ("seq_sum_k1", "'0.5_2.0'", None, ("sequence", 0.5, 2.0)),
+    ("seq_mean_k1", "'0.999_1.001'", None, ("geometric", 1 / 1.001, 1 / 0.999)),
+    ("token_k1", "'0.9_1.2'", None, ("token", 1 / 1.2, 1 / 0.9)),  # veRL keeps r in [1/upper, 1/lower]
+    ("sequence", "3.0", None, ("sequence", 1 / 3.0, 3.0)),  # veRL of late 2025: a null lower bound is 1 / upper
+    ("geometric", "1.01", "0.98", ("geometric", 0.98, 1.01)),
+])
+def test_verl_rollout_correction_translated(rs, threshold, lower, expected):
+    ov = [f"+{R}calculate_log_probs=true", f"+{RCK}rollout_is=sequence", f"+{RCK}rollout_is_threshold=2.5",
+          f"+{RCK}rollout_rs={rs}", f"+{RCK}rollout_rs_threshold={threshold}"]
+    ov += [f"+{RCK}rollout_rs_threshold_lower={lower}"] if lower else []
+    r = convert("verl", VERL, ov)
+    rc = r.get("algo.rollout_correction")
+    assert rc["rollout_is"] == "sequence" and rc["rollout_is_threshold"] == 2.5
+    assert (rc["rollout_rs"], rc["rollout_rs_threshold_lower"], rc["rollout_rs_threshold"]) == pytest.approx(expected)
+    assert any("response mask" in w for w in r.warnings)  # rejected tokens leave veRL's loss denominators
+    cfg = _checked(r)
+    assert cfg.algo.rollout_correction.rollout_rs == expected[0]
+
+
+def test_verl_rollout_rejection_matches_verl_on_tokens():
+    """The translated bounds reject exactly the tokens veRL's token_k1 rejects (rollout_corr_helper.py:
+    keep when log(lower) <= -log r <= log(upper))."""
+    import math
+
+    import torch
+
+    from verirl.algo.correction import rollout_correction
+
+    r = convert("verl", VERL, [f"+{R}calculate_log_probs=true", f"+{RCK}rollout_rs=token_k1",
+                               f"+{RCK}rollout_rs_threshold='0.8_1.5'"])
+    rc = r.get("algo.rollout_correction")
+    g = torch.Generator().manual_seed(1)
+    old, roll = torch.randn(8, 32, generator=g) * 0.5, torch.randn(8, 32, generator=g) * 0.5
+    mask = torch.ones(8, 32)
+    k1 = -(old - roll)
+    verl_keep = (k1 >= math.log(0.8)) & (k1 <= math.log(1.5))
+    _, rejected = rollout_correction(old, roll, mask, None, 2.0, rc["rollout_rs"], rc["rollout_rs_threshold"],
+                                     rc["rollout_rs_threshold_lower"])
+    assert 0 < int(rejected.sum()) < rejected.numel()
+    assert torch.equal(rejected, ~verl_keep)
+
+
+@pytest.mark.parametrize("ov,key", [
+    ([f"+{RCK}rollout_rs=seq_mean_k3", f"+{RCK}rollout_rs_threshold=0.01"], RCK + "rollout_rs"),
+    ([f"+{RCK}rollout_rs='token_k1,seq_max_k2'", f"+{RCK}rollout_rs_threshold=2.0"], RCK + "rollout_rs"),
+    ([f"+{RCK}rollout_rs=token_k1"], RCK + "rollout_rs_threshold"),  # veRL refuses rs without a threshold
+    ([f"+{RCK}rollout_is=token", f"+{RCK}rollout_is_batch_normalize=true"], RCK + "rollout_is_batch_normalize"),
+    ([f"+{RCK}bypass_mode=true"], RCK + "bypass_mode"),
+])
+def test_verl_rollout_correction_not_available(ov, key):
+    r = convert("verl", VERL, [f"+{R}calculate_log_probs=true", *ov])
+    assert r.row(key).status == "decide"
+    _checked(r)
+
+
+def test_verl_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
+    """The DAPO recipe's keys: algorithm.filter_groups.* and the overlong buffer, in each place veRL kept it."""
+    ov = ["+algorithm.filter_groups.enable=true", "+algorithm.filter_groups.metric=acc",
+          "+algorithm.filter_groups.max_num_gen_batches=10", "+data.gen_batch_size=192",
+          "+reward_model.reward_manager=dapo", "+reward_model.overlong_buffer.enable=true",
+          "+reward_model.overlong_buffer.len=1024", "+reward_model.overlong_buffer.penalty_factor=0.5",
+          "+reward_model.overlong_buffer.log=false"]
+    r = convert("verl", VERL, ov)
+    assert r.get("algo.filter_groups") == {"enable": True, "metric": "compute_score", "max_num_gen_batches": 30}
+    assert "10 x 192 prompts = 30 batches of 64" in r.row("algorithm.filter_groups.max_num_gen_batches").note
+    assert r.get("reward.overlong_buffer") == {"enable": True, "len": 1024, "penalty_factor": 0.5}
+    assert r.row("reward_model.reward_manager").status == "translated"
+    assert r.row("reward_model.overlong_buffer.log").status == "ignored"
+    assert not r.by_status("unknown")
+    _checked(r)
+    out = tmp_path / "dapo.yaml"
+    assert main(["convert-config", "--from", "verl", VERL, *ov, "-o", str(out)]) == 0
+    cfg = load_config(str(out))  # the sub-sections are written nested, and load
+    assert cfg.algo.filter_groups.enable and cfg.algo.filter_groups.max_num_gen_batches == 30
+    assert cfg.reward.overlong_buffer.len == 1024 and cfg.algo.rollout_correction.rollout_rs is None
+    assert "  filter_groups:\n    enable: true  # <- algorithm.filter_groups.enable" in out.read_text()
+
+
+@pytest.mark.parametrize("prefix,max_key", [("+reward.reward_kwargs.overlong_buffer_cfg.", "+reward.reward_kwargs."),
+                                            ("+reward_model.reward_kwargs.overlong_buffer_cfg.",
+                                             "+reward_model.reward_kwargs.")])
+def test_verl_overlong_buffer_in_reward_kwargs(prefix, max_key):
+    ov = [prefix + "enable=true", prefix + "len=512", prefix + "penalty_factor=1.0"]
+    r = convert("verl", VERL, ov + [max_key + "max_resp_len=4096"])
+    assert r.get("reward.overlong_buffer") == {"enable": True, "len": 512, "penalty_factor": 1.0}
+    assert r.row(max_key[1:] + "max_resp_len").status == "translated"
+    _checked(r)
+    r = convert("verl", VERL, ov + [max_key + "max_resp_len=3000"])  # measured from another length: flagged
+    assert r.row(max_key[1:] + "max_resp_len").status == "decide"
+    r = convert("verl", VERL, [prefix + "enable=false", prefix + "len=512"])
+    assert r.get("reward.overlong_buffer") is None and r.row(prefix[1:] + "len").status == "ignored"
+
+
+@pytest.mark.parametrize("metric,written,status", [("seq_reward", "reward", "translated"),
+                                                   ("seq_final_reward", "reward", "translated"),
+                                                   ("pred", "reward", "decide"), ("null", "reward", "decide")])
+def test_verl_filter_groups_metrics(metric, written, status):
+    r = convert("verl", VERL, ["+algorithm.filter_groups.enable=true", f"+algorithm.filter_groups.metric={metric}"])
+    assert r.get("algo.filter_groups.metric") == written
+    assert r.row("algorithm.filter_groups.metric").status == status
+    assert r.get("algo.filter_groups.max_num_gen_batches") == 0  # veRL's default 0: no limit
+
+
+# ---------------------------------------------------------------- MindSpeed-RL: DAPO's keys
+
+DAPO = [f"{MT}stage=ray_dapo", f"+{RL}filter_groups_enable=true", f"+{RL}filter_groups_metric=base_acc",
+        f"+{RL}filter_groups_max_batches=3", f"+{RL}filter_groups_train_batch_size=32",
+        f"+{RL}overlong_buffer_enable=true", f"+{RL}overlong_buffer=1024", f"+{RL}overlong_buffer_penalty_factor=0.5",
+        f"+{RL}rollout_max_tokens=4096"]
+
+
+def test_mindspeed_dapo_dynamic_sampling_and_overlong_penalty():
+    r = convert("mindspeed-rl", MSRL, DAPO)
+    assert r.get("algo.filter_groups") == {"enable": True, "metric": "base_acc", "max_num_gen_batches": 6}
+    assert r.get("data.prompts_per_step") == 32  # the trained batch: filter_groups_train_batch_size
+    assert r.row(MT + "global_batch_size").status == "decide"  # generation batches of 64 prompts there
+    assert r.get("actor.mini_batch_prompts") == 32
+    assert r.get("reward.overlong_buffer") == {"enable": True, "len": 1024, "penalty_factor": 0.5}
+    assert r.row(RL + "rollout_max_tokens").status == "translated"
+    assert r.get("algo.policy_loss") == "vanilla" and r.get("algo.rollout_correction.rollout_rs", "x") is None
+    for key in ("filter_groups_enable", "filter_groups_metric", "filter_groups_max_batches",
+                "filter_groups_train_batch_size", "overlong_buffer_enable", "overlong_buffer",
+                "overlong_buffer_penalty_factor"):
+        assert r.row(RL + key).status == "translated", key
+    _checked(r)
+
+
+def test_mindspeed_dapo_keys_that_need_a_decision():
+    r = convert("mindspeed-rl", MSRL, DAPO + [f"{RL}rollout_max_tokens=2048", f"{RL}filter_groups_metric=format2",
+                                              f"{RL}overlong_buffer=0"])
+    assert r.row(RL + "rollout_max_tokens").status == "decide"  # MindSpeed-RL refuses it unequal to max_tokens
+    assert r.row(RL + "filter_groups_metric").status == "decide" and r.get("algo.filter_groups.metric") is None
+    assert r.row(RL + "overlong_buffer").status == "decide" and r.get("reward.overlong_buffer.len") is None
+    r = convert("mindspeed-rl", MSRL, DAPO[1:] + [f"{RL}filter_groups_max_batches=-1"])  # GRPO stage: no filtering
+    assert r.get("algo.filter_groups") is None and r.row(RL + "filter_groups_enable").status == "ignored"
+    assert r.get("data.prompts_per_step") == 64
+    assert r.get("reward.overlong_buffer.enable") is True  # the rule reward adds it in any stage
+    r = convert("mindspeed-rl", MSRL, DAPO + [f"{RL}filter_groups_max_batches=0"])
+    assert r.get("algo.filter_groups.max_num_gen_batches") == 0

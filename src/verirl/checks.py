@@ -30,6 +30,7 @@ def check_train(cfg: Config) -> None:
     if not cfg.data.train_path:
         TASKS.check(cfg.data.task)
     check_rules(cfg.reward.verifiers, cfg.reward.tasks)
+    check_algorithms(cfg)
     check_engine(cfg)
     check_paths(cfg)
     check_parallel(cfg)
@@ -91,6 +92,28 @@ def check_rules(verifiers, tasks) -> None:
                 raise ConfigError(
                     f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
                     f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
+
+
+def check_algorithms(cfg: Config) -> None:
+    """The algorithm options' names: policy loss, reward scaling and aggregation, the mismatch guard's
+    modes, and the metric the group filter tests."""
+    from verirl.algo import POLICY_LOSSES
+    from verirl.algo.advantages import SCALES
+    from verirl.algo.correction import MODES_IS, MODES_RS
+
+    algo, rc = cfg.algo, cfg.algo.rollout_correction
+    POLICY_LOSSES.check(algo.policy_loss)
+    for key, value, known in [("algo.scale_rewards", algo.scale_rewards, SCALES),
+                              ("reward.aggregate", cfg.reward.aggregate, ("sum", "normalize_then_sum")),
+                              ("algo.rollout_correction.rollout_is", rc.rollout_is, MODES_IS),
+                              ("algo.rollout_correction.rollout_rs", rc.rollout_rs, MODES_RS)]:
+        if value not in known:
+            raise ConfigError(f"{key}={value!r} is not a known name; known: "
+                              f"{', '.join('null' if k is None else k for k in known)}.")
+    metric, rules = algo.filter_groups.metric, [os.path.basename(v).split(":")[-1] for v in cfg.reward.verifiers]
+    if algo.filter_groups.enable and metric != "reward" and metric not in rules:
+        raise ConfigError(f"algo.filter_groups.metric={metric!r} is neither reward (the weighted total) nor one of "
+                          f"the rules in reward.verifiers ({', '.join(rules)}).")
 
 
 def check_engine(cfg: Config) -> None:

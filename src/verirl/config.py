@@ -98,6 +98,15 @@ class RolloutConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    # DAPO's soft overlong punishment: a response of L tokens longer than rollout.max_new_tokens - len gets
+    # -penalty_factor * min(1, (L - (max_new_tokens - len)) / len), logged as the rule reward/overlong
+    enable: bool = False  # add the penalty to every response's reward
+    len: int = 0  # the buffer B, tokens; 0 = a fifth of rollout.max_new_tokens (DAPO: 4096 of 20480)
+    penalty_factor: float = 1.0  # the penalty at max_new_tokens
+
+
+@dataclass
 class RewardConfig:
     verifiers: list[str] = field(default_factory=lambda: ["acc", "format"])  # rule names (see verirl.rewards)
     weights: list[float] = field(default_factory=lambda: [1.0, 0.5])  # one per verifier, same order
@@ -108,19 +117,55 @@ class RewardConfig:
     timeout: float = 10.0  # seconds per scoring call, from when it starts running; past it the worker is replaced and the call scores 0
     max_memory_mb: int = 0  # address-space (virtual memory) cap per scoring worker, MB; 0 = no cap (Linux only)
     max_abs_score: float = 1e6  # a rule's score beyond +-this (or not finite) is an error: scored 0, counted in reward/errors
+    aggregate: str = "sum"  # sum (weighted sum of the rules) / normalize_then_sum (each rule normalised in its group first: GDPO)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class FilterGroupsConfig:
+    # DAPO dynamic sampling: groups whose metric is the same for every sample (all right or all wrong: zero
+    # advantage, no signal) are dropped and more prompts generated until the step has data.prompts_per_step
+    enable: bool = False  # regenerate until the step's groups all carry signal (logs filter/*)
+    metric: str = "reward"  # the per-sample quantity whose spread is tested: reward (the total) or a rule's name
+    max_num_gen_batches: int = 10  # generation batches per step at most (0 = no limit); then the step trains on what it has
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    # The train/inference mismatch guard (docs/algorithms.md): the ratio trainer / rollout-engine probability
+    # of each sampled token. Engines that return no log-probs (hf, replay) turn it off, and say so once.
+    rollout_is: Optional[str] = None  # token / sequence / null: truncated importance weights on the loss
+    rollout_is_threshold: float = 2.0  # the cap on the importance weight
+    rollout_rs: Optional[str] = "sequence"  # token / sequence / geometric / null: reject samples outside the bounds
+    rollout_rs_threshold: float = 3.0  # upper bound on the ratio (TRL's vllm_importance_sampling_clip_max)
+    rollout_rs_threshold_lower: float = 0.0  # lower bound; 0 = none (TRL's default)
 
 
 @dataclass
 class AlgoConfig:
-    adv_estimator: str = "grpo"  # grpo (group mean/std) / rloo (leave-one-out baseline)
-    norm_adv_by_std: bool = True  # divide by the group std (GRPO; rloo too); false = Dr. GRPO
-    adv_epsilon: float = 1e-6  # added to the group std (veRL's; TRL uses 1e-4)
+    adv_estimator: str = "grpo"  # grpo (group mean/std) / rloo (leave-one-out) / reinforce_plus_plus_baseline
+    scale_rewards: str = "group"  # group (divide by the group std) / batch (by the batch std) / none (Dr. GRPO)
+    norm_adv_by_std: Optional[bool] = None  # veRL's name: true = scale_rewards group, false = none; null = unset
+    adv_epsilon: float = 1e-6  # added to the std (veRL's; TRL uses 1e-4)
     kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 (DAPO's and TRL's default) skips the reference pass
     kl_type: str = "low_var_kl"  # k3, clamped to [-10, 10]; also: kl (k1), mse (k2), abs
-    clip_ratio_low: float = 0.2  # ratio floor 1 - low (for negative advantages)
-    clip_ratio_high: float = 0.2  # ratio ceiling 1 + high (DAPO clip-higher: 0.28)
+    policy_loss: str = "vanilla"  # vanilla / dual_clip / gspo / cispo / clip_cov / kl_cov (docs/algorithms.md)
+    clip_ratio_low: Optional[float] = None  # ratio floor 1 - low; null = the policy loss's default (0.2; gspo 3e-4)
+    clip_ratio_high: Optional[float] = None  # ratio ceiling 1 + high (DAPO clip-higher: 0.28); null = 0.2 (gspo 4e-4)
+    clip_ratio_c: float = 3.0  # dual_clip: the loss of a negative advantage is at most -A * clip_ratio_c
+    clip_ratio_max: float = 5.0  # cispo: the cap on the stop-gradient importance weight (TRL's epsilon_high there)
+    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: covariance window, lower bound
+    clip_cov_ub: float = 5.0  # clip_cov: covariance window, upper bound
+    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens given the KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: weight of that penalty (veRL's default)
     entropy_coef: float = 0.0  # entropy bonus weight (subtracted from the loss)
-    loss_agg_mode: str = "token-mean"  # token-mean (veRL's default) / seq-mean-token-mean / seq-mean-token-sum
+    top_entropy_quantile: float = 1.0  # train only on this top share of tokens by entropy (TRL's name; 1 = all)
+    loss_agg_mode: str = "token-mean"  # token-mean (veRL's default) / seq-mean-token-mean / seq-mean-token-sum / seq-mean-token-sum-norm
+    loss_scale_factor: float = 0.0  # seq-mean-token-sum-norm: the constant divisor; 0 = rollout.max_new_tokens (Dr. GRPO)
+    mask_truncated: bool = False  # responses cut at rollout.max_new_tokens (no stop token) get no loss
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -482,7 +527,6 @@ def validate(cfg: Config) -> None:
                      ("trainer.dist_timeout_s", trainer.dist_timeout_s)]:
         _positive(key, val)
     for key, val in [("rollout.temperature", rollout.temperature), ("algo.kl_coef", algo.kl_coef),
-                     ("algo.clip_ratio_low", algo.clip_ratio_low), ("algo.clip_ratio_high", algo.clip_ratio_high),
                      ("trainer.save_freq", trainer.save_freq), ("actor.warmup_steps", actor.warmup_steps),
                      ("rollout.micro_batch_size", rollout.micro_batch_size), ("rollout.top_k", rollout.top_k),
                      ("actor.max_token_len_per_device", actor.max_token_len_per_device),
@@ -490,8 +534,21 @@ def validate(cfg: Config) -> None:
                      ("actor.logprob_chunk", actor.logprob_chunk), ("trainer.keep_checkpoints", trainer.keep_checkpoints),
                      ("eval.every", cfg.eval.every), ("eval.size", cfg.eval.size), ("eval.n", cfg.eval.n),
                      ("reward.max_memory_mb", cfg.reward.max_memory_mb),
-                     ("eval.temperature", cfg.eval.temperature), ("algo.adv_epsilon", algo.adv_epsilon)]:
+                     ("eval.temperature", cfg.eval.temperature), ("algo.adv_epsilon", algo.adv_epsilon),
+                     ("algo.clip_ratio_c", algo.clip_ratio_c), ("algo.clip_ratio_max", algo.clip_ratio_max),
+                     ("algo.clip_cov_ratio", algo.clip_cov_ratio), ("algo.kl_cov_ratio", algo.kl_cov_ratio),
+                     ("algo.ppo_kl_coef", algo.ppo_kl_coef), ("algo.loss_scale_factor", algo.loss_scale_factor),
+                     ("algo.filter_groups.max_num_gen_batches", algo.filter_groups.max_num_gen_batches),
+                     ("algo.rollout_correction.rollout_is_threshold", algo.rollout_correction.rollout_is_threshold),
+                     ("algo.rollout_correction.rollout_rs_threshold", algo.rollout_correction.rollout_rs_threshold),
+                     ("algo.rollout_correction.rollout_rs_threshold_lower",
+                      algo.rollout_correction.rollout_rs_threshold_lower),
+                     ("reward.overlong_buffer.len", cfg.reward.overlong_buffer.len),
+                     ("reward.overlong_buffer.penalty_factor", cfg.reward.overlong_buffer.penalty_factor),
+                     *[(f"algo.{k}", v) for k, v in (("clip_ratio_low", algo.clip_ratio_low),
+                                                     ("clip_ratio_high", algo.clip_ratio_high)) if v is not None]]:
         _positive(key, val, allow_zero=True)
+    _check_algorithms(cfg)
     longest = data.max_prompt_length + rollout.max_new_tokens
     for key, budget in [("actor.max_token_len_per_device", actor.max_token_len_per_device),
                         ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device)]:
@@ -527,6 +584,33 @@ def validate(cfg: Config) -> None:
         )
 
 
+def _check_algorithms(cfg: Config) -> None:
+    """The ranges of the algorithm options that `_positive` does not cover."""
+    algo, rc = cfg.algo, cfg.algo.rollout_correction
+    if algo.clip_cov_lb > algo.clip_cov_ub:
+        raise ConfigError(f"algo.clip_cov_lb={algo.clip_cov_lb} is above algo.clip_cov_ub={algo.clip_cov_ub}: "
+                          f"the covariance window needs lb <= ub.")
+    if not 0 < algo.top_entropy_quantile <= 1:
+        raise ConfigError(f"algo.top_entropy_quantile={algo.top_entropy_quantile} must be in (0, 1]: the share of "
+                          f"tokens, by entropy, that the policy loss keeps (1 = all, 0.2 = the top fifth).")
+    if (algo.norm_adv_by_std, algo.scale_rewards) in ((True, "none"), (False, "batch")):
+        raise ConfigError(f"algo.norm_adv_by_std={algo.norm_adv_by_std} (veRL's name) contradicts "
+                          f"algo.scale_rewards={algo.scale_rewards}: true means group, false means none. Set "
+                          f"algo.scale_rewards alone.")
+    if rc.rollout_rs_threshold_lower and rc.rollout_rs_threshold_lower >= rc.rollout_rs_threshold:
+        raise ConfigError(f"algo.rollout_correction.rollout_rs_threshold_lower={rc.rollout_rs_threshold_lower} is "
+                          f"not below rollout_rs_threshold={rc.rollout_rs_threshold}: nothing could pass.")
+    ob, longest = cfg.reward.overlong_buffer, cfg.rollout.max_new_tokens
+    if ob.enable and ob.len >= longest:
+        raise ConfigError(f"reward.overlong_buffer.len={ob.len} must be below rollout.max_new_tokens={longest}: "
+                          f"the penalty starts at max_new_tokens - len tokens.")
+
+
+def scale_rewards(algo: AlgoConfig) -> str:
+    """algo.scale_rewards, with veRL's algo.norm_adv_by_std=false read as none."""
+    return "none" if algo.norm_adv_by_std is False else algo.scale_rewards
+
+
 # ---------------------------------------------------------------- reference docs
 
 _DOC_HEAD = """# Configuration reference
@@ -560,7 +644,14 @@ def _table(cls: type, prefix: str) -> list[str]:
     for f in fields(cls):
         m = re.search(rf"^\s+{f.name}:[^\n]*?(?:#\s*([^\n]*))?$", src, re.M)
         comment = ((m.group(1) or "") if m else "").replace("|", "/")
-        rows.append(f"| `{prefix}{f.name}` | `{getattr(inst, f.name)}` | {comment} |")
+        value = getattr(inst, f.name)
+        if is_dataclass(value):  # a nested section: its own rows, after a line of what it is
+            doc = " ".join(line.strip().lstrip("# ") for line in inspect.getsource(type(value)).splitlines()
+                           if line.strip().startswith("#"))
+            rows.append(f"| `{prefix}{f.name}.*` | | {(comment + ' ' + doc).strip().replace('|', '/')} |")
+            rows += _table(type(value), f"{prefix}{f.name}.")[2:]
+            continue
+        rows.append(f"| `{prefix}{f.name}` | `{'null' if value is None else value}` | {comment} |")
     return rows
 
 

@@ -35,7 +35,7 @@ import functools
 import importlib
 import json
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Optional, Sequence
 
@@ -221,10 +221,31 @@ class Translation:
 
 @functools.lru_cache(maxsize=1)
 def verirl_keys() -> frozenset[str]:
-    """Every settable key of verirl's GRPO config, dotted (section.field)."""
+    """Every settable key of verirl's GRPO config, dotted (section.field, and section.sub.field for the
+    sub-sections such as algo.filter_groups or reward.overlong_buffer)."""
     from verirl.config import Config
 
-    return frozenset(f"{section.name}.{f.name}" for section in fields(Config) for f in fields(section.default_factory))
+    def leaves(cls: type, prefix: str) -> list[str]:
+        out = []
+        for f in fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            out += leaves(type(default), f"{prefix}{f.name}.") if is_dataclass(default) else [prefix + f.name]
+        return out
+
+    return frozenset(leaves(Config, ""))
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """verirl's dotted keys -> nested sections (algo.filter_groups.enable -> {algo: {filter_groups: {enable}}});
+    a value that is itself a mapping (model.override_config) stays one value."""
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
 
 
 # ---------------------------------------------------------------- reading the source
@@ -348,7 +369,7 @@ class Result:
     file: str
     overrides: list[str]
     rows: list[Row]
-    config: dict[str, dict[str, Any]]  # verirl sections -> keys -> values (only what was translated)
+    config: dict[str, dict[str, Any]]  # verirl sections -> keys (-> sub-section keys) -> values (translated only)
     out_from: dict[str, list[str]]  # verirl dotted key -> the source keys it came from
     checks: list[str]
     warnings: list[str]
@@ -363,8 +384,12 @@ class Result:
         raise KeyError(key)
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        section, _, name = dotted.partition(".")
-        return self.config.get(section, {}).get(name, default)
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
 
     def to_json(self) -> dict:
         return {"from": self.source_format, "file": self.file, "overrides": self.overrides,
@@ -395,10 +420,7 @@ def convert(source_format: str, file: Optional[str], overrides: Sequence[str] = 
                           f"({e}). Fix the value (an override on the command line will do).") from None
     _fit_budgets(t)
     t.finish(module.IGNORED)
-    config: dict[str, dict[str, Any]] = {}
-    for dotted, value in t.out.items():
-        section, _, name = dotted.partition(".")
-        config.setdefault(section, {})[name] = value
+    config = nest(t.out)
     order = list(t.rows)  # the source's order, then the defaults the translation used
     result = Result(source_format, file or "", list(overrides), [t.rows[k] for k in order], config, t.out_from,
                     t.checks, t.warnings)
@@ -479,16 +501,26 @@ def to_yaml(result: Result, command: str = "") -> str:
     if result.warnings:
         lines.append("# WARNINGS:")
         lines += [f"#   - {w}" for w in result.warnings]
+
+    def section_lines(cls: type, values: dict, prefix: str, indent: str) -> None:
+        for f in fields(cls):
+            if f.name not in values:
+                continue
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            if is_dataclass(default) and isinstance(values[f.name], dict):  # a sub-section: its keys, indented
+                lines.append(f"{indent}{f.name}:")
+                section_lines(type(default), values[f.name], f"{prefix}{f.name}.", indent + "  ")
+                continue
+            sources = result.out_from.get(f"{prefix}{f.name}", [])
+            comment = f"  # <- {', '.join(sources)}" if sources else ""
+            lines.append(f"{indent}{f.name}: {_scalar(values[f.name])}{comment}")
+
     for section in fields(Config):
         values = result.config.get(section.name)
         if not values:
             continue
         lines.append(f"{section.name}:")
-        for f in fields(section.default_factory):
-            if f.name in values:
-                sources = result.out_from.get(f"{section.name}.{f.name}", [])
-                comment = f"  # <- {', '.join(sources)}" if sources else ""
-                lines.append(f"  {f.name}: {_scalar(values[f.name])}{comment}")
+        section_lines(section.default_factory, values, f"{section.name}.", "  ")  # type: ignore[arg-type]
     return "\n".join(lines) + "\n"
 
 

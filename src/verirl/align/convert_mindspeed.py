@@ -1,8 +1,10 @@
 """MindSpeed-RL's GRPO YAML -> verirl: the tables `verirl convert-config --from mindspeed-rl` reads.
 
 Keys, defaults and meanings as of Ascend/MindSpeed-RL master (2026) and its 2.x branches
-(mindspeed_rl/config_cls/{megatron_config,rl_config,generate_config}.py, cli/train_grpo.py,
-mindspeed_rl/models/loss/grpo_actor_loss_func.py, mindspeed_rl/datasets/dataloader.py), and the
+(mindspeed_rl/config_cls/{megatron_config,rl_config,generate_config,validate_config}.py,
+cli/train_grpo.py, cli/train_dapo.py, mindspeed_rl/models/loss/{grpo,dapo}_actor_loss_func.py,
+mindspeed_rl/models/rule_verifier.py, mindspeed_rl/trainer/dapo_trainer_hybrid.py,
+mindspeed_rl/workers/dynamic_sampling.py, mindspeed_rl/datasets/dataloader.py), and the
 master of April-May 2025 that seed 000 ran ("pre-2.0"), where they differ:
 
 * rl_config.mini_batch_size: before 2.0 (commit 61effad, 2025-05-15) the YAML value was in
@@ -37,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     RL + "adv_estimator": "group_norm", RL + "verifier_function": ["base_acc"], RL + "verifier_weight": [1.0],
     RL + "rule_reward": True, RL + "use_dynamic_bsz": False, RL + "max_packing_token_size": 4096,
     RL + "token_level_loss": True, RL + "use_kl_in_reward": False, RL + "update_micro_batch_size": None,
+    RL + "overlong_buffer_enable": False, RL + "overlong_buffer": 0, RL + "overlong_buffer_penalty_factor": 1.0,
+    RL + "rollout_max_tokens": 2048, RL + "filter_groups_enable": False, RL + "filter_groups_metric": "acc",
+    RL + "filter_groups_max_batches": 1, RL + "filter_groups_train_batch_size": 1,
 }
 # Where the pre-2.0 RLConfig defaulted otherwise (mindspeed_rl/config_cls/rl_config.py before 2.0).
 PRE2_DEFAULTS: dict[str, Any] = {RL + "entropy_coeff": 0.001, RL + "kl_penalty": "kl"}
@@ -173,9 +178,9 @@ IGNORED: list[tuple[str, str]] = [
     (RL + "actor_max_packing_token_size", "the old-log-prob pass's token budget: verirl's is the actor's"),
     (RL + "*dynamic_max_batch_size", "a cap on sequences per dynamic micro-batch: verirl caps by tokens only"),
     (RL + "shuffle_mini_batch", "false: the step's order, as verirl keeps it"),
-    (RL + "filter_groups_*", "DAPO's dynamic sampling, off here"), (RL + "overlong_*", "DAPO's overlong penalty, off "
-                                                                                      "here"),
-    (RL + "rollout_max_tokens", "the overlong penalty's length, off here"),
+    (RL + "filter_groups_*", "DAPO's dynamic sampling: read with filter_groups_enable under stage ray_dapo only"),
+    (RL + "overlong_*", "DAPO's overlong penalty: read with overlong_buffer_enable only"),
+    (RL + "rollout_max_tokens", "the overlong penalty's length: read with overlong_buffer_enable only"),
     (RL + "multi_turn_enable", "false: single-turn"), (RL + "tool_*", "tools are off"),
     (RL + "max_tool_*", "tools are off"),
     (RL + "max_parallel_calls", "tools are off"), (RL + "max_total_response_length", "tools are off"),
@@ -211,6 +216,15 @@ def _actor_key(t: Translation, name: str) -> str:
     return MT + name
 
 
+def _stage(t: Translation) -> Any:
+    return t.get(_actor_key(t, "stage"))
+
+
+def _filtering(t: Translation) -> bool:
+    """DAPO's dynamic sampling runs: filter_groups_enable, read by the DAPO trainer (stage ray_dapo) only."""
+    return _stage(t) == "ray_dapo" and bool(t.get(RL + "filter_groups_enable"))
+
+
 def _version(t: Translation) -> tuple[str, str]:
     """('2.0+' | 'pre-2.0', why) for the MindSpeed-RL that ran the file."""
     chosen = t.options.mindspeed_rl_version
@@ -228,10 +242,23 @@ def _version(t: Translation) -> tuple[str, str]:
 # ---------------------------------------------------------------- derived keys
 
 def _batches(t: Translation, version: str, why: str) -> None:
-    gbs_key = MT + "global_batch_size"
+    gbs_key, train_key = MT + "global_batch_size", RL + "filter_groups_train_batch_size"
     gbs = t.get(gbs_key)
     if gbs is None:
         t.decide(gbs_key, "not set: MindSpeed-RL requires it (prompts per iteration); set data.prompts_per_step")
+    elif _filtering(t):
+        train = int(t.get(train_key))
+        t.put("data.prompts_per_step", train, train_key,
+              note="with dynamic sampling MindSpeed-RL trains on filter_groups_train_batch_size prompts per iteration")
+        if train != int(gbs):
+            t.decide(gbs_key, f"MindSpeed-RL generates global_batch_size={gbs} prompts per generation batch and trains "
+                              f"on the first {train} informative groups; verirl generates data.prompts_per_step="
+                              f"{train} at a time, so the prompts drawn and the groups trained on differ "
+                              f"(algo.filter_groups.max_num_gen_batches keeps the prompt budget)")
+        else:
+            t.translated(gbs_key, "the generation batch, equal to filter_groups_train_batch_size: verirl generates "
+                                  "data.prompts_per_step prompts at a time")
+        gbs = train
     else:
         t.put("data.prompts_per_step", int(gbs), gbs_key, note="prompts per step in both")
     n, mini = int(t.get(RL + "n_samples_per_prompt")), int(t.get(RL + "mini_batch_size"))
@@ -379,6 +406,10 @@ def _steps_and_warmup(t: Translation) -> None:
                f"workers global_batch_size x n) and advances by each mini-batch's sequences: {frac:g} x {iters} x "
                f"{per_iter} mini-batches per step = {steps} optimizer steps; Megatron starts at lr 0, verirl at "
                f"lr/warmup")
+    if _filtering(t) and int(t.get(RL + "filter_groups_train_batch_size")) != int(gbs):
+        t.note(frac_key, "with dynamic sampling a step trains filter_groups_train_batch_size prompts, but Megatron's "
+                         "warm-up still counts train_iters x global_batch_size samples, so the optimizer steps are "
+                         "as written")
     if int(t.get(RL + "epochs")) > 1:
         t.note(frac_key, "with rl_config.epochs > 1 the warm-up ends after that fraction of the iterations divided by "
                          "the epochs, as in MindSpeed-RL")
@@ -466,14 +497,94 @@ def _algo(t: Translation, stage: str, version: str) -> None:
         t.decide(RL + "use_kl_in_reward", "a KL penalty in the reward: verirl has the KL loss only")
     else:
         t.translated(RL + "use_kl_in_reward", "false, as verirl (no KL in the reward)")
-    for key, what in ((RL + "filter_groups_enable", "DAPO's dynamic sampling (drop groups whose rewards are all "
-                                                    "equal and draw more)"),
-                      (RL + "overlong_buffer_enable", "DAPO's soft overlong penalty"),
-                      (RL + "multi_turn_enable", "multi-turn rollouts with tools")):
-        if t.get(key, False):
-            t.decide(key, f"{what}: not available in verirl")
+    t.put("algo.policy_loss", "vanilla", _actor_key(t, "stage"),
+          note="MindSpeed-RL's GRPO and DAPO losses are the clipped surrogate without a dual clip: verirl's vanilla")
+    t.put("algo.rollout_correction.rollout_is", None)
+    t.put("algo.rollout_correction.rollout_rs", None)
+    t.warn("MindSpeed-RL has no rollout/trainer log-prob mismatch correction; verirl's default rejects sequences "
+           "(algo.rollout_correction.rollout_rs sequence, 3.0): rollout_is and rollout_rs null written")
+    _dynamic_sampling(t, stage)
+    _overlong(t)
+    if t.get(RL + "multi_turn_enable", False):
+        t.decide(RL + "multi_turn_enable", "multi-turn rollouts with tools: not available in verirl")
     if t.given(RL + "shuffle_mini_batch") and t.get(RL + "shuffle_mini_batch"):
         t.decide(RL + "shuffle_mini_batch", "MindSpeed-RL shuffles each step's mini-batches: verirl keeps their order")
+
+
+def _dynamic_sampling(t: Translation, stage: str) -> None:
+    """filter_groups_*: DAPO's dynamic sampling (dapo_trainer_hybrid.py, workers/dynamic_sampling.py): a group is
+    kept when its metric's std > 0 (or it has one sample); generation batches of global_batch_size prompts until
+    filter_groups_train_batch_size are kept, at most filter_groups_max_batches (<= 0: no limit), else an error."""
+    en_key, metric_key, max_key, train_key = (RL + "filter_groups_enable", RL + "filter_groups_metric",
+                                              RL + "filter_groups_max_batches", RL + "filter_groups_train_batch_size")
+    if not t.get(en_key):
+        if t.given(en_key):
+            t.translated(en_key, "false: no dynamic sampling, as verirl's default")
+        for key in (metric_key, max_key, train_key):
+            t.ignore(key, "filter_groups_enable is false")
+        return
+    if stage != "ray_dapo":
+        for key in (en_key, metric_key, max_key, train_key):
+            t.ignore(key, "read by MindSpeed-RL's DAPO trainer only (cli/train_dapo.py, stage ray_dapo): the GRPO "
+                          "trainer does not filter")
+        return
+    t.put("algo.filter_groups.enable", True, en_key,
+          note="DAPO's dynamic sampling: groups whose metric is equal for every sample are dropped and more prompts "
+               "generated")
+    metric, names = str(t.get(metric_key)), [str(n) for n in t.get(RL + "verifier_function")]
+    if metric in names:
+        t.put("algo.filter_groups.metric", RULES.get(metric, metric), metric_key,
+              note="the rule's own score per sample (MindSpeed-RL's <rule>_rewards/mean, unweighted), as verirl's "
+                   "metric by rule name")
+    else:
+        t.decide(metric_key, f"filter_groups_metric {metric!r} is not in verifier_function {names}: MindSpeed-RL "
+                             f"refuses it; verirl's reward (the total) is left")
+    max_b = int(t.get(max_key))
+    gbs, train = t.get(MT + "global_batch_size"), int(t.get(train_key))
+    end = "; at the limit MindSpeed-RL stops the run with an error, verirl trains the step on the groups it has"
+    if max_b <= 0:
+        t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (MindSpeed-RL: <= 0)" + end)
+    elif not gbs or int(gbs) == train:
+        t.put("algo.filter_groups.max_num_gen_batches", max_b, max_key, note="generation batches per step" + end)
+    else:
+        batches = -(-max_b * int(gbs) // train)
+        t.put("algo.filter_groups.max_num_gen_batches", batches, max_key, MT + "global_batch_size",
+              note=f"MindSpeed-RL generates global_batch_size={gbs} prompts per batch, verirl data.prompts_per_step="
+                   f"{train}: {max_b} x {gbs} prompts = {batches} batches of {train}" + end)
+
+
+def _overlong(t: Translation) -> None:
+    """overlong_buffer_*: DAPO's soft overlong penalty, added to every score by the rule reward
+    (models/rule_verifier.py) whatever the stage: -factor x min(1, (L - (rollout_max_tokens - buffer)) / buffer)
+    when positive, as verirl's reward.overlong_buffer."""
+    en_key, len_key, factor_key, max_key = (RL + "overlong_buffer_enable", RL + "overlong_buffer",
+                                            RL + "overlong_buffer_penalty_factor", RL + "rollout_max_tokens")
+    if not t.get(en_key):
+        if t.given(en_key):
+            t.translated(en_key, "false: no overlong penalty, as verirl's default")
+        for key in (len_key, factor_key, max_key):
+            t.ignore(key, "overlong_buffer_enable is false")
+        return
+    t.put("reward.overlong_buffer.enable", True, en_key,
+          note="DAPO's soft overlong penalty, added to every response's score by MindSpeed-RL's rule reward")
+    length = int(t.get(len_key))
+    if length <= 0:
+        t.decide(len_key, f"overlong_buffer {length}" + ("" if t.given(len_key) else " (MindSpeed-RL's default)")
+                          + ": MindSpeed-RL divides by it (a response in the buffer fails); verirl's 0 means a fifth "
+                            "of rollout.max_new_tokens: set reward.overlong_buffer.len")
+    else:
+        t.put("reward.overlong_buffer.len", length, len_key, note="the buffer in tokens: the penalty starts at "
+                                                                  "rollout_max_tokens - overlong_buffer, in both")
+    t.put("reward.overlong_buffer.penalty_factor", float(t.get(factor_key)), factor_key,
+          note="the penalty at the response cap, in both")
+    max_tokens, response = int(t.get(max_key)), t.out.get("rollout.max_new_tokens")
+    if response is not None and max_tokens != int(response):
+        t.decide(max_key, f"rollout_max_tokens {max_tokens}" + ("" if t.given(max_key) else " (MindSpeed-RL's default)")
+                          + f" differs from the response cap {response}, which MindSpeed-RL refuses with the overlong "
+                            f"buffer on; verirl measures the buffer from rollout.max_new_tokens")
+    else:
+        t.translated(max_key, "= sampling_config.max_tokens (MindSpeed-RL requires it): the buffer is measured from "
+                              "rollout.max_new_tokens, as verirl's", ["reward.overlong_buffer.len"])
 
 
 def _reward(t: Translation, version: str) -> None:

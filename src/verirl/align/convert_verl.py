@@ -3,8 +3,10 @@
 Keys, defaults and meanings as of volcengine/verl main, January 2026
 (verl/trainer/config/ppo_trainer.yaml and its flattened _generated_ppo_trainer.yaml; the code paths
 named in the notes: verl/trainer/ppo/ray_trainer.py, verl/trainer/main_ppo.py,
-verl/workers/fsdp_workers.py, verl/trainer/ppo/core_algos.py). Where an older veRL behaves
-differently and a config may come from it, the note says so.
+verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py, verl/trainer/ppo/core_algos.py,
+verl/trainer/ppo/rollout_corr_helper.py, verl/workers/reward_manager/dapo.py), and of its DAPO recipe
+(recipe/dapo: dapo_trainer.yaml, dapo_ray_trainer.py, main_dapo.py; in verl-project/verl-recipe since
+January 2026). Where an older veRL behaves differently and a config may come from it, the note says so.
 
 Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
 `translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
@@ -20,6 +22,9 @@ A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
 REF = "actor_rollout_ref.ref."
 M = "actor_rollout_ref.model."
+PL = A + "policy_loss."
+RC = "algorithm.rollout_correction."
+FG = "algorithm.filter_groups."
 
 # veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
 DEFAULTS: dict[str, Any] = {
@@ -33,7 +38,13 @@ DEFAULTS: dict[str, Any] = {
     A + "grad_clip": 1.0, A + "optim.clip_grad": 1.0, A + "optim.lr": 1e-6, A + "optim.betas": [0.9, 0.999],
     A + "optim.weight_decay": 0.01, A + "optim.lr_warmup_steps": -1, A + "optim.lr_warmup_steps_ratio": 0.0,
     A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None, A + "optim.optimizer": "AdamW",
-    A + "policy_loss.loss_mode": "vanilla", A + "strategy": "fsdp",
+    A + "policy_loss.loss_mode": "vanilla", A + "strategy": "fsdp", A + "clip_ratio_c": 3.0,
+    A + "loss_scale_factor": None, PL + "clip_cov_ratio": 0.0002, PL + "clip_cov_lb": 1.0, PL + "clip_cov_ub": 5.0,
+    PL + "kl_cov_ratio": 0.0002, PL + "ppo_kl_coef": 0.1, "trainer.use_legacy_worker_impl": "auto",
+    R + "calculate_log_probs": False,
+    RC + "rollout_is": None, RC + "rollout_is_threshold": 2.0, RC + "rollout_rs": None,
+    RC + "rollout_rs_threshold": None,
+    RC + "bypass_mode": False, RC + "rollout_is_batch_normalize": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "do_sample": True,
     R + "val_kwargs.n": 1, R + "val_kwargs.do_sample": False, R + "val_kwargs.temperature": 0.0,
     M + "use_remove_padding": True,
@@ -47,8 +58,15 @@ DEFAULTS: dict[str, Any] = {
 
 KL_TYPES = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var_kl": "low_var_kl",
             "k3": "low_var_kl"}
-LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-ADV = {"grpo": "grpo", "rloo": "rloo"}
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+ADV = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"}
+# veRL's policy_loss.loss_mode -> verirl's algo.policy_loss. veRL's vanilla applies the dual clip
+# (compute_policy_loss_vanilla), which is verirl's dual_clip; verirl's vanilla has none.
+LOSS_MODES = {"vanilla": "dual_clip", "gspo": "gspo", "cispo": "cispo", "clip_cov": "clip_cov", "kl_cov": "kl_cov"}
+NO_LOSS_MODE = {
+    "gpg": "GPG's loss (no ratio, no clip)", "sapo": "SAPO's soft gate (tau_pos / tau_neg)",
+    "geo_mean": "GMPO's geometric-mean ratio", "bypass_mode": "the rollout-correction bypass loss",
+}
 
 
 def _kl_type(v: str) -> str:
@@ -72,7 +90,7 @@ def _top_k(v: Optional[int]) -> int:
 
 def _adv(v: str) -> str:
     if v not in ADV:
-        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has grpo and rloo only (no critic, so no GAE); "
+        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has {', '.join(ADV)} (no critic, so no GAE); "
                             f"grpo (verirl's default) is left")
     return ADV[v]
 
@@ -95,8 +113,6 @@ DIRECT = [
     Direct(M + "use_remove_padding", "actor.use_remove_padding",
            note="verirl packs sequences with cumulative lengths; veRL's default was false before 2025"),
     Direct("algorithm.adv_estimator", "algo.adv_estimator", _adv),
-    Direct("algorithm.norm_adv_by_std_in_grpo", "algo.norm_adv_by_std", bool,
-           note="false is Dr. GRPO (no division by the group std)"),
     Direct("trainer.val_before_train", "eval.before_train", bool),
     Direct(M + "path", "model.path", note="the other machine's path or hub id"),
 ]
@@ -123,18 +139,20 @@ IGNORED: list[tuple[str, str]] = [
     ("transfer_queue.*", "veRL's data transfer queue: no equivalent needed"),
     ("algorithm.gamma", "GAE's discount: GRPO does not use it"),
     ("algorithm.lam", "GAE's lambda: GRPO does not use it"),
-    ("algorithm.rollout_correction.*", "off-policy importance correction between rollout and training engines: "
-                                       "verirl takes log-probs from the training model"),
+    (RC + "loss_type", "the loss of bypass mode only (bypass_mode is false)"),
+    (RC + "*", "a rollout-correction setting the translation does not read (see rollout_is / rollout_rs)"),
     ("algorithm.use_pf_ppo", "PF-PPO reweighting: not available, and off here"),
     ("algorithm.pf_ppo.*", "PF-PPO reweighting: not available, and off here"),
-    ("algorithm.filter_groups.*", "DAPO's dynamic sampling: not available, and off here"),
+    (FG + "_target_", "the Python class veRL builds the section with"),
+    ("reward.reward_manager.*", "veRL's reward manager: dapo adds the overlong penalty (translated from its "
+                                "overlong_buffer_cfg); verirl's rules are reward.verifiers"),
+    ("*overlong_buffer*.log", "logs the overlong penalty: verirl logs it as the rule reward/overlong"),
     (A + "rollout_n", "interpolated from rollout.n"), (REF + "rollout_n", "interpolated from rollout.n"),
     (A + "fsdp_config.*", _MEMORY + "; sharding is FSDP2 with actor.strategy=fsdp2"),
     (REF + "fsdp_config.*", _MEMORY), (A + "checkpoint.*", "what veRL's checkpoints hold: verirl's hold everything"),
-    (A + "clip_ratio_c", "dual-clip PPO: veRL caps the loss of a negative-advantage token at ratio clip_ratio_c (3); "
-                         "verirl has no dual clip, which differs only for tokens whose ratio exceeds it"),
-    (A + "policy_loss.*", "parameters of other policy-loss modes (clip_cov, kl_cov, gpg)"),
-    (A + "tau_pos", "parameter of another policy-loss mode"), (A + "tau_neg", "parameter of another policy-loss mode"),
+    (PL + "*", "a parameter of another policy-loss mode (read only with the loss_mode it belongs to)"),
+    (A + "tau_pos", "SAPO's parameter: read only with loss_mode sapo"),
+    (A + "tau_neg", "SAPO's parameter: read only with loss_mode sapo"),
     (A + "optim.total_training_steps", "filled in by veRL's trainer at run time"),
     (A + "optim.optimizer_impl", "where veRL imports the optimizer from"),
     (A + "optim.override_optimizer_config", "extra optimizer arguments: none are set"),
@@ -169,7 +187,7 @@ IGNORED: list[tuple[str, str]] = [
     (A + "use_prefix_grouper", "verirl computes a shared prompt once per group (actor.share_prompt)"),
     (A + "use_remove_padding", "interpolated from actor_rollout_ref.model.use_remove_padding"),
     (A + "freeze_vision_tower", "vision models only"), (A + "router_replay.*", "MoE router replay: off"),
-    (REF + "router_replay.*", "MoE router replay: off"), (A + "loss_scale_factor", "unset: veRL's default scaling"),
+    (REF + "router_replay.*", "MoE router replay: off"),
     (REF + "strategy", "the reference model follows the actor's strategy"),
     (REF + "log_prob_micro_batch_size*", "verirl's reference pass runs in the actor's micro-batches "
                                          "(actor.micro_batch_size) or ref.log_prob_max_token_len_per_device"),
@@ -190,7 +208,7 @@ IGNORED: list[tuple[str, str]] = [
     (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
     (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
     (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
-    (R + "disable_log_stats", _VLLM), (R + "engine_kwargs*", _VLLM), (R + "calculate_log_probs", _VLLM),
+    (R + "disable_log_stats", _VLLM), (R + "engine_kwargs*", _VLLM),
     (R + "agent.*", "veRL's agent loop workers"), (R + "checkpoint_engine.*", "how veRL moves weights to vLLM"),
     (R + "skip_rollout", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
     (R + "skip_dump_dir", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
@@ -233,12 +251,13 @@ IGNORED: list[tuple[str, str]] = [
     ("trainer.default_local_dir", "the other machine's checkpoint folder: verirl writes under trainer.run_dir"),
     ("trainer.default_hdfs_dir", "HDFS copies of checkpoints"), ("trainer.del_local_ckpt_after_load", "HDFS only"),
     ("trainer.resume_from_path", "the other machine's checkpoint"), ("trainer.esi_redundant_time", "ESI only"),
-    ("trainer.ray_wait_register_center_timeout", "Ray start-up"), ("trainer.use_legacy_worker_impl", "which veRL "
-                                                                                                     "worker class"),
+    ("trainer.ray_wait_register_center_timeout", "Ray start-up"),
     ("trainer.rollout_data_dir", "unset: no rollout dump"), ("trainer.val_only", "false: training"),
     ("trainer.val_generations_to_log_to_wandb", _OBS),
     ("trainer.remove_previous_ckpt_in_save", "verirl keeps trainer.keep_checkpoints checkpoints"),
     ("trainer.max_actor_ckpt_to_keep", "unset: veRL keeps every checkpoint"),
+    ("trainer.use_legacy_worker_impl", "which veRL worker class runs the actor: the same maths (it matters only "
+                                       "for loss_scale_factor, see there)"),
 ]
 
 
@@ -331,12 +350,376 @@ def _clip(t: Translation) -> None:
                 and float(ratio) != 0.2:
             t.warn(f"{A}clip_ratio={ratio} has no effect in veRL since April 2025 (clip_ratio_low/high default to "
                    f"0.2 and win): the translation uses 0.2, as veRL ran")
-    mode = t.get(A + "policy_loss.loss_mode")
+
+
+def _pl(t: Translation, name: str, fallback: float) -> float:
+    """A policy_loss.* parameter as veRL's loss reads it (its code's fallback where the value is null)."""
+    value = t.get(PL + name)
+    return fallback if value is None else float(value)
+
+
+def _policy_loss(t: Translation) -> None:
+    """policy_loss.loss_mode and its parameters (core_algos.py, compute_policy_loss_*). veRL's vanilla loss is
+    the dual-clip PPO loss, verirl's dual_clip; the other modes map by name where verirl has them."""
+    mode_key, c_key = PL + "loss_mode", A + "clip_ratio_c"
+    mode = t.get(mode_key)
+    if mode != "vanilla":
+        t.ignore(c_key, "the dual-clip bound: read by veRL's vanilla loss only")
+    if mode not in LOSS_MODES:
+        what = NO_LOSS_MODE.get(mode, "a policy loss verirl does not have")
+        t.decide(mode_key, f"loss_mode {mode!r} ({what}) is not available in verirl (algo.policy_loss: "
+                           f"{', '.join(sorted(set(LOSS_MODES.values()) | {'vanilla'}))}); verirl's vanilla "
+                           f"(the clipped loss without dual clip) is left")
+        return
+    target = LOSS_MODES[mode]
     if mode == "vanilla":
-        t.translated(A + "policy_loss.loss_mode", "the clipped PPO/GRPO loss, as verirl's")
+        c = float(t.get(c_key))
+        t.put("algo.policy_loss", target, mode_key,
+              note="veRL's vanilla loss (compute_policy_loss_vanilla) is the clipped surrogate with the dual clip of "
+                   "clip_ratio_c: verirl's dual_clip (verirl's vanilla has no dual clip)")
+        if c <= 1.0:
+            t.decide(c_key, f"clip_ratio_c={c:g}: veRL's vanilla loss refuses a dual-clip bound <= 1 (an assert), "
+                            f"verirl's dual_clip too: give one above 1 (verirl's 3.0 is left)")
+        else:
+            t.put("algo.clip_ratio_c", c, c_key, note="the dual-clip bound: for a negative advantage the loss is at "
+                                                      "most -A x clip_ratio_c, in both")
+        return
+    t.put("algo.policy_loss", target, mode_key, note=f"veRL's {mode} loss (compute_policy_loss_{mode})")
+    low_high = [k for name in ("low", "high") for k in t.out_from.get(f"algo.clip_ratio_{name}", [])]
+    if mode == "gspo":
+        t.note(mode_key, "the log of the sequence ratio is clamped at 10 above in veRL, to [-20, 20] in verirl: only "
+                         "an extreme ratio tells them apart")
+        for key in low_high:
+            t.note(key, "written as veRL uses it: verirl's null would mean GSPO's own 3e-4 / 4e-4")
+        agg_key, agg = A + "loss_agg_mode", t.get(A + "loss_agg_mode")
+        t.put("algo.loss_agg_mode", "seq-mean-token-mean", mode_key,
+              note="veRL's gspo aggregates its policy loss with seq-mean-token-mean whatever loss_agg_mode says")
+        if agg != "seq-mean-token-mean":
+            if t.out.get("algo.kl_coef", 0) or t.out.get("algo.entropy_coef", 0):
+                t.decide(agg_key, f"with gspo veRL takes the policy loss's seq-mean-token-mean but aggregates the KL "
+                                  f"and entropy terms with {agg}; verirl uses one mode for all three "
+                                  f"(seq-mean-token-mean written)")
+            else:
+                t.note(agg_key, "not read by veRL's gspo policy loss, which is seq-mean-token-mean (written); it "
+                                "would aggregate the KL and entropy terms, which are off")
+    elif mode == "cispo":
+        low, high = t.out.get("algo.clip_ratio_low", 0.2), t.out.get("algo.clip_ratio_high", 0.2)
+        t.put("algo.clip_ratio_max", 1.0 + float(high), mode_key, *t.out_from.get("algo.clip_ratio_high", []),
+              note="1 + clip_ratio_high: veRL's cap on the stop-gradient importance weight")
+        t.decide(mode_key, f"veRL's cispo clamps the stop-gradient weight to [1 - clip_ratio_low, 1 + "
+                           f"clip_ratio_high] = [{1 - low:g}, {1 + high:g}]; verirl's cispo caps it above only "
+                           f"(algo.clip_ratio_max = {1 + high:g} written): a token whose ratio is below {1 - low:g} "
+                           f"weighs its ratio in verirl, {1 - low:g} in veRL")
+    elif mode == "clip_cov":
+        for name, fallback in (("clip_cov_ratio", 0.0002), ("clip_cov_lb", 1.0), ("clip_cov_ub", 5.0)):
+            t.put(f"algo.{name}", _pl(t, name, fallback), PL + name)
+        t.note(mode_key, "the tokens whose gradient is cut are drawn at random among the candidates: veRL with the "
+                         "global torch generator, verirl with one seeded by the batch's values, so the tokens cut "
+                         "differ (not their number); veRL does not clamp the log-ratio, verirl clamps it to [-20, 20]")
+    elif mode == "kl_cov":
+        t.put("algo.kl_cov_ratio", _pl(t, "kl_cov_ratio", 0.0002), PL + "kl_cov_ratio")
+        t.put("algo.ppo_kl_coef", _pl(t, "ppo_kl_coef", 1.0), PL + "ppo_kl_coef",
+              note="veRL's default 0.1, verirl's 1.0: written either way")
+        t.note(mode_key, "veRL does not clamp the log-ratio, verirl clamps it to [-20, 20]: only an extreme ratio "
+                         "tells them apart")
+
+
+def _loss_scale(t: Translation) -> None:
+    """seq-mean-token-sum-norm's divisor (actor.loss_scale_factor) and the scale veRL's actor gives that loss."""
+    key, agg_key = A + "loss_scale_factor", A + "loss_agg_mode"
+    if t.out.get("algo.loss_agg_mode") != "seq-mean-token-sum-norm":
+        t.ignore(key, "read by loss_agg_mode seq-mean-token-sum-norm only")
+        return
+    factor, impl = t.get(key), t.get("trainer.use_legacy_worker_impl")
+    if factor is None:
+        t.put("algo.loss_scale_factor", 0.0, key,
+              note="null: veRL divides by the response tensor's width, which its rollout pads to "
+                   "data.max_response_length; verirl's 0 means rollout.max_new_tokens, the same number")
+    elif impl != "disable":
+        t.put("algo.loss_scale_factor", 0.0, key)
+        t.decide(key, f"loss_scale_factor={factor}: veRL's legacy actor workers (trainer.use_legacy_worker_impl="
+                      f"{impl}, the default auto) do not hand it to the policy loss, which divides by the padded "
+                      f"response width, data.max_response_length (only the logged entropy uses it): 0 (= "
+                      f"rollout.max_new_tokens) written, as veRL ran; with use_legacy_worker_impl=disable it is "
+                      f"{factor}")
     else:
-        t.decide(A + "policy_loss.loss_mode", f"policy loss {mode!r} is not available in verirl (its loss is "
-                                              f"veRL's vanilla clipped loss)")
+        t.put("algo.loss_scale_factor", float(factor), key, "trainer.use_legacy_worker_impl",
+              note="veRL's new engine workers divide by it, as verirl")
+    micro = t.get(A + "ppo_micro_batch_size_per_gpu")
+    scale = ("its loss is verirl's x the use_dynamic_bsz micro-batch's share of sequences, not a constant"
+             if t.get(A + "use_dynamic_bsz") else
+             f"with veRL's legacy actor (1 / gradient accumulation per micro-batch) its loss is verirl's x "
+             f"ppo_micro_batch_size_per_gpu ({micro}): actor.grad_clip = grad_clip / {micro} clips as veRL does "
+             f"(not written)")
+    t.decide(agg_key, "seq-mean-token-sum-norm: veRL divides each micro-batch's token sum by the factor alone "
+                      "(agg_loss), verirl by the factor x the mini-batch's sequences (TRL's dr_grpo): the same "
+                      "direction and the same AdamW step except where grad clipping acts; " + scale)
+
+
+def _advantages(t: Translation) -> None:
+    """norm_adv_by_std_in_grpo -> algo.scale_rewards; veRL reads it in its GRPO estimators only."""
+    est, key = t.get("algorithm.adv_estimator"), "algorithm.norm_adv_by_std_in_grpo"
+    if est == "rloo":
+        t.put("algo.scale_rewards", "none", "algorithm.adv_estimator",
+              note="veRL's rloo never divides by a std (compute_rloo_outcome_advantage); verirl's rloo divides as "
+                   "algo.scale_rewards says: none written")
+        t.ignore(key, "read by veRL's GRPO estimators only")
+    elif est == "reinforce_plus_plus_baseline":
+        t.ignore(key, "read by veRL's GRPO estimators only; REINFORCE++-baseline whitens over the batch's tokens, "
+                      "in both")
+    else:
+        t.put("algo.scale_rewards", "group" if t.get(key) else "none", key,
+              note="true: divide by the group's std (GRPO); false: Dr. GRPO, no division (verirl's scale_rewards none)")
+
+
+def _k1_bounds(spec: Any) -> tuple[float, float]:
+    """veRL's *_k1 threshold ("lower_upper", or one upper with lower 1 / upper) -> (lower, upper)."""
+    if isinstance(spec, bool) or spec is None:
+        raise NeedsDecision("no threshold")
+    if isinstance(spec, (int, float)):
+        upper = float(spec)
+        return 1.0 / upper, upper
+    text = str(spec).strip()
+    if "," in text:
+        raise NeedsDecision(f"several thresholds ({text})")
+    if "_" in text:
+        lower, upper = (float(x) for x in text.split("_", 1))
+        return lower, upper
+    upper = float(text)
+    return 1.0 / upper, upper
+
+
+RS_K1 = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+
+
+def _rollout_correction(t: Translation) -> None:
+    """algorithm.rollout_correction (rollout_corr_helper.py). Off in veRL by default, on in verirl (rollout_rs
+    sequence at 3.0): both modes are always written."""
+    is_key, rs_key, lp_key = RC + "rollout_is", RC + "rollout_rs", R + "calculate_log_probs"
+    is_mode, rs_mode = t.get(is_key), t.get(rs_key)
+    others = [RC + "rollout_is_threshold", RC + "rollout_rs_threshold", RC + "rollout_rs_threshold_lower",
+              RC + "rollout_is_batch_normalize"]
+    if is_mode is None and rs_mode is None:
+        note = "null: veRL's default, off; verirl's default rejects sequences (rollout_rs sequence, 3.0): null written"
+        t.put("algo.rollout_correction.rollout_is", None, is_key, note=note)
+        t.put("algo.rollout_correction.rollout_rs", None, rs_key, note=note)
+        for key in others:
+            t.ignore(key, "the correction is off")
+        t.ignore(lp_key, "rollout log-probs: only the rollout correction reads them, and it is off")
+    elif not t.get(lp_key):
+        note = (f"veRL corrects only with the rollout engine's log-probs, which it keeps only with "
+                f"{lp_key}=true (false here): it ran without the correction; null written (verirl's default would "
+                f"reject sequences)")
+        t.put("algo.rollout_correction.rollout_is", None, is_key, lp_key, note=note)
+        t.put("algo.rollout_correction.rollout_rs", None, rs_key, lp_key, note=note)
+        for key in others:
+            t.ignore(key, "the correction does not run (calculate_log_probs is false)")
+    else:
+        t.translated(lp_key, "the rollout engine's log-probs, which the correction compares with the trainer's: "
+                             "verirl's native and vllm engines return them")
+        _rollout_is(t, is_mode)
+        _rollout_rs(t, rs_mode)
+    if t.get(RC + "bypass_mode"):
+        t.decide(RC + "bypass_mode", "bypass mode: veRL takes the rollout's log-probs as the old policy's (no "
+                                     "recomputation, loss_type's loss); verirl always recomputes them")
+    else:
+        t.ignore(RC + "bypass_mode", "false: the old log-probs are recomputed, as verirl does")
+    for key, what in ((RC + "rollout_token_veto_threshold", "a per-token veto (veRL before January 2026)"),
+                      (RC + "bypass_old_logprob_for_rollout", "bypass of the old log-prob pass (veRL, November 2025)"),
+                      (RC + "use_pure_rollout_correction", "a pure policy-gradient loss (veRL, November 2025)"),
+                      (RC + "use_policy_gradient", "a policy-gradient loss without clipping (veRL, late 2025)")):
+        if t.get(key, None):
+            t.decide(key, f"{what}: not available in verirl")
+        else:
+            t.ignore(key, "off")
+
+
+def _rollout_is(t: Translation, mode: Optional[str]) -> None:
+    key, thr_key = RC + "rollout_is", RC + "rollout_is_threshold"
+    threshold = t.get(thr_key)
+    if mode is None or threshold is None:
+        t.put("algo.rollout_correction.rollout_is", None, key, *([thr_key] if mode is not None else []),
+              note="no importance weights" + (" (veRL applies none without rollout_is_threshold)" if mode else ""))
+        t.ignore(thr_key, "rollout_is is null")
+    elif mode in ("token", "sequence"):
+        t.put("algo.rollout_correction.rollout_is", mode, key,
+              note="truncated importance weights exp(old - rollout log-prob), per token or per sequence, on the "
+                   "policy loss, as veRL")
+        t.put("algo.rollout_correction.rollout_is_threshold", float(threshold), thr_key, note="the weights' cap")
+    else:
+        t.put("algo.rollout_correction.rollout_is", None, key)
+        t.decide(key, f"rollout_is {mode!r}: verirl has token and sequence; none written")
+    if t.get(RC + "rollout_is_batch_normalize") and mode is not None:
+        t.decide(RC + "rollout_is_batch_normalize", "veRL rescales the weights to mean 1 over the batch: verirl does "
+                                                    "not")
+    else:
+        t.ignore(RC + "rollout_is_batch_normalize", "false (or no weights): raw truncated weights, as verirl")
+
+
+def _rollout_rs(t: Translation, mode: Optional[str]) -> None:
+    key, thr_key, low_key = RC + "rollout_rs", RC + "rollout_rs_threshold", RC + "rollout_rs_threshold_lower"
+    if mode is None:
+        t.put("algo.rollout_correction.rollout_rs", None, key, note="no rejection (verirl's default rejects: null "
+                                                                    "written)")
+        t.ignore(thr_key, "rollout_rs is null")
+        t.ignore(low_key, "rollout_rs is null")
+        return
+    spec = t.get(thr_key)
+    if spec is None:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(thr_key, "rollout_rs is set without rollout_rs_threshold, which veRL refuses: give the threshold "
+                          "(null written meanwhile)")
+        return
+    if mode in ("token", "sequence", "geometric"):  # veRL of November-December 2025
+        upper = float(spec)
+        lower = t.get(low_key, None)
+        lower = 1.0 / upper if lower is None else float(lower)
+        target, how = mode, (f"rollout_rs_threshold_lower is null: veRL's lower bound is 1 / upper = {lower:g}, "
+                             f"verirl's 0 would mean none; {lower:g} written" if t.get(low_key, None) is None
+                             else "the ratio's lower bound")
+        sources = [thr_key] + ([low_key] if t.given(low_key) else [])
+    elif mode in RS_K1:
+        try:
+            lo, hi = _k1_bounds(spec)
+        except (NeedsDecision, ValueError) as e:
+            t.put("algo.rollout_correction.rollout_rs", None, key)
+            t.decide(thr_key, f"rollout_rs_threshold {spec!r} ({e}): one 'lower_upper' or one upper bound per "
+                              f"option; null written")
+            return
+        target, lower, upper = RS_K1[mode], 1.0 / hi, 1.0 / lo
+        how = (f"veRL keeps a ratio r when -log r lies in [log {lo:g}, log {hi:g}], i.e. r in [1/{hi:g}, 1/{lo:g}] "
+               f"= [{lower:.6g}, {upper:.6g}] (the same interval when lower = 1 / upper): written as verirl's lower "
+               f"and upper bounds")
+        sources = [thr_key]
+    else:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(key, f"rollout_rs {mode!r}: verirl rejects by the ratio of a token (token_k1), of a sequence "
+                      f"(seq_sum_k1) or by its geometric mean (seq_mean_k1) only; the k2 / k3 divergences, max and "
+                      f"chained options are not available; null written")
+        return
+    if not 0 <= lower < upper:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(thr_key, f"bounds [{lower:g}, {upper:g}] keep no ratio: null written")
+        return
+    t.put("algo.rollout_correction.rollout_rs", target, key,
+          note=f"reject by the ratio exp(old - rollout log-prob) of a token / sequence / its geometric mean "
+               f"({mode} -> {target})")
+    t.put("algo.rollout_correction.rollout_rs_threshold", upper, *sources, note=how)
+    t.put("algo.rollout_correction.rollout_rs_threshold_lower", lower, *sources, note=how)
+    t.warn("rollout rejection: veRL removes a rejected token from the response mask, so it leaves the loss's token "
+           "and sequence counts; verirl gives it weight 0 and keeps it in them (as TRL): the same tokens are "
+           "rejected, the loss is divided by a larger count when any is")
+
+
+def _filter_groups(t: Translation) -> None:
+    """DAPO's dynamic sampling (recipe/dapo/dapo_ray_trainer.py; verl.trainer.main_ppo does not read it)."""
+    en_key, metric_key, max_key = FG + "enable", FG + "metric", FG + "max_num_gen_batches"
+    if not t.get(en_key, False):
+        if t.given(en_key):
+            t.translated(en_key, "false: no dynamic sampling, as verirl's default")
+        t.ignore(metric_key, "filter_groups is off")
+        t.ignore(max_key, "filter_groups is off")
+        return
+    t.put("algo.filter_groups.enable", True, en_key,
+          note="DAPO's dynamic sampling: groups whose metric is equal for every sample are dropped and more prompts "
+               "generated (veRL's DAPO trainer, recipe/dapo; verl.trainer.main_ppo does not read it)")
+    metric = t.get(metric_key, None)
+    custom = t.get("custom_reward_function.path")
+    if metric in ("seq_reward", "seq_final_reward"):
+        t.put("algo.filter_groups.metric", "reward", metric_key,
+              note="the sum of the token-level " + ("scores" if metric == "seq_reward" else "rewards (scores less "
+                                                                                            "the in-reward KL)")
+                   + ": the reward function's score plus the overlong penalty, verirl's total (reward)")
+    elif metric in ("acc", "score") and custom is not None:
+        name = str(t.get("custom_reward_function.name"))
+        t.put("algo.filter_groups.metric", name, metric_key, "custom_reward_function.name",
+              note=f"veRL's dapo reward manager records the function's score as {metric} (a number returned is both "
+                   f"acc and score; a dict, its '{metric}' entry): verirl's rule of the function, named {name} (name "
+                   f"your wrapper's rule here if it has another name)")
+    else:
+        t.put("algo.filter_groups.metric", "reward", metric_key)
+        t.decide(metric_key, (f"metric {metric!r}: " if metric is not None else "null: veRL's DAPO trainer needs one; ")
+                 + "verirl filters on the total (reward) or a rule's score; reward written: name a rule of "
+                   "reward.verifiers if the other run filtered on one")
+    max_b = int(t.get(max_key, 0) or 0)
+    train = int(t.get("data.train_batch_size"))
+    gen = int(t.get("data.gen_batch_size", train))
+    end = "; at the limit veRL stops the run with an error, verirl trains the step on the groups it has"
+    if max_b <= 0:
+        t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (veRL: non-positive)" + end)
+    elif gen == train:
+        t.put("algo.filter_groups.max_num_gen_batches", max_b, max_key, note="generation batches per step" + end)
+    else:
+        batches = -(-max_b * gen // train)
+        t.put("algo.filter_groups.max_num_gen_batches", batches, max_key, "data.gen_batch_size",
+              note=f"veRL generates data.gen_batch_size={gen} prompts per batch, verirl data.prompts_per_step={train}: "
+                   f"{max_b} x {gen} prompts = {batches} batches of {train}" + end)
+
+
+OVERLONG = (("reward.reward_kwargs.overlong_buffer_cfg.", "reward.reward_kwargs.max_resp_len"),
+            ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward_model.reward_kwargs.max_resp_len"),
+            ("reward_model.overlong_buffer.", None))
+"""Where veRL configs hold DAPO's overlong penalty: reward_kwargs of the reward section (veRL after January 2026,
+and the verl-recipe DAPO configs), reward_kwargs of reward_model (main_ppo's reward manager arguments
+before), and the DAPO recipe's own reward_model.overlong_buffer (recipe/dapo until January 2026, which measures it
+from data.max_response_length)."""
+
+
+def _overlong(t: Translation) -> None:
+    """DAPO's overlong penalty (workers/reward_manager/dapo.py): -factor x min(1, (L - (max - len)) / len) when
+    positive, as verirl's reward.overlong_buffer."""
+    found = [(prefix, max_key) for prefix, max_key in OVERLONG if t.under(prefix[:-1])]
+    if not found:
+        return
+    (prefix, max_key), rest = found[0], found[1:]
+    for other, _ in rest:
+        for key in t.under(other[:-1]):
+            t.decide(key, f"a second overlong-penalty section: {prefix[:-1]} is read")
+    en_key, len_key, factor_key = prefix + "enable", prefix + "len", prefix + "penalty_factor"
+    t.ignore(prefix + "log", "logs the overlong penalty: verirl logs it as the rule reward/overlong")
+    if not t.get(en_key, False):
+        if t.given(en_key):
+            t.translated(en_key, "false: no overlong penalty, as verirl's default")
+        for key in (len_key, factor_key, *([max_key] if max_key else [])):
+            t.ignore(key, "the overlong penalty is off")
+        return
+    t.put("reward.overlong_buffer.enable", True, en_key,
+          note="DAPO's soft overlong penalty, added to the score by veRL's dapo reward manager")
+    length = int(t.get(len_key, 0) or 0)
+    if length <= 0:
+        t.decide(len_key, f"len {length}: veRL divides by it (a response in the buffer fails); verirl's 0 means a "
+                          f"fifth of rollout.max_new_tokens: set reward.overlong_buffer.len")
+    else:
+        t.put("reward.overlong_buffer.len", length, len_key, note="the buffer in tokens: the penalty starts at "
+                                                                  "max - len, in both")
+    t.put("reward.overlong_buffer.penalty_factor", float(t.get(factor_key, 0.0) or 0.0), factor_key,
+          note="the penalty at the response cap, in both")
+    response = int(t.get("data.max_response_length"))
+    if max_key is None:
+        t.translated("data.max_response_length", "the DAPO recipe measures the overlong buffer from it, verirl from "
+                                                 "rollout.max_new_tokens, the same number")
+    else:
+        max_len = t.get(max_key, None)
+        if max_len is None:
+            t.decide(max_key if t.given(max_key) else en_key,
+                     f"{max_key} is not set: veRL's dapo reward manager refuses the overlong buffer without it; "
+                     f"verirl measures the buffer from rollout.max_new_tokens ({response})")
+        elif int(max_len) != response:
+            t.decide(max_key, f"veRL measures the buffer from max_resp_len {max_len}, verirl from "
+                              f"rollout.max_new_tokens ({response}): the penalty starts at another length")
+        else:
+            t.translated(max_key, "= data.max_response_length: the buffer is measured from rollout.max_new_tokens, as "
+                                  "verirl's", ["reward.overlong_buffer.len"])
+    manager_keys = ("reward.reward_manager.name", "reward_model.reward_manager", "reward_manager.name")
+    given = [k for k in manager_keys if t.given(k)]
+    if given:
+        name = t.get(given[0])
+        if name == "dapo":
+            t.translated(given[0], "dapo: the reward manager that adds the overlong penalty (otherwise it scores as "
+                                   "the naive one)")
+        else:
+            t.decide(given[0], f"reward manager {name!r}: only veRL's dapo manager applies the overlong penalty "
+                               f"(written enabled, as the config asks)")
 
 
 def _optimizer(t: Translation) -> None:
@@ -538,6 +921,8 @@ def _engine(t: Translation) -> None:
     if name is not None:
         t.put("rollout.engine", "hf" if name == "hf" else "native", R + "name",
               note=f"veRL's {name} engine; verirl's engines sample with the same temperature / top_p / top_k")
+    else:
+        t.ignore(R + "name", "unset (???): the run script names veRL's engine; verirl's default (native) stands")
     if not t.get(R + "do_sample"):
         t.put("rollout.temperature", 0.0, R + "do_sample", note="do_sample=false: greedy decoding")
     elif t.given(R + "do_sample"):
@@ -627,14 +1012,20 @@ def _trainer(t: Translation) -> None:
 def translate(t: Translation) -> None:
     """Every veRL key the tables know, in the order a step uses them."""
     t.apply(DIRECT)
+    _advantages(t)
     _batches(t)
     _engine(t)
     _kl(t)
     _clip(t)
+    _policy_loss(t)
+    _loss_scale(t)
+    _rollout_correction(t)
     _optimizer(t)
     steps = _steps(t)
     _warmup(t, steps)
     _data(t)
     _model(t)
     _reward(t)
+    _filter_groups(t)
+    _overlong(t)
     _trainer(t)

@@ -152,6 +152,8 @@ class NativeEngine:
                 pos = pos.repeat_interleave(n, dim=0)
             N = logits.shape[0]
             tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
+            sampled = params.temperature > 0  # greedy decoding has no distribution to report
+            logps = torch.zeros((N, R), dtype=torch.float32, device=device) if sampled else None
             active = torch.arange(N, device=device)  # rows of the full batch the cache still holds
             running = torch.ones(N, dtype=torch.bool, device=device)  # of those, the ones not yet stopped
             next_pos = pos[:, -1] + 1
@@ -162,6 +164,8 @@ class NativeEngine:
                 tok = sample_next(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
                 tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
                 tokens[active, t] = tok
+                if logps is not None:
+                    logps[active, t] = torch.where(running, token_logprobs(logits, tok, params.temperature), 0.0)
                 running &= ~torch.isin(tok, stops)
                 if t == R - 1:
                     break
@@ -175,5 +179,18 @@ class NativeEngine:
                 self.batch_sizes.append(tok.shape[0])
                 logits = run.step(tok, next_pos, P + t)
                 next_pos = next_pos + 1
-        return build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
-                             self.stop_ids, self.pad_id)
+        rollout = build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
+                                self.stop_ids, self.pad_id)
+        if logps is not None:
+            rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
+        return rollout
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits (B, V), tokens (B,) -> (B,) float32 log p(token) under softmax(logits / temperature): the
+    distribution the token was drawn from before top-k / top-p, the one the trainer's log-prob pass
+    computes (the train/inference mismatch guard compares the two)."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    return z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)

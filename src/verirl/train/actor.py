@@ -1,4 +1,4 @@
-"""The policy's side of a step: token log-probs of responses, and the clipped-loss update.
+"""The policy's side of a step: token log-probs of responses, and the policy-loss update.
 
 Batches are split by the config's counting rules: mini-batches by PROMPT groups (one
 optimizer step each), micro-batches by SEQUENCES (gradient accumulation) or, with a token
@@ -21,7 +21,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from verirl.algo import aggregate, clipped_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
+from verirl.algo import (POLICY_LOSSES, PolicyLossParams, aggregate, entropy_from_logits, high_entropy_mask,
+                         kl_penalty, logprobs_from_logits, rollout_correction)
 from verirl.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
@@ -50,18 +51,37 @@ class LogprobPass:
 
 
 @dataclass(frozen=True)
+class Correction:
+    """The train/inference mismatch guard's settings (algo.rollout_correction; `verirl.algo.correction`)."""
+    rollout_is: Optional[str] = None  # token / sequence / None: truncated importance weights
+    is_threshold: float = 2.0
+    rollout_rs: Optional[str] = "sequence"  # token / sequence / geometric / None: rejection
+    rs_threshold: float = 3.0
+    rs_threshold_lower: float = 0.0  # 0 = no lower bound
+
+    def apply(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor):
+        """(weights (B, T), rejected (B, T) bool) for the pair of log-probs of the same tokens."""
+        return rollout_correction(trainer_logp, rollout_logp, mask, self.rollout_is, self.is_threshold,
+                                  self.rollout_rs, self.rs_threshold, self.rs_threshold_lower)
+
+
+@dataclass(frozen=True)
 class UpdateParams:
     """Plain arguments for `update_policy` (built from the config by the trainer)."""
     group_size: int  # rollout.n
     mini_batch_prompts: int  # prompts per optimizer step
     forward: LogprobPass = LogprobPass()  # how the policy's forward + backward runs
     epochs: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    policy_loss: str = "vanilla"  # a name in `verirl.algo.POLICY_LOSSES`
+    loss: PolicyLossParams = PolicyLossParams()  # its clip ratios and coefficients
     kl_coef: float = 0.0
     kl_type: str = "low_var_kl"
     entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0  # the policy loss only on this top share of tokens by entropy (1 = all)
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (None: the batch's width)
+    mask_truncated: bool = False  # responses without a stop token get no loss (nor a place in the token count)
+    correction: Optional[Correction] = None  # the mismatch guard; None (or no sampled log-probs): off
     grad_clip: float = 1.0
     offload_optimizer: bool = False  # the optimizer state waits on the host between updates (actor.offload)
 
@@ -204,8 +224,9 @@ def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams,
                   layouts: Optional[PackCache] = None, dist: Optional[Dist] = None,
-                  on_policy_out: Optional[torch.Tensor] = None) -> dict[str, float]:
-    """One pass of the clipped-loss update over a step's rollouts. Returns mean statistics, and
+                  on_policy_out: Optional[torch.Tensor] = None,
+                  entropy_out: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """One pass of the policy-loss update over a step's rollouts. Returns mean statistics, and
     ``actor/nonfinite_updates``: the mini-batches whose loss or grad norm was not finite, for which
     no optimizer or scheduler step was taken.
 
@@ -215,14 +236,51 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
 
     ``on_policy_out`` (N, R), on-policy only (no old-log-prob pass): filled with the log-probs the
     update computed before its (single) optimizer step, the trainer's side of the rollout engine's
-    log-prob check."""
+    log-prob check. ``entropy_out`` (N,): filled with each response's summed token entropy (first epoch).
+
+    The mismatch guard (``p.correction``, when the rollout has the engine's log-probs) multiplies each
+    token's policy loss by its weight: 0 for a rejected token, which still counts in the loss's token
+    and sequence denominators (as TRL's masked importance sampling), so the split into micro-batches
+    keeps the accumulated gradient exact."""
     with optimizer_state_on_device(optimizer, p.offload_optimizer):  # actor.offload=optimizer
         return _update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single(),
-                       on_policy_out if batch.old_logprobs is None else None)
+                       on_policy_out if batch.old_logprobs is None else None, entropy_out)
+
+
+def loss_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
+    """(N, R) float: the tokens the loss is taken over: the response tokens, less those of truncated
+    responses with ``mask_truncated`` (TRL's mask_truncated_completions)."""
+    mask = r.response_mask.float()
+    return mask * r.stopped[:, None].to(mask.dtype) if p.mask_truncated else mask
+
+
+def _micro_loss(logp, ent, mask, sel, batch: TrainBatch, p: UpdateParams, old, n_tokens, n_seqs):
+    """One micro-batch's loss and its statistics' shares. logp, ent, mask, old: (b, w)."""
+    w = logp.shape[1]
+    pg, clipped = POLICY_LOSSES[p.policy_loss](logp, old, batch.advantages[sel], mask, p.loss)
+    roll_logp = batch.rollout.sample_logprobs
+    if p.correction is not None and roll_logp is not None:
+        weights, _ = p.correction.apply(old, roll_logp[sel, :w].to(old.dtype), mask)
+        pg = pg * weights
+    if p.top_entropy_quantile < 1.0:
+        pg = pg * high_entropy_mask(ent.detach(), mask, p.top_entropy_quantile)
+    pg_loss = aggregate(pg, mask, p.loss_agg_mode, n_tokens, n_seqs, p.loss_scale_factor)
+    loss, shares = pg_loss, {"pg_loss": float(pg_loss.detach())}
+    if batch.ref_logprobs is not None and p.kl_coef > 0:
+        kl_loss = aggregate(kl_penalty(logp, batch.ref_logprobs[sel, :w], p.kl_type), mask, p.loss_agg_mode,
+                            n_tokens, n_seqs, p.loss_scale_factor)
+        loss = loss + p.kl_coef * kl_loss
+        shares["kl"] = float(kl_loss.detach())
+    ent_loss = aggregate(ent, mask, p.loss_agg_mode, n_tokens, n_seqs, p.loss_scale_factor)
+    if p.entropy_coef > 0:
+        loss = loss - p.entropy_coef * ent_loss
+    shares["entropy"] = float(ent_loss.detach())
+    shares["pg_clipfrac"] = float((clipped.float() * mask).sum()) / max(n_tokens, 1.0)
+    return loss, shares
 
 
 def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
-            dist: Dist, on_policy_out: Optional[torch.Tensor]) -> dict[str, float]:
+            dist: Dist, on_policy_out: Optional[torch.Tensor], entropy_out: Optional[torch.Tensor]) -> dict[str, float]:
     """`update_policy` with the optimizer state on its device."""
     model.train()
     r = batch.rollout
@@ -230,12 +288,12 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
     mb_seqs = p.mini_batch_prompts * p.group_size
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
     params = [q for q in model.parameters() if q.requires_grad]
+    trained = loss_mask(r, p)
     nonfinite = 0  # mini-batches whose loss or grad norm was not finite: skipped
-    for _ in range(p.epochs):
+    for epoch in range(p.epochs):
         for m0 in range(0, N, mb_seqs):
             m1 = min(m0 + mb_seqs, N)
-            mask_all = r.response_mask[m0:m1].float()
-            n_tokens, n_seqs = dist.all_sum([float(mask_all.sum()), float(m1 - m0)])  # of the global mini-batch
+            n_tokens, n_seqs = dist.all_sum([float(trained[m0:m1].sum()), float(m1 - m0)])  # of the global mini-batch
             optimizer.zero_grad(set_to_none=True)
             sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
             planned = plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
@@ -247,26 +305,17 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                         (logp.sum() * 0.0).backward()
                     continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
-                logp, ent, mask = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
+                logp, ent, resp = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
                 if on_policy_out is not None:
                     on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
-                pg, clipped = clipped_policy_loss(logp, old, batch.advantages[sel], p.clip_low, p.clip_high)
-                pg_loss = aggregate(pg, mask, p.loss_agg_mode, n_tokens, n_seqs)
-                loss = pg_loss
-                if batch.ref_logprobs is not None and p.kl_coef > 0:
-                    kl = kl_penalty(logp, batch.ref_logprobs[sel, :w], p.kl_type)
-                    kl_loss = aggregate(kl, mask, p.loss_agg_mode, n_tokens, n_seqs)
-                    loss = loss + p.kl_coef * kl_loss
-                    sums["kl"] += float(kl_loss.detach())
-                ent_loss = aggregate(ent, mask, p.loss_agg_mode, n_tokens, n_seqs)
-                if p.entropy_coef > 0:
-                    loss = loss - p.entropy_coef * ent_loss
+                if entropy_out is not None and epoch == 0:
+                    entropy_out[sel] = (ent.detach() * resp).sum(-1).to(entropy_out.dtype)
+                loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
                 loss.backward()
-                sums["pg_loss"] += float(pg_loss.detach())
-                sums["entropy"] += float(ent_loss.detach())
-                sums["pg_clipfrac"] += float((clipped.float() * mask).sum()) / max(n_tokens, 1.0)
+                for k, v in shares.items():
+                    sums[k] += v
             if not is_sharded(model):  # a sharded model's backward reduce-scattered the gradients already
                 dist.sum_gradients(params)
             sums = dict(zip(sums, dist.all_sum(list(sums.values()))))

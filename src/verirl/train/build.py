@@ -18,8 +18,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from verirl.algo import ADVANTAGE_ESTIMATORS
-from verirl.config import Config, DataConfig
+from verirl.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossParams
+from verirl.config import Config, DataConfig, scale_rewards
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, ConfigError, DataError
@@ -27,8 +27,9 @@ from verirl.models import load_model
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.rollout.sampling import stream_seed
 from verirl.rollout.replay import dump_prompts
-from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer
+from verirl.train.actor import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.distributed import Dist
 from verirl.train.packing import supports_packing
@@ -48,6 +49,20 @@ class ActivationSettings:
 
 
 @dataclass(frozen=True)
+class FilterSettings:
+    """algo.filter_groups: DAPO dynamic sampling."""
+    metric: str  # reward (the shaped total) or a rule's name
+    max_gen_batches: int  # generation batches per step at most; 0 = no limit
+
+
+@dataclass(frozen=True)
+class RewardShaping:
+    """What turns the rules' scores into each response's reward."""
+    aggregate: str = "sum"  # sum (the scorer's weighted sum) / normalize_then_sum (GDPO)
+    overlong: Optional[tuple[int, int, float]] = None  # (max_new_tokens, buffer, penalty factor): DAPO shaping
+
+
+@dataclass(frozen=True)
 class StepSettings:
     """What one GRPO step needs, as plain values."""
     prompts_per_step: int  # the global batch's prompts
@@ -57,10 +72,12 @@ class StepSettings:
     generate_batch: int  # sequences per generate call; 0 = the whole step at once
     old_pass: Optional[LogprobPass]  # None: on-policy, the update uses its own log-probs, detached
     ref_pass: Optional[LogprobPass]  # None: no KL term, no reference model
-    advantages: Callable[[torch.Tensor], torch.Tensor]  # (N,) rewards -> (N,) advantages
+    advantages: Callable[..., torch.Tensor]  # (N,) rewards of the GLOBAL batch, lengths= (N,) -> (N,) advantages
     update: UpdateParams  # its mini_batch_prompts are this rank's share
     dump_rollouts: bool  # the step returns one record per response
     activations: Optional[ActivationSettings] = None  # record the update's activations at these steps
+    shaping: RewardShaping = RewardShaping()
+    filter: Optional[FilterSettings] = None  # None: every generated group is trained on
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global
@@ -70,10 +87,30 @@ class StepSettings:
         every = mine * world
         return [k * every + rank * mine + j for k in range(self.prompts_per_step // every) for j in range(mine)]
 
-    def sampling_at(self, step: int) -> SamplingParams:
+    def sampling_at(self, step: int, gen_batch: int = 0) -> SamplingParams:
         """The rollout's sampling parameters at ``step``: a seed of its own, so a resumed run samples
-        the same responses."""
-        return dataclasses.replace(self.sampling, seed=self.seed * 1_000_003 + step, step=step)
+        the same responses. A step's further generation batches (algo.filter_groups) are keyed by their
+        number too: (seed, step, generation batch, prompt position) picks every uniform."""
+        seed = self.seed * 1_000_003 + step
+        if gen_batch:
+            seed = stream_seed(seed, gen_batch)
+        return dataclasses.replace(self.sampling, seed=seed, step=step)
+
+    def fewer_groups(self, groups: int, world: int) -> "StepSettings":
+        """These settings for a step that trains on ``groups`` prompt groups (``groups`` a multiple of
+        the ranks' count): whole mini-batches of the configured size when there are enough, else one
+        mini-batch of them all (so an on-policy run stays on-policy)."""
+        mini = self.update.mini_batch_prompts * world
+        per_rank = self.update.mini_batch_prompts if groups >= mini else groups // world
+        return dataclasses.replace(self, prompts_per_step=groups,
+                                   update=dataclasses.replace(self.update, mini_batch_prompts=per_rank))
+
+    def trainable(self, informative: int, world: int) -> int:
+        """How many of ``informative`` groups a step can train on: a whole number of the configured
+        mini-batches, else a multiple of the ranks' count (at least one group per rank)."""
+        mini = self.update.mini_batch_prompts * world
+        unit = mini if informative >= mini else world
+        return min(self.prompts_per_step, max(informative // unit * unit, world))
 
 
 @dataclass(frozen=True)
@@ -257,12 +294,23 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
         chunk=actor.logprob_chunk)
     on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
+    low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))
+    loss = PolicyLossParams(
+        clip_low=low if algo.clip_ratio_low is None else algo.clip_ratio_low,
+        clip_high=high if algo.clip_ratio_high is None else algo.clip_ratio_high,
+        clip_ratio_c=algo.clip_ratio_c, clip_ratio_max=algo.clip_ratio_max, clip_cov_ratio=algo.clip_cov_ratio,
+        clip_cov_lb=algo.clip_cov_lb, clip_cov_ub=algo.clip_cov_ub, kl_cov_ratio=algo.kl_cov_ratio,
+        ppo_kl_coef=algo.ppo_kl_coef)
     update = UpdateParams(
         group_size=rollout.n, mini_batch_prompts=actor.mini_batch_prompts // world, forward=policy_pass,
-        epochs=actor.epochs,
-        clip_low=algo.clip_ratio_low, clip_high=algo.clip_ratio_high, kl_coef=algo.kl_coef, kl_type=algo.kl_type,
-        entropy_coef=algo.entropy_coef, loss_agg_mode=algo.loss_agg_mode, grad_clip=actor.grad_clip,
+        epochs=actor.epochs, policy_loss=algo.policy_loss, loss=loss, kl_coef=algo.kl_coef, kl_type=algo.kl_type,
+        entropy_coef=algo.entropy_coef, top_entropy_quantile=algo.top_entropy_quantile,
+        loss_agg_mode=algo.loss_agg_mode, loss_scale_factor=float(algo.loss_scale_factor or rollout.max_new_tokens),
+        mask_truncated=algo.mask_truncated, correction=correction(cfg), grad_clip=actor.grad_clip,
         offload_optimizer=actor.offload == "optimizer")
+    ob, fg = cfg.reward.overlong_buffer, algo.filter_groups
+    shaping = RewardShaping(cfg.reward.aggregate, (rollout.max_new_tokens, ob.len or rollout.max_new_tokens // 5,
+                                                   ob.penalty_factor) if ob.enable else None)
     return StepSettings(
         prompts_per_step=cfg.data.prompts_per_step,
         group_size=rollout.n,
@@ -272,8 +320,31 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
         ref_pass=dataclasses.replace(policy_pass, max_tokens=ref_budget, offload=cfg.ref.offload)
         if algo.kl_coef > 0 else None,
         advantages=functools.partial(ADVANTAGE_ESTIMATORS[algo.adv_estimator], group_size=rollout.n,
-                                     norm_by_std=algo.norm_adv_by_std, epsilon=algo.adv_epsilon),
-        update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model))
+                                     scale=scale_rewards(algo), epsilon=algo.adv_epsilon),
+        update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
+        shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None)
+
+
+_told_no_logprobs = False  # the "guard is off" line is printed once per process
+
+
+def correction(cfg: Config) -> Optional[Correction]:
+    """The train/inference mismatch guard, or None: switched off (both modes null), or an engine that
+    returns no log-probs of its samples (hf, replay: said once) or decodes greedily."""
+    global _told_no_logprobs
+    rc = cfg.algo.rollout_correction
+    if rc.rollout_is is None and rc.rollout_rs is None:
+        return None
+    if cfg.rollout.engine in ("hf", "replay") or cfg.rollout.temperature <= 0:
+        if not _told_no_logprobs:
+            _told_no_logprobs = True
+            why = f"rollout.engine={cfg.rollout.engine} returns" if cfg.rollout.temperature > 0 else \
+                "greedy decoding (rollout.temperature=0) has"
+            print(f"algo.rollout_correction: {why} no log-probs of its samples, so the train/inference mismatch "
+                  f"guard is off (no mismatch/* metrics). native and vllm have them.", file=sys.stderr)
+        return None
+    return Correction(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold,
+                      rc.rollout_rs_threshold_lower)
 
 
 def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:

@@ -4,25 +4,27 @@
             -> group advantages -> policy update -> metrics
 
 The step reads no config: `verirl.train.build` turned it into the `Run` it is given. With
-several ranks each takes whole groups of the step's prompts (so advantages need no
-communication), the update sums the gradients over the ranks, and the metrics are those of the
-global batch. It simplifies on purpose: one rollout per step (no filtering or regeneration of
-groups) and outcome rewards only (one scalar per response).
+several ranks each takes whole groups of the step's prompts, the update sums the gradients over
+the ranks, and the advantages and metrics are those of the global batch. With
+``algo.filter_groups`` the rollout phase repeats until the step has enough groups whose rewards
+differ (`dynamic_sampling`); otherwise there is one rollout per step. Rewards are outcome rewards
+(one scalar per response).
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
+from verirl.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
 from verirl.evaluate import decode_responses
 from verirl.metrics import Timer, advantage_metrics, length_metrics, throughput
 from verirl.rewards import RewardResult
-from verirl.rollout import generate_chunked
-from verirl.train.actor import compute_logprobs, update_policy
-from verirl.train.build import Run, StepSettings
+from verirl.rollout import concat_rollouts, generate_chunked
+from verirl.train.actor import Correction, compute_logprobs, update_policy
+from verirl.train.build import RewardShaping, Run, StepSettings
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
 from verirl.train.strategy import full_weights, memory_metrics
@@ -34,19 +36,12 @@ PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights", 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     """One GRPO step. Returns (metrics of the global batch, one record per response of the global
     batch when the run dumps rollouts; on every rank)."""
-    how, dist = run.step, run.dist
+    dist = run.dist
     timer = Timer()
-    batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]  # the same on every rank
-    mine = how.positions(dist.rank, dist.world)  # this rank's whole groups
-    prompts = [batch_prompts[i] for i in mine]
-    per_response = [p for p in prompts for _ in range(how.group_size)]
     with timer("all"):
-        with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
-            rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, how.sampling_at(step),
-                                       how.generate_batch, run.pad_id, mine)
-            texts = decode_responses(run.tokenizer, rollout)
-        with timer("reward"):  # scoring runs in the reward workers during the log-prob passes below
-            pending = run.scorer.submit(texts, [reward_fields(p) for p in per_response])
+        got = sample_step(run, step, timer)  # rollout (+ regeneration of uninformative groups)
+        how, rollout = got.how, got.rollout
+        per_response = [p for p in got.prompts for _ in range(how.group_size)]
         layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
         old_logprobs = ref_logprobs = None
         if how.old_pass is not None:
@@ -56,24 +51,166 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             with timer("ref"):
                 ref_logprobs = compute_logprobs(run.ref, rollout, how.ref_pass, layouts, dist)
         with timer("reward"):  # what is left of the scoring once the passes are done
-            rewards = pending.result()
+            rewards = got.rewards()
             scores = torch.tensor(rewards.totals, dtype=torch.float32)
-            advantages = how.advantages(scores).to(rollout.response_ids.device)
+            advantages = global_advantages(how, dist, scores, rollout.response_lengths.cpu())
+            advantages = advantages.to(rollout.response_ids.device)
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
         trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
             torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
+        entropy = torch.zeros(rollout.response_ids.shape[0], dtype=torch.float32, device=rollout.response_ids.device)
         with timer("update"), recording(run, step):
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist,
-                                        on_policy_out=trainer_logp)
+                                        on_policy_out=trainer_logp, entropy_out=entropy)
         with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
             run.engine.sync_weights(run.model)
     actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
     actor_stats.update(logprob_check(rollout, trainer_logp, dist))
+    actor_stats.update(mismatch_metrics(rollout, trainer_logp, how.update.correction, dist))
+    actor_stats.update(got.stats)
     local = StepData([p.task for p in per_response], [p.extra.get("data_source") for p in per_response], rewards,
-                     scores, advantages.cpu(), rollout)
+                     scores, advantages.cpu(), rollout, entropy.cpu())
     metrics = step_metrics(step, how, dist, local, actor_stats, timer)
-    records = rollout_records(step, run.tokenizer, per_response, texts, rollout, rewards) if how.dump_rollouts else []
+    records = rollout_records(step, run.tokenizer, per_response, got.texts, rollout, rewards) \
+        if how.dump_rollouts else []
     return metrics, in_batch_order(dist.gather(records), how, dist.world) if records else []
+
+
+@dataclass
+class Sampled:
+    """The rollout phase's result on this rank."""
+    how: StepSettings  # the step's settings (fewer groups when a filtered step ran short)
+    prompts: list[Prompt]  # this rank's, one per group
+    rollout: Rollout
+    texts: list[str]
+    rewards: Callable[[], RewardResult]  # the shaped rewards (waits for the scoring workers)
+    stats: dict[str, float]  # filter/* of a filtered step
+
+
+def sample_step(run: Run, step: int, timer: Timer) -> Sampled:
+    """This rank's prompts, their rollouts and (pending) rewards for ``step``."""
+    how, dist = run.step, run.dist
+    if how.filter is not None:
+        return dynamic_sampling(run, step, timer)
+    batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]  # the same on every rank
+    mine = how.positions(dist.rank, dist.world)  # this rank's whole groups
+    prompts = [batch_prompts[i] for i in mine]
+    rollout, texts = generate(run, prompts, mine, how.sampling_at(step), timer)
+    with timer("reward"):  # scoring runs in the reward workers during the log-prob passes
+        pending = run.scorer.submit(texts, [reward_fields(p) for p in prompts for _ in range(how.group_size)])
+    return Sampled(how, prompts, rollout, texts, lambda: shape_rewards(how.shaping, pending.result(), rollout,
+                                                                     how.group_size, run.scorer.weights), {})
+
+
+def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, timer: Timer) -> tuple[Rollout, list[str]]:
+    """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), and their text."""
+    how = run.step
+    with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
+        rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, sampling,
+                                   how.generate_batch, run.pad_id, positions)
+        return rollout, decode_responses(run.tokenizer, rollout)
+
+
+def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
+    """DAPO's dynamic sampling (algo.filter_groups): generation batches of ``prompts_per_step`` prompts,
+    each scored at once, until the step has that many groups whose metric differs between samples (the
+    others have zero advantage: no signal), or ``max_gen_batches`` ran out. The step then trains on the
+    first informative groups in (generation batch, position) order: all it needs, or as many as the
+    mini-batch and rank layout allow (`StepSettings.trainable`; at least one group per rank, filled
+    with uninformative ones if need be) with the shortfall logged. Every rank generates its usual
+    positions of each generation batch; the chosen groups are then exchanged so that each rank holds
+    its positions of the step's batch. Sampling is keyed by (seed, step, generation batch, position),
+    and the prompt sampler advances by every batch taken, so a resumed run repeats the step exactly."""
+    how, dist = run.step, run.dist
+    n, f = how.group_size, how.filter
+    mine = how.positions(dist.rank, dist.world)
+    held: dict[tuple[int, int], dict] = {}  # (generation batch, position) -> this rank's group
+    informative: list[tuple[int, int]] = []  # every rank's informative groups, in order
+    generated: list[tuple[int, int]] = []
+    errors, b = 0, 0
+    while True:
+        batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]
+        prompts = [batch_prompts[i] for i in mine]
+        rollout, texts = generate(run, prompts, mine, how.sampling_at(step, b), timer)
+        with timer("reward"):
+            fields = [reward_fields(p) for p in prompts for _ in range(n)]
+            rewards = shape_rewards(how.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
+        errors += rewards.errors
+        metric = rewards.totals if f.metric == "reward" else [0.0 if v is None else v for v in rewards.per_rule[f.metric]]
+        good = informative_groups(torch.tensor(metric, dtype=torch.float64), n).tolist()
+        for part in dist.gather([(pos, bool(g)) for pos, g in zip(mine, good)]):
+            generated += [(b, pos) for pos, _ in part]
+            informative += [(b, pos) for pos, g in part if g]
+        for j, pos in enumerate(mine):
+            rows = list(range(j * n, (j + 1) * n))
+            held[(b, pos)] = {"prompt": prompts[j], "rollout": take_rows(rollout, rows), "texts": texts[j * n:(j + 1) * n],
+                              "totals": rewards.totals[j * n:(j + 1) * n],
+                              "per_rule": {k: v[j * n:(j + 1) * n] for k, v in rewards.per_rule.items()}}
+        b += 1
+        if len(informative) >= how.prompts_per_step or (f.max_gen_batches and b >= f.max_gen_batches):
+            break
+    informative.sort()
+    groups = how.trainable(len(informative), dist.world)
+    chosen = (informative + sorted(set(generated) - set(informative)))[:groups]
+    step_how = how if groups == how.prompts_per_step else how.fewer_groups(groups, dist.world)
+    wanted = [chosen[k] for k in step_how.positions(dist.rank, dist.world)]
+    pool: dict[tuple[int, int], dict] = {}
+    for part in dist.gather({key: held[key] for key in chosen if key in held}):
+        pool.update(part)
+    parts = [pool[key] for key in wanted]
+    device = rollout.response_ids.device
+    joined = concat_rollouts([p["rollout"] for p in parts], run.pad_id)
+    joined = Rollout(*(t.to(device) if t is not None else None for t in (
+        joined.prompt_ids, joined.prompt_mask, joined.response_ids, joined.response_mask, joined.stopped,
+        joined.sample_logprobs)))
+    result = RewardResult([x for p in parts for x in p["totals"]],
+                          {k: [x for p in parts for x in p["per_rule"][k]] for k in parts[0]["per_rule"]},
+                          errors)
+    stats = {"filter/gen_batches": float(b), "filter/informative_groups": float(len(informative)),
+             "filter/kept_groups": float(groups), "filter/shortfall": float(how.prompts_per_step - groups)}
+    return Sampled(step_how, [p["prompt"] for p in parts], joined, [t for p in parts for t in p["texts"]],
+                   lambda: result, stats)
+
+
+def take_rows(r: Rollout, rows: list[int]) -> Rollout:
+    """Rows ``rows`` of a rollout, on the host (to be exchanged between ranks)."""
+    idx = torch.as_tensor(rows, dtype=torch.long, device=r.response_ids.device)
+    return Rollout(r.prompt_ids[idx].cpu(), r.prompt_mask[idx].cpu(), r.response_ids[idx].cpu(),
+                   r.response_mask[idx].cpu(), r.stopped[idx].cpu(),
+                   None if r.sample_logprobs is None else r.sample_logprobs[idx].cpu())
+
+
+def shape_rewards(shaping: RewardShaping, raw: RewardResult, rollout: Rollout, group_size: int,
+                  weights: dict[str, float]) -> RewardResult:
+    """Each response's reward from its rules' scores: their weighted sum (or, with normalize_then_sum,
+    the weighted sum of each rule's scores normalised within the group: GDPO), plus DAPO's overlong
+    penalty, which is logged as the rule ``overlong``."""
+    totals, per_rule = raw.totals, dict(raw.per_rule)
+    if shaping.aggregate == "normalize_then_sum":
+        scores = {k: torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
+                  for k, v in per_rule.items()}
+        totals = normalize_then_sum(scores, weights, group_size).tolist()
+    if shaping.overlong is not None:
+        max_len, buffer, factor = shaping.overlong
+        penalty = overlong_penalty(rollout.response_lengths.cpu(), max_len, buffer, factor).tolist()
+        per_rule["overlong"] = penalty
+        totals = [t + p for t, p in zip(totals, penalty)]
+    return RewardResult(list(totals), per_rule, raw.errors)
+
+
+def global_advantages(how: StepSettings, dist: Dist, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """This rank's advantages, computed over the GLOBAL batch (batch scaling and whitening see every
+    rank's rewards): the ranks' scores and response lengths are gathered into batch order (a few
+    numbers per response), the estimator runs on them, and this rank takes its rows."""
+    n = how.group_size
+    total = how.prompts_per_step * n
+    g_scores, g_lengths = torch.zeros(total), torch.zeros(total)
+    for rank, (s, l) in enumerate(dist.gather((scores.tolist(), lengths.tolist()))):
+        for j, pos in enumerate(how.positions(rank, dist.world)):
+            g_scores[pos * n:(pos + 1) * n] = torch.tensor(s[j * n:(j + 1) * n])
+            g_lengths[pos * n:(pos + 1) * n] = torch.tensor(l[j * n:(j + 1) * n], dtype=torch.float32)
+    adv = how.advantages(g_scores, lengths=g_lengths)
+    return torch.cat([adv[pos * n:(pos + 1) * n] for pos in how.positions(dist.rank, dist.world)])
 
 
 def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> list[dict]:
@@ -122,6 +259,37 @@ def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float
             "rollout/logprob_diff/max": dist.all_max([float(diff.max()) if diff.numel() else 0.0])[0]}
 
 
+QUANTILE_SAMPLE = 65536  # ratios per rank behind mismatch/ratio_p*: an evenly spaced sample of its sorted ones
+
+
+def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correction], dist: Dist) -> dict[str, float]:
+    """The train/inference mismatch guard's view of the global batch, from the same pair of log-probs as
+    ``rollout/logprob_diff/*``: ``mismatch/kl`` (k3 estimate of KL(rollout engine || trainer) per
+    token), ``mismatch/ratio_p05 / p50 / p95`` (the token ratio trainer / engine probability) and
+    ``mismatch/masked_frac`` (the tokens the guard's rejection zeroes). None for engines without
+    log-probs. The quantiles are exact up to 65536 response tokens per rank, else over an evenly
+    spaced sample of each rank's sorted ratios."""
+    if rollout.sample_logprobs is None or trainer_logp is None:
+        return {}
+    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.response_mask.shape[1])
+    mask = rollout.response_mask[:, :width].float()
+    engine, trainer = rollout.sample_logprobs[:, :width].float(), trainer_logp[:, :width].float()
+    kl = kl_penalty(engine, trainer, "low_var_kl") * mask  # exp(t - e) - (t - e) - 1 >= 0
+    rejected = torch.zeros_like(mask)
+    if correction is not None:
+        rejected = correction.apply(trainer, engine, mask)[1].float() * mask
+    kl_sum, tokens, masked = dist.all_sum([float(kl.sum()), float(mask.sum()), float(rejected.sum())])
+    ratios = torch.exp((trainer - engine).clamp(-20, 20))[mask.bool()].sort().values
+    if ratios.numel() > QUANTILE_SAMPLE:
+        ratios = ratios[torch.linspace(0, ratios.numel() - 1, QUANTILE_SAMPLE).round().long()]
+    every = torch.tensor([x for part in dist.gather(ratios.cpu().tolist()) for x in part], dtype=torch.float64)
+    out = {"mismatch/kl": kl_sum / max(tokens, 1.0), "mismatch/masked_frac": masked / max(tokens, 1.0)}
+    if every.numel():
+        q = torch.quantile(every, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)).tolist()
+        out.update({"mismatch/ratio_p05": q[0], "mismatch/ratio_p50": q[1], "mismatch/ratio_p95": q[2]})
+    return out
+
+
 def reward_fields(p: Prompt) -> dict:
     """What a reward rule sees of a prompt besides the response: its extra keys, label and task."""
     return {**p.extra, "label": p.label, "task": p.task}
@@ -136,10 +304,11 @@ class StepData:
     scores: torch.Tensor  # (N,) weighted rewards
     advantages: torch.Tensor  # (N,)
     rollout: Rollout
+    entropy: Optional[torch.Tensor] = None  # (N,) each response's summed token entropy under the policy
 
     def plain(self) -> dict:
         r = self.rollout
-        return {"tasks": self.tasks, "sources": [None if s is None else str(s) for s in self.sources], "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
+        return {"entropy": [] if self.entropy is None else self.entropy.tolist(), "tasks": self.tasks, "sources": [None if s is None else str(s) for s in self.sources], "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
                 "errors": self.rewards.errors, "scores": self.scores.tolist(), "advantages": self.advantages.tolist(),
                 "response_lengths": r.response_lengths.tolist(), "prompt_lengths": r.prompt_lengths.tolist(),
                 "stopped": r.stopped.tolist()}
@@ -159,6 +328,7 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
     m.update(advantage_metrics(torch.tensor(cat("advantages")), torch.tensor(cat("scores")), how.group_size))
     m.update(length_metrics(torch.tensor(cat("response_lengths")), torch.tensor(cat("prompt_lengths")),
                             torch.tensor(cat("stopped"))))
+    m.update(entropy_metrics(cat("entropy"), cat("response_lengths"), cat("tasks"), cat("sources")))
     m.update(actor_stats)
     m.update(timer.metrics(PHASES))
     if dist.active:
@@ -166,6 +336,19 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
     m["perf/tps"] = throughput(m["prompt_length/mean"], m["response_length/mean"], how.prompts_per_step,
                                how.group_size, dist.world, m["timing/all"])
     return m
+
+
+def entropy_metrics(entropy: list[float], lengths: list[int], tasks: list[str], sources: list) -> dict[str, float]:
+    """``actor/entropy/task/<task>`` and ``actor/entropy/data_source/<source>``: the policy's mean token
+    entropy over each split's responses (at the update's first forward), next to ``actor/entropy``."""
+    if not entropy:
+        return {}
+    out = {}
+    for kind, keys in (("task", tasks), ("data_source", sources)):
+        for key in sorted({k for k in keys if k}):
+            rows = [i for i, k in enumerate(keys) if k == key]
+            out[f"actor/entropy/{kind}/{key}"] = sum(entropy[i] for i in rows) / max(sum(lengths[i] for i in rows), 1)
+    return out
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,

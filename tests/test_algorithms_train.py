@@ -1,0 +1,267 @@
+"""The algorithm options inside real steps of the tiny model: the mismatch guard, dynamic sampling
+(filter_groups), overlong shaping, truncated-response masking, and exact gradient accumulation for
+every policy loss and aggregation whose definition allows it."""
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from verirl.cli import main
+from verirl.config import load_config
+from verirl.rollout import NativeEngine, SamplingParams
+from verirl.train.actor import Correction, LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
+from verirl.train.build import build_run
+from verirl.train.step import train_step
+from verirl.types import Rollout, TrainBatch
+
+SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=20",
+         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+         "reward.workers=0"]
+VOLATILE = ("timing/", "perf/")
+
+
+def _run(tmp_path, *overrides):
+    cfg = load_config("tiny", [f"trainer.run_dir={tmp_path}", *SMALL, *overrides])
+    return build_run(cfg)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+# ------------------------------------------------------------------ the train/inference mismatch guard
+
+def test_native_engine_on_policy_has_ratio_one_and_masks_nothing(tmp_path):
+    run = _run(tmp_path / "r")
+    try:
+        m, _ = train_step(run, 1)
+    finally:
+        run.lock.release()
+    assert run.step.update.correction == Correction()  # on by default: sequence rejection at 3
+    assert abs(m["mismatch/ratio_p05"] - 1) < 1e-5 and abs(m["mismatch/ratio_p95"] - 1) < 1e-5, m
+    assert abs(m["mismatch/ratio_p50"] - 1) < 1e-5
+    assert m["mismatch/kl"] < 1e-9 and m["mismatch/masked_frac"] == 0.0
+    assert m["rollout/logprob_diff/max"] < 1e-5  # the same pair of log-probs
+
+
+def test_a_sampler_at_another_temperature_is_detected_and_masked(tmp_path):
+    """The engine samples at temperature 0.3 while the trainer computes log-probs at 1.0: the ratios
+    move away from 1, the guard sees it, and its sequence rejection takes the worst responses out
+    (the tiny model is confident on most tokens, so the colder sampler changes few of them)."""
+    run = _run(tmp_path / "r", "rollout.max_new_tokens=32")
+    how = run.step
+    run.step = dataclasses.replace(how, sampling=dataclasses.replace(how.sampling, temperature=0.3))
+    try:
+        m, _ = train_step(run, 1)
+    finally:
+        run.lock.release()
+    assert m["mismatch/kl"] > 5e-3, m  # against < 1e-9 when the engine and the trainer agree
+    assert m["mismatch/ratio_p05"] < 0.9, m
+    assert m["mismatch/masked_frac"] > 0.0, m
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny, arith):
+    """A rollout whose engine log-probs disagree with the trainer's on rows 1 and 6 (by a sequence
+    ratio far above 3), and agree elsewhere."""
+    train, _ = arith
+    engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    roll = engine.generate([p.ids for p in train[:2]], 4, SamplingParams(max_new_tokens=16, seed=5))
+    lp = roll.sample_logprobs.clone()
+    lp[[1, 6]] -= 0.5 * roll.response_mask[[1, 6]].float()  # the engine thought these tokens less likely
+    roll = dataclasses.replace(roll, sample_logprobs=lp)
+    return roll, torch.linspace(-1.0, 1.0, 8)
+
+
+def _weights_after(tiny, batch, p):
+    model = copy.deepcopy(tiny.model)
+    opt, sched = build_optimizer(model, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
+    update_policy(model, opt, sched, batch, p)
+    return model.state_dict()
+
+
+def test_rejected_responses_contribute_nothing_but_stay_in_the_denominator(tiny, guarded):
+    roll, adv = guarded
+    p = UpdateParams(group_size=4, mini_batch_prompts=2, forward=LogprobPass(micro_batch_size=3), grad_clip=0.0,
+                     correction=Correction())
+    guarded_w = _weights_after(tiny, TrainBatch(roll, adv), p)
+    zeroed = adv.clone()
+    zeroed[[1, 6]] = 0.0  # what rejection means: no policy gradient from those rows, same token count
+    plain = dataclasses.replace(p, correction=None)
+    expected = _weights_after(tiny, TrainBatch(roll, zeroed), plain)
+    unguarded = _weights_after(tiny, TrainBatch(roll, adv), plain)
+    assert all(torch.allclose(guarded_w[k], expected[k], atol=1e-6) for k in expected)
+    assert any(not torch.allclose(unguarded[k], expected[k], atol=1e-6) for k in expected)
+
+
+# ------------------------------------------------------------------ exact gradient accumulation
+
+@pytest.fixture(scope="module")
+def off_policy(tiny, arith):
+    """Three prompts x 4 samples, an old policy and a reference that differ from the current one, so
+    that every clip and the KL term matter."""
+    train, _ = arith
+    engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    roll = engine.generate([p.ids for p in train[:3]], 4, SamplingParams(max_new_tokens=20, seed=3))
+    roll = dataclasses.replace(roll, stopped=torch.tensor([True, False] * 6))  # some "truncated" rows
+    now = compute_logprobs(tiny.model, roll, LogprobPass(micro_batch_size=12))
+    g = torch.Generator().manual_seed(0)
+    old = now + 0.3 * torch.randn(now.shape, generator=g)
+    ref = now - 0.05 * torch.arange(now.shape[1]).float()
+    return TrainBatch(roll, torch.linspace(-1.0, 1.0, 12), old_logprobs=old, ref_logprobs=ref)
+
+
+def _grads(tiny, batch, micro, **kw):
+    model = copy.deepcopy(tiny.model)
+    opt, sched = build_optimizer(model, lr=0.0, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
+    p = UpdateParams(group_size=4, mini_batch_prompts=3, forward=LogprobPass(micro_batch_size=micro), kl_coef=0.1,
+                     entropy_coef=0.01, grad_clip=0.0, **kw)
+    stats = update_policy(model, opt, sched, batch, p)
+    return {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}, stats
+
+
+@pytest.mark.parametrize("loss", ["vanilla", "dual_clip", "gspo", "cispo"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_micro_batches_give_the_full_batch_gradient_for_every_loss(tiny, off_policy, loss, mode):
+    from verirl.algo import CLIP_DEFAULTS, PolicyLossParams
+
+    low, high = CLIP_DEFAULTS[loss]
+    kw = dict(policy_loss=loss, loss=PolicyLossParams(clip_low=low, clip_high=high), loss_agg_mode=mode,
+              loss_scale_factor=20.0, mask_truncated=True)
+    full, s_full = _grads(tiny, off_policy, 12, **kw)
+    assert any(g.abs().max() > 0 for g in full.values())
+    for micro in (1, 5):
+        part, s_part = _grads(tiny, off_policy, micro, **kw)
+        for name, g in full.items():
+            assert torch.allclose(part[name], g, atol=1e-6, rtol=1e-4), (loss, mode, micro, name)
+        assert s_part["actor/pg_loss"] == pytest.approx(s_full["actor/pg_loss"], abs=1e-6)
+        assert s_part["actor/pg_clipfrac"] == pytest.approx(s_full["actor/pg_clipfrac"], abs=1e-6)
+
+
+def test_mask_truncated_takes_truncated_responses_out_of_the_loss(tiny, off_policy):
+    """With mask_truncated, a truncated response's advantage does not matter: changing it changes no
+    gradient."""
+    changed = dataclasses.replace(off_policy, advantages=off_policy.advantages.clone())
+    changed.advantages[1::2] += 3.0  # the rows marked not stopped
+    a, _ = _grads(tiny, off_policy, 12, mask_truncated=True)
+    b, _ = _grads(tiny, changed, 12, mask_truncated=True)
+    assert all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+    c, _ = _grads(tiny, changed, 12)
+    assert any(not torch.allclose(a[k], c[k], atol=1e-6) for k in a)
+
+
+# ------------------------------------------------------------------ dynamic sampling (filter_groups)
+
+FILTER = ["algo.filter_groups.enable=true", "data.prompts_per_step=8", "actor.mini_batch_prompts=8",
+          "algo.kl_coef=0"]
+
+
+def test_filter_groups_drops_constant_groups_and_refills_the_step(tmp_path):
+    run = _run(tmp_path / "r", *FILTER, "algo.filter_groups.max_num_gen_batches=0")
+    try:
+        before = run.sampler.state_dict()
+        m, records = train_step(run, 1)
+        after = run.sampler.state_dict()
+    finally:
+        run.lock.release()
+    assert m["filter/gen_batches"] >= 2, m  # the first batch had groups all right or all wrong
+    assert m["filter/kept_groups"] == 8 and m["filter/shortfall"] == 0
+    assert m["reward/zero_std_groups"] == 0.0  # every group trained on has a spread of rewards
+    assert m["adv/max"] > 0
+    # the sampler advanced by every prompt taken: 8 per generation batch
+    fresh = _run(tmp_path / "s", *FILTER)
+    try:
+        fresh.sampler.load_state_dict(before)
+        fresh.sampler.take(8 * int(m["filter/gen_batches"]))
+        assert fresh.sampler.state_dict() == after
+    finally:
+        fresh.lock.release()
+
+
+def test_filter_groups_out_of_budget_trains_on_fewer_groups(tmp_path):
+    run = _run(tmp_path / "r", *FILTER, "algo.filter_groups.max_num_gen_batches=1", "trainer.dump_rollouts=true")
+    try:
+        m, records = train_step(run, 1)
+    finally:
+        run.lock.release()
+    informative = int(m["filter/informative_groups"])
+    assert 0 < informative < 8, m  # the case this test is about: one batch with some constant groups
+    assert m["filter/gen_batches"] == 1
+    assert m["filter/kept_groups"] == informative and m["filter/shortfall"] == 8 - informative
+    assert len(records) == 4 * informative  # the step's batch is the informative groups, rollout.n each
+    assert m["reward/zero_std_groups"] == 0.0
+
+
+def test_a_metric_without_spread_keeps_one_group_per_rank(tmp_path):
+    """A metric no group has any spread in (format scores all 0 on a 2-token budget): the step still
+    trains on one group (a rank's minimum) and says the shortfall."""
+    run = _run(tmp_path / "r", *FILTER, "algo.filter_groups.max_num_gen_batches=2", "algo.filter_groups.metric=format",
+               "rollout.max_new_tokens=2")
+    try:
+        m, _ = train_step(run, 1)
+    finally:
+        run.lock.release()
+    assert m["filter/informative_groups"] == 0 and m["filter/gen_batches"] == 2
+    assert m["filter/kept_groups"] == 1 and m["filter/shortfall"] == 7
+
+
+def test_resume_after_filtered_steps_is_exact(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ["train", "--config", "tiny", *SMALL, *FILTER, "trainer.save_freq=2", "algo.filter_groups.max_num_gen_batches=3",
+            "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8"]
+    assert main([*args, f"trainer.run_dir={a}", "trainer.total_steps=4"]) == 0
+    assert main([*args, f"trainer.run_dir={b}", "trainer.total_steps=2"]) == 0
+    assert main([*args, f"trainer.run_dir={b}", "trainer.total_steps=4"]) == 0
+    ma, mb = _metrics(a), _metrics(b)
+    assert [r["step"] for r in mb] == [1, 2, 3, 4]
+    assert ma == mb
+    assert any(r["filter/gen_batches"] > 1 for r in ma)  # regeneration happened in this run
+    assert all("reward/overlong/mean" in r for r in ma)
+
+
+# ------------------------------------------------------------------ reward shaping and the options' wiring
+
+def test_overlong_shaping_is_its_own_rule_and_enters_the_reward(tmp_path):
+    run = _run(tmp_path / "r", "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=10",
+               "reward.overlong_buffer.penalty_factor=0.5", "trainer.dump_rollouts=true")
+    try:
+        m, records = train_step(run, 1)
+    finally:
+        run.lock.release()
+    for r in records:  # max_new_tokens 20, buffer 10: the penalty starts past 10 tokens
+        want = -0.5 * min(1.0, (r["response_length"] - 10) / 10) if r["response_length"] > 10 else 0.0
+        assert r["scores"]["overlong"] == pytest.approx(want)
+        others = sum(w * (r["scores"][k] or 0.0) for k, w in (("acc", 1.0), ("exact", 1.0), ("format", 0.1)))
+        assert r["reward"] == pytest.approx(others + want)
+    assert m["reward/overlong/mean"] == pytest.approx(sum(r["scores"]["overlong"] for r in records) / len(records))
+    assert m["reward/overlong/mean"] < 0
+
+
+def test_entropy_is_split_by_task(tmp_path):
+    run = _run(tmp_path / "r")
+    try:
+        m, _ = train_step(run, 1)
+    finally:
+        run.lock.release()
+    tasks = [k for k in m if k.startswith("actor/entropy/task/")]
+    assert tasks and all(m[k] > 0 for k in tasks)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (["algo.policy_loss=ppo"], "algo.policy_loss"),
+    (["algo.scale_rewards=global"], "algo.scale_rewards"),
+    (["algo.rollout_correction.rollout_rs=seq"], "rollout_rs"),
+    (["algo.filter_groups.enable=true", "algo.filter_groups.metric=accuracy"], "filter_groups.metric"),
+    (["algo.top_entropy_quantile=0"], "top_entropy_quantile"),
+    (["algo.norm_adv_by_std=true", "algo.scale_rewards=none"], "norm_adv_by_std"),
+    (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=20"], "overlong_buffer.len"),
+])
+def test_bad_algorithm_options_are_one_paragraph_errors(tmp_path, capsys, bad, match):
+    assert main(["train", "--config", "tiny", f"trainer.run_dir={tmp_path}", *SMALL, *bad]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+    assert not (tmp_path / "metrics.jsonl").exists()
