@@ -19,7 +19,7 @@ from verirl.types import Rollout, TrainBatch
 
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=20",
          "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
-         "reward.workers=0"]
+         "reward.workers=0", "data.train_size=256", "eval.size=8"]
 VOLATILE = ("timing/", "perf/")
 
 
@@ -107,10 +107,13 @@ def off_policy(tiny, arith):
     train, _ = arith
     engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
     roll = engine.generate([p.ids for p in train[:3]], 4, SamplingParams(max_new_tokens=20, seed=3))
-    roll = dataclasses.replace(roll, stopped=torch.tensor([True, False] * 6))  # some "truncated" rows
     now = compute_logprobs(tiny.model, roll, LogprobPass(micro_batch_size=12))
     g = torch.Generator().manual_seed(0)
     old = now + 0.3 * torch.randn(now.shape, generator=g)
+    engine_lp = (old + 0.2 * torch.randn(now.shape, generator=g)) * roll.response_mask  # the engine disagrees a bit
+    engine_lp[[2, 7]] -= 0.5 * roll.response_mask[[2, 7]]  # and on two responses a lot: the guard rejects them
+    roll = dataclasses.replace(roll, stopped=torch.tensor([True, False] * 6),  # some "truncated" rows
+                               sample_logprobs=engine_lp)
     ref = now - 0.05 * torch.arange(now.shape[1]).float()
     return TrainBatch(roll, torch.linspace(-1.0, 1.0, 12), old_logprobs=old, ref_logprobs=ref)
 
@@ -130,8 +133,12 @@ def test_micro_batches_give_the_full_batch_gradient_for_every_loss(tiny, off_pol
     from verirl.algo import CLIP_DEFAULTS, PolicyLossParams
 
     low, high = CLIP_DEFAULTS[loss]
+    guard = Correction("token", 2.0, "sequence", 3.0)  # token weights and some rejected responses
     kw = dict(policy_loss=loss, loss=PolicyLossParams(clip_low=low, clip_high=high), loss_agg_mode=mode,
-              loss_scale_factor=20.0, mask_truncated=True)
+              loss_scale_factor=20.0, mask_truncated=True, correction=guard)
+    roll = off_policy.rollout
+    weights, rejected = guard.apply(off_policy.old_logprobs, roll.sample_logprobs, roll.response_mask.float())
+    assert rejected.any() and (weights[~rejected & roll.response_mask.bool()] != 1).any()  # the guard acts
     full, s_full = _grads(tiny, off_policy, 12, **kw)
     assert any(g.abs().max() > 0 for g in full.values())
     for micro in (1, 5):
@@ -242,13 +249,92 @@ def test_overlong_shaping_is_its_own_rule_and_enters_the_reward(tmp_path):
 
 
 def test_entropy_is_split_by_task(tmp_path):
-    run = _run(tmp_path / "r")
+    run = _run(tmp_path / "r", "trainer.dump_rollouts=true")
+    try:
+        m, records = train_step(run, 1)
+        m["_records"] = records
+    finally:
+        run.lock.release()
+    tasks = [k for k in m if k.startswith("actor/entropy/task/")]
+    assert len(tasks) == 2 and all(m[k] > 0 for k in tasks)  # add and mul
+    # token-mean over one mini-batch: actor/entropy is the token-weighted mean of the task splits
+    records = m["_records"]
+    tokens = {t: sum(r["response_length"] for r in records if r["task"] == t) for t in ("add", "mul")}
+    mean = sum(m[f"actor/entropy/task/{t}"] * tokens[t] for t in tokens) / sum(tokens.values())
+    assert mean == pytest.approx(m["actor/entropy"], rel=1e-5)
+
+
+TWO_MINI = ["actor.mini_batch_prompts=2", "actor.lr=5e-3",  # the second mini-batch is well off-policy
+            "algo.filter_groups.enable=true", "algo.filter_groups.max_num_gen_batches=0"]  # and every group has signal
+
+
+@pytest.fixture(scope="module")
+def default_step(tmp_path_factory):
+    """One step of the default settings with two mini-batches (the second off-policy)."""
+    run = _run(tmp_path_factory.mktemp("default") / "r", *TWO_MINI)
+    try:
+        return train_step(run, 1)[0]
+    finally:
+        run.lock.release()
+
+
+@pytest.mark.parametrize("option,key", [
+    (["algo.policy_loss=gspo"], "actor/pg_clipfrac"),  # its own clips, 3e-4 / 4e-4: far more clipping
+    (["algo.policy_loss=dual_clip", "algo.clip_ratio_c=1.01"], None),  # no token of this step has A < 0 and r > c
+    (["algo.policy_loss=cispo", "algo.clip_ratio_max=1.0"], "actor/pg_loss"),
+    (["algo.policy_loss=clip_cov", "algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-5"], "actor/grad_norm"),
+    (["algo.policy_loss=kl_cov", "algo.kl_cov_ratio=0.5"], "actor/pg_loss"),
+    (["algo.scale_rewards=batch"], "adv/max"),
+    (["algo.adv_estimator=reinforce_plus_plus_baseline"], "adv/min"),
+    (["algo.adv_estimator=rloo"], "adv/max"),
+    (["algo.top_entropy_quantile=0.2"], "actor/pg_loss"),
+    (["algo.rollout_correction.rollout_is=token", "algo.rollout_correction.rollout_is_threshold=0.5"], "actor/pg_loss"),
+    (["algo.loss_agg_mode=seq-mean-token-sum-norm", "algo.loss_scale_factor=7"], "actor/pg_loss"),
+    (["algo.mask_truncated=true"], None),  # no response of this step is cut (the actor tests cover the effect)
+])
+def test_each_option_reaches_the_step(tmp_path, default_step, option, key):
+    """Every option, set in the config, changes what the step computes (the same seed and data as
+    the default step, so anything that differs is the option's doing)."""
+    run = _run(tmp_path / "r", *TWO_MINI, *option)
     try:
         m, _ = train_step(run, 1)
     finally:
         run.lock.release()
-    tasks = [k for k in m if k.startswith("actor/entropy/task/")]
-    assert tasks and all(m[k] > 0 for k in tasks)
+    assert torch.isfinite(torch.tensor(m["actor/grad_norm"]))
+    assert m["reward/mean"] == default_step["reward/mean"]  # the same rollouts: only what the option does differs
+    if key is not None:
+        assert m[key] != pytest.approx(default_step[key], rel=1e-6, abs=1e-9), (option, key, m[key])
+    if option[0].startswith("algo.policy_loss="):
+        assert run.step.update.policy_loss == option[0].split("=")[1]
+    if option == ["algo.policy_loss=gspo"]:
+        assert (run.step.update.loss.clip_low, run.step.update.loss.clip_high) == (3e-4, 4e-4)
+    if option == ["algo.mask_truncated=true"]:
+        assert run.step.update.mask_truncated
+    if "algo.clip_ratio_c=1.01" in option:
+        assert run.step.update.loss.clip_ratio_c == 1.01
+
+
+def test_normalize_then_sum_logs_the_plain_reward(tmp_path):
+    """normalize_then_sum changes what the advantages are computed from, not the logged reward."""
+    from verirl.algo import normalize_then_sum
+
+    run = _run(tmp_path / "r", "reward.aggregate=normalize_then_sum", "algo.scale_rewards=none",
+               "trainer.dump_rollouts=true")
+    try:
+        m, records = train_step(run, 1)
+    finally:
+        run.lock.release()
+    weights = {"acc": 1.0, "exact": 1.0, "format": 0.1}
+    for r in records:
+        assert r["reward"] == pytest.approx(sum(w * (r["scores"][k] or 0.0) for k, w in weights.items()))
+    assert m["reward/mean"] == pytest.approx(sum(r["reward"] for r in records) / len(records))
+    # the advantages come from the normalised sum (scale none: only its group mean is taken off)
+    per_rule = {k: torch.tensor([float("nan") if r["scores"][k] is None else r["scores"][k] for r in records],
+                                dtype=torch.float64) for k in weights}
+    summed = normalize_then_sum(per_rule, weights, 4).view(-1, 4)
+    adv = summed - summed.mean(1, keepdim=True)
+    assert m["adv/max"] == pytest.approx(float(adv.max()), abs=1e-6)
+    assert m["adv/min"] == pytest.approx(float(adv.min()), abs=1e-6)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -259,6 +345,9 @@ def test_entropy_is_split_by_task(tmp_path):
     (["algo.top_entropy_quantile=0"], "top_entropy_quantile"),
     (["algo.norm_adv_by_std=true", "algo.scale_rewards=none"], "norm_adv_by_std"),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=20"], "overlong_buffer.len"),
+    (["algo.policy_loss=dual_clip", "algo.clip_ratio_c=1"], "clip_ratio_c"),
+    (["algo.rollout_correction.rollout_rs_threshold=0"], "rollout_rs_threshold"),
+    (["algo.filter_groups.enable=true", "rollout.engine=replay", "rollout.replay_path=x.jsonl"], "replay"),
 ])
 def test_bad_algorithm_options_are_one_paragraph_errors(tmp_path, capsys, bad, match):
     assert main(["train", "--config", "tiny", f"trainer.run_dir={tmp_path}", *SMALL, *bad]) == 2

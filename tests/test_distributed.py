@@ -67,6 +67,28 @@ def test_two_ranks_take_the_one_rank_update(tmp_path, strategy):
 
 
 @pytest.mark.slow
+def test_filtered_steps_with_batch_scaling_on_two_ranks_take_the_one_rank_update(tmp_path):
+    """Dynamic sampling exchanges the chosen groups between the ranks, and batch-scaled advantages
+    see every rank's rewards: two ranks still take one rank's steps."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["train", "trainer.total_steps=3", *BASE, "actor.mini_batch_prompts=2", "algo.filter_groups.enable=true",
+            "algo.filter_groups.max_num_gen_batches=2", "algo.scale_rewards=batch", "rollout.max_new_tokens=24"]
+    assert main(args + [f"trainer.run_dir={one}"]) == 0
+    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", "actor.strategy=ddp"]) == 0
+    rows_one, rows_two = _rows(one), _rows(two)
+    assert any(r["filter/gen_batches"] > 1 for r in rows_one)  # groups were regenerated
+    # the case this test is about: no step short of one group per rank (there the layouts differ by design)
+    assert all(r["filter/informative_groups"] >= 2 for r in rows_one), rows_one
+    assert _rows(one, "rollouts.jsonl") == _rows(two, "rollouts.jsonl")
+    for a, b in zip(rows_one, rows_two):
+        for key in ("filter/gen_batches", "filter/kept_groups", "filter/shortfall", "reward/mean", "adv/max",
+                    "adv/min"):
+            assert _close(a[key], b[key], 1e-6), (key, a[key], b[key])
+        assert _close(a["actor/grad_norm"], b["actor/grad_norm"], 1e-4)
+    _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy,first,then", [("ddp", 2, 1), ("fsdp2", 2, 1), ("fsdp2", 1, 2)])
 def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, strategy, first, then):
     whole, split = tmp_path / "whole", tmp_path / "split"

@@ -52,6 +52,9 @@ def test_three_grpo_steps_match_the_trainers_logprobs(one_rank):
         assert r["rollout/logprob_diff/max"] < 1e-3, r
         assert r["rollout/logprob_diff/mean"] < 1e-4, r
         assert r["timing/sync_weights"] >= 0
+        # the mismatch guard reads the same pair: vLLM's log-probs agree, so nothing is masked
+        assert r["mismatch/kl"] < 1e-6 and r["mismatch/masked_frac"] == 0.0, r
+        assert abs(r["mismatch/ratio_p50"] - 1) < 1e-3, r
 
 
 @pytest.mark.parametrize("strategy,tp", [("ddp", 1), ("fsdp2", 1), ("fsdp2", 2)])

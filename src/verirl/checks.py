@@ -110,6 +110,9 @@ def check_algorithms(cfg: Config) -> None:
         if value not in known:
             raise ConfigError(f"{key}={value!r} is not a known name; known: "
                               f"{', '.join('null' if k is None else k for k in known)}.")
+    if algo.filter_groups.enable and cfg.rollout.engine == "replay":
+        raise ConfigError("algo.filter_groups.enable=true with rollout.engine=replay: a dump holds one generation "
+                          "batch per step, so there are no further responses to draw. Turn one of them off.")
     metric, rules = algo.filter_groups.metric, [os.path.basename(v).split(":")[-1] for v in cfg.reward.verifiers]
     if algo.filter_groups.enable and metric != "reward" and metric not in rules:
         raise ConfigError(f"algo.filter_groups.metric={metric!r} is neither reward (the weighted total) nor one of "

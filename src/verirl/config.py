@@ -600,7 +600,17 @@ def _check_algorithms(cfg: Config) -> None:
     if rc.rollout_rs_threshold_lower and rc.rollout_rs_threshold_lower >= rc.rollout_rs_threshold:
         raise ConfigError(f"algo.rollout_correction.rollout_rs_threshold_lower={rc.rollout_rs_threshold_lower} is "
                           f"not below rollout_rs_threshold={rc.rollout_rs_threshold}: nothing could pass.")
+    if algo.policy_loss == "dual_clip" and algo.clip_ratio_c <= 1:
+        raise ConfigError(f"algo.clip_ratio_c={algo.clip_ratio_c} must be above 1 for algo.policy_loss=dual_clip: the "
+                          f"loss of a negative advantage is capped at -A * clip_ratio_c (3 is usual).")
+    for mode, key in ((rc.rollout_is, "rollout_is_threshold"), (rc.rollout_rs, "rollout_rs_threshold")):
+        if mode is not None and getattr(rc, key) <= 0:
+            raise ConfigError(f"algo.rollout_correction.{key}={getattr(rc, key)} must be > 0 while its mode is "
+                              f"{mode}; set the mode to null to turn it off.")
     ob, longest = cfg.reward.overlong_buffer, cfg.rollout.max_new_tokens
+    if ob.enable and ob.len == 0 and longest < 5:
+        raise ConfigError(f"reward.overlong_buffer.len=0 means a fifth of rollout.max_new_tokens={longest}: 0 tokens. "
+                          f"Give reward.overlong_buffer.len explicitly.")
     if ob.enable and ob.len >= longest:
         raise ConfigError(f"reward.overlong_buffer.len={ob.len} must be below rollout.max_new_tokens={longest}: "
                           f"the penalty starts at max_new_tokens - len tokens.")

@@ -25,9 +25,9 @@ class Rollout:
     response_ids: torch.Tensor  # (N, R) right-padded with pad id
     response_mask: torch.Tensor  # (N, R) 1 up to AND including the first stop token (by position, never by id)
     stopped: torch.Tensor  # (N,) bool: ended on a stop token (False: cut at max_new_tokens)
-    # (N, R) float32: each sampled token's log-prob under the distribution it was sampled from (after
-    # temperature, before top-k / top-p), as the engine computed it (native, vllm); None for engines that do
-    # not return them (hf, replay, and greedy decoding)
+    # (N, R) float32: each sampled token's log-prob as the engine computed it, after temperature (native:
+    # before top-k / top-p; vllm: after, renormalised over the kept tokens); None for engines that do not
+    # return them (hf, replay, and greedy decoding)
     sample_logprobs: Optional[torch.Tensor] = None
 
     @property

@@ -53,8 +53,12 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
 
 def dist_backend(device: torch.device) -> str:
-    """The collective backend for ``device``: gloo (CPU), nccl (CUDA), hccl (Ascend NPU)."""
-    return BACKENDS[device.type]
+    """The collective backend for ``device``: gloo (CPU); on an accelerator its own (nccl on CUDA, hccl
+    on Ascend NPU) for device tensors, and gloo beside it for the host tensors of the step's few
+    scalar reductions and gathers (NCCL and HCCL refuse CPU tensors)."""
+    if device.type == "cpu":
+        return "gloo"
+    return f"cpu:gloo,{device.type}:{BACKENDS[device.type]}"
 
 
 def peak_memory(device: torch.device) -> tuple[str, float]:

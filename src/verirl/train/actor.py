@@ -80,7 +80,8 @@ class UpdateParams:
     top_entropy_quantile: float = 1.0  # the policy loss only on this top share of tokens by entropy (1 = all)
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (None: the batch's width)
-    mask_truncated: bool = False  # responses without a stop token get no loss (nor a place in the token count)
+    mask_truncated: bool = False  # responses without a stop token get no loss and leave the token count (not the
+    # sequence count, as TRL)
     correction: Optional[Correction] = None  # the mismatch guard; None (or no sampled log-probs): off
     grad_clip: float = 1.0
     offload_optimizer: bool = False  # the optimizer state waits on the host between updates (actor.offload)

@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from verirl.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
+from verirl.errors import DataError
 from verirl.evaluate import decode_responses
 from verirl.metrics import Timer, advantage_metrics, length_metrics, throughput
 from verirl.rewards import RewardResult
@@ -51,8 +52,8 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             with timer("ref"):
                 ref_logprobs = compute_logprobs(run.ref, rollout, how.ref_pass, layouts, dist)
         with timer("reward"):  # what is left of the scoring once the passes are done
-            rewards = got.rewards()
-            scores = torch.tensor(rewards.totals, dtype=torch.float32)
+            rewards, trained_on = got.rewards()
+            scores = torch.tensor(trained_on, dtype=torch.float32)
             advantages = global_advantages(how, dist, scores, rollout.response_lengths.cpu())
             advantages = advantages.to(rollout.response_ids.device)
         batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
@@ -83,7 +84,7 @@ class Sampled:
     prompts: list[Prompt]  # this rank's, one per group
     rollout: Rollout
     texts: list[str]
-    rewards: Callable[[], RewardResult]  # the shaped rewards (waits for the scoring workers)
+    rewards: Callable[[], tuple[RewardResult, list[float]]]  # `shape_rewards`' (waits for the scoring workers)
     stats: dict[str, float]  # filter/* of a filtered step
 
 
@@ -128,15 +129,16 @@ def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
     informative: list[tuple[int, int]] = []  # every rank's informative groups, in order
     generated: list[tuple[int, int]] = []
     errors, b = 0, 0
+    epoch = -(-len(run.train) // how.prompts_per_step)  # generation batches that take every prompt once
     while True:
         batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]
         prompts = [batch_prompts[i] for i in mine]
         rollout, texts = generate(run, prompts, mine, how.sampling_at(step, b), timer)
         with timer("reward"):
             fields = [reward_fields(p) for p in prompts for _ in range(n)]
-            rewards = shape_rewards(how.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
+            rewards, trained_on = shape_rewards(how.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
         errors += rewards.errors
-        metric = rewards.totals if f.metric == "reward" else [0.0 if v is None else v for v in rewards.per_rule[f.metric]]
+        metric = trained_on if f.metric == "reward" else [0.0 if v is None else v for v in rewards.per_rule[f.metric]]
         good = informative_groups(torch.tensor(metric, dtype=torch.float64), n).tolist()
         for part in dist.gather([(pos, bool(g)) for pos, g in zip(mine, good)]):
             generated += [(b, pos) for pos, _ in part]
@@ -144,11 +146,17 @@ def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
         for j, pos in enumerate(mine):
             rows = list(range(j * n, (j + 1) * n))
             held[(b, pos)] = {"prompt": prompts[j], "rollout": take_rows(rollout, rows), "texts": texts[j * n:(j + 1) * n],
-                              "totals": rewards.totals[j * n:(j + 1) * n],
+                              "totals": rewards.totals[j * n:(j + 1) * n], "trained_on": trained_on[j * n:(j + 1) * n],
                               "per_rule": {k: v[j * n:(j + 1) * n] for k, v in rewards.per_rule.items()}}
         b += 1
         if len(informative) >= how.prompts_per_step or (f.max_gen_batches and b >= f.max_gen_batches):
             break
+        if not informative and b >= epoch:  # no limit, and a whole pass over the data found no signal
+            raise DataError(f"algo.filter_groups: {b} generation batches ({b * how.prompts_per_step} prompts, every "
+                            f"training prompt at least once) found no group whose {f.metric} differs between its "
+                            f"rollout.n={n} samples, so every group would have zero advantage. Check the metric "
+                            f"(algo.filter_groups.metric) and the rules, or set algo.filter_groups.max_num_gen_batches "
+                            f"to train on what there is.")
     informative.sort()
     groups = how.trainable(len(informative), dist.world)
     chosen = (informative + sorted(set(generated) - set(informative)))[:groups]
@@ -158,44 +166,57 @@ def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
     for part in dist.gather({key: held[key] for key in chosen if key in held}):
         pool.update(part)
     parts = [pool[key] for key in wanted]
-    device = rollout.response_ids.device
-    joined = concat_rollouts([p["rollout"] for p in parts], run.pad_id)
-    joined = Rollout(*(t.to(device) if t is not None else None for t in (
-        joined.prompt_ids, joined.prompt_mask, joined.response_ids, joined.response_mask, joined.stopped,
-        joined.sample_logprobs)))
+    joined = restore(concat_rollouts([p["rollout"] for p in parts], run.pad_id), rollout)
     result = RewardResult([x for p in parts for x in p["totals"]],
                           {k: [x for p in parts for x in p["per_rule"][k]] for k in parts[0]["per_rule"]},
-                          errors)
+                          errors)  # reward/errors: every generation batch's, kept or not
+    trained_on = [x for p in parts for x in p["trained_on"]]
     stats = {"filter/gen_batches": float(b), "filter/informative_groups": float(len(informative)),
              "filter/kept_groups": float(groups), "filter/shortfall": float(how.prompts_per_step - groups)}
     return Sampled(step_how, [p["prompt"] for p in parts], joined, [t for p in parts for t in p["texts"]],
-                   lambda: result, stats)
+                   lambda: (result, trained_on), stats)
 
 
 def take_rows(r: Rollout, rows: list[int]) -> Rollout:
-    """Rows ``rows`` of a rollout, on the host (to be exchanged between ranks)."""
+    """Rows ``rows`` of a rollout, on the host and compact (int32 ids, bool masks: to be exchanged
+    between ranks), trimmed of all-pad columns; `restore` makes it a training rollout again."""
     idx = torch.as_tensor(rows, dtype=torch.long, device=r.response_ids.device)
-    return Rollout(r.prompt_ids[idx].cpu(), r.prompt_mask[idx].cpu(), r.response_ids[idx].cpu(),
-                   r.response_mask[idx].cpu(), r.stopped[idx].cpu(),
-                   None if r.sample_logprobs is None else r.sample_logprobs[idx].cpu())
+    pm, rm = r.prompt_mask[idx], r.response_mask[idx]
+    p, w = int(pm.sum(-1).max()), max(int(rm.sum(-1).max()), 1)
+    return Rollout(r.prompt_ids[idx][:, -p:].int().cpu(), pm[:, -p:].bool().cpu(), r.response_ids[idx][:, :w].int().cpu(),
+                   rm[:, :w].bool().cpu(), r.stopped[idx].cpu(),
+                   None if r.sample_logprobs is None else r.sample_logprobs[idx][:, :w].cpu())
+
+
+def restore(r: Rollout, like: Rollout) -> Rollout:
+    """A rollout made of `take_rows` pieces, with ``like``'s dtypes on ``like``'s device."""
+    device = like.response_ids.device
+    return Rollout(r.prompt_ids.to(device, like.prompt_ids.dtype), r.prompt_mask.to(device, like.prompt_mask.dtype),
+                   r.response_ids.to(device, like.response_ids.dtype),
+                   r.response_mask.to(device, like.response_mask.dtype), r.stopped.to(device),
+                   None if r.sample_logprobs is None else r.sample_logprobs.to(device, torch.float32))
 
 
 def shape_rewards(shaping: RewardShaping, raw: RewardResult, rollout: Rollout, group_size: int,
-                  weights: dict[str, float]) -> RewardResult:
-    """Each response's reward from its rules' scores: their weighted sum (or, with normalize_then_sum,
-    the weighted sum of each rule's scores normalised within the group: GDPO), plus DAPO's overlong
-    penalty, which is logged as the rule ``overlong``."""
-    totals, per_rule = raw.totals, dict(raw.per_rule)
+                  weights: dict[str, float]) -> tuple[RewardResult, list[float]]:
+    """(the rewards to log and dump, the rewards the advantages are computed from). Both add DAPO's
+    overlong penalty, logged as the rule ``overlong``, to the weighted sum of the rules. With
+    ``normalize_then_sum`` (GDPO) the second is instead the weighted sum of each rule's scores
+    normalised within the group (plus the penalty): that sum is 0 on average in every group, so the
+    logs keep the plain weighted sum, which says how well the policy does."""
+    totals, per_rule = list(raw.totals), dict(raw.per_rule)
+    trained_on = None  # None: the same as totals
     if shaping.aggregate == "normalize_then_sum":
         scores = {k: torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
                   for k, v in per_rule.items()}
-        totals = normalize_then_sum(scores, weights, group_size).tolist()
+        trained_on = normalize_then_sum(scores, weights, group_size).tolist()
     if shaping.overlong is not None:
         max_len, buffer, factor = shaping.overlong
         penalty = overlong_penalty(rollout.response_lengths.cpu(), max_len, buffer, factor).tolist()
         per_rule["overlong"] = penalty
         totals = [t + p for t, p in zip(totals, penalty)]
-    return RewardResult(list(totals), per_rule, raw.errors)
+        trained_on = None if trained_on is None else [t + p for t, p in zip(trained_on, penalty)]
+    return RewardResult(totals, per_rule, raw.errors), list(totals if trained_on is None else trained_on)
 
 
 def global_advantages(how: StepSettings, dist: Dist, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -259,7 +280,7 @@ def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float
             "rollout/logprob_diff/max": dist.all_max([float(diff.max()) if diff.numel() else 0.0])[0]}
 
 
-QUANTILE_SAMPLE = 65536  # ratios per rank behind mismatch/ratio_p*: an evenly spaced sample of its sorted ones
+QUANTILE_SAMPLE = 65536  # ratios behind mismatch/ratio_p*: an evenly spaced sample of each rank's sorted ones
 
 
 def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correction], dist: Dist) -> dict[str, float]:
@@ -267,8 +288,8 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
     ``rollout/logprob_diff/*``: ``mismatch/kl`` (k3 estimate of KL(rollout engine || trainer) per
     token), ``mismatch/ratio_p05 / p50 / p95`` (the token ratio trainer / engine probability) and
     ``mismatch/masked_frac`` (the tokens the guard's rejection zeroes). None for engines without
-    log-probs. The quantiles are exact up to 65536 response tokens per rank, else over an evenly
-    spaced sample of each rank's sorted ratios."""
+    log-probs. The quantiles are exact up to 65536 response tokens in all (at least 256 per rank),
+    else over an evenly spaced sample of each rank's sorted ratios."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
     width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.response_mask.shape[1])
@@ -280,8 +301,9 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
         rejected = correction.apply(trainer, engine, mask)[1].float() * mask
     kl_sum, tokens, masked = dist.all_sum([float(kl.sum()), float(mask.sum()), float(rejected.sum())])
     ratios = torch.exp((trainer - engine).clamp(-20, 20))[mask.bool()].sort().values
-    if ratios.numel() > QUANTILE_SAMPLE:
-        ratios = ratios[torch.linspace(0, ratios.numel() - 1, QUANTILE_SAMPLE).round().long()]
+    keep = max(QUANTILE_SAMPLE // dist.world, 256)
+    if ratios.numel() > keep:
+        ratios = ratios[torch.linspace(0, ratios.numel() - 1, keep).round().long()]
     every = torch.tensor([x for part in dist.gather(ratios.cpu().tolist()) for x in part], dtype=torch.float64)
     out = {"mismatch/kl": kl_sum / max(tokens, 1.0), "mismatch/masked_frac": masked / max(tokens, 1.0)}
     if every.numel():

@@ -422,8 +422,10 @@ def _step_line(m: dict) -> str:
     rules = "  ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items()
                       if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2)
     kl = f"  kl {m['actor/kl']:.4f}" if "actor/kl" in m else ""
+    kept = f"  groups {m['filter/kept_groups']:.0f}/{m['filter/gen_batches']:.0f}b" if "filter/kept_groups" in m else ""
+    masked = f"  masked {m['mismatch/masked_frac']:.1%}" if m.get("mismatch/masked_frac") else ""
     return (f"step {m['step']:>5}  reward {m['reward/mean']:+.3f}  {rules}  len {m['response_length/mean']:.1f}"
-            f"{kl}  ent {m['actor/entropy']:.3f}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
+            f"{kl}  ent {m['actor/entropy']:.3f}{kept}{masked}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
 
 
 def _print_summary(console, s: dict, n_val: int, n_samples: int) -> None:
