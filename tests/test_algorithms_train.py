@@ -354,3 +354,34 @@ def test_bad_algorithm_options_are_one_paragraph_errors(tmp_path, capsys, bad, m
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 50, 1.0), (1.0, 0, 0.9)])
+def test_sampled_tokens_come_with_their_logprobs(temperature, top_k, top_p):
+    """The native engine's log-probs: the same tokens as plain sampling, and log softmax(logits / T) of
+    each, before truncation (what the trainer computes), from the sampling's own weights and total."""
+    from verirl.rollout.sampling import sample_and_score, sample_next
+
+    g = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(16, 151936, generator=g)  # Qwen2.5's vocabulary
+    u = torch.rand(16, generator=g, dtype=torch.float64)
+    tokens, logp = sample_and_score(logits, temperature, top_k, top_p, uniforms=u)
+    assert torch.equal(tokens, sample_next(logits, temperature, top_k, top_p, uniforms=u))
+    want = torch.log_softmax(logits.double() / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert (logp.double() - want).abs().max() < 2e-5
+
+
+def test_an_engine_without_logprobs_turns_the_guard_off_and_says_so_once(tmp_path, capsys):
+    import verirl.train.build as build
+
+    build._told_no_logprobs = False
+    runs = [_run(tmp_path / f"r{i}", "rollout.engine=hf") for i in range(2)]
+    try:
+        assert all(r.step.update.correction is None for r in runs)
+        m, _ = train_step(runs[0], 1)
+    finally:
+        for r in runs:
+            r.lock.release()
+    err = capsys.readouterr().err
+    assert err.count("mismatch guard is off") == 1 and "rollout.engine=hf" in err
+    assert not any(k.startswith("mismatch/") for k in m)

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
-from verirl.rollout.sampling import keyed_uniforms, sample_next
+from verirl.rollout.sampling import keyed_uniforms, sample_and_score, sample_next
 from verirl.types import Rollout
 
 
@@ -161,11 +161,13 @@ class NativeEngine:
             P = ids.shape[1]
             for t in range(R):
                 u = None if keyed is None else keyed.at(active, t)
-                tok = sample_next(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
+                if logps is None:
+                    tok = sample_next(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
+                else:  # the sampled tokens' log-probs come with the sampling, at next to no cost
+                    tok, lp = sample_and_score(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
+                    logps[active, t] = torch.where(running, lp, 0.0)
                 tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
                 tokens[active, t] = tok
-                if logps is not None:
-                    logps[active, t] = torch.where(running, token_logprobs(logits, tok, params.temperature), 0.0)
                 running &= ~torch.isin(tok, stops)
                 if t == R - 1:
                     break
@@ -185,12 +187,3 @@ class NativeEngine:
             rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
         return rollout
 
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits (B, V), tokens (B,) -> (B,) float32 log p(token) under softmax(logits / temperature): the
-    distribution the token was drawn from before top-k / top-p, the one the trainer's log-prob pass
-    computes (the train/inference mismatch guard compares the two)."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    return z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)

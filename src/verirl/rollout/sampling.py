@@ -111,6 +111,24 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p:
     return inverse_cdf(weights, uniforms.to(weights.device, torch.float64))
 
 
+def sample_and_score(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                     uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next` with ``temperature > 0``, and each sampled token's log-prob under
+    softmax(logits / temperature) (before top-k / top-p: the distribution the trainer's log-prob pass
+    computes), (B,) float32. Without top-k / top-p it costs next to nothing: log w[token] - log(sum w)
+    from the weights and the total the sampling computed anyway (a separate log-softmax over a 151k
+    vocabulary costs about as much as the sampling itself). With them, the full log-softmax."""
+    weights = sampling_weights(logits, temperature, top_k, top_p)  # exp(z - max z), z = logits / T
+    if uniforms is None:
+        uniforms = torch.rand(logits.shape[0], device=logits.device)
+    tokens, total = inverse_cdf_total(weights, uniforms.to(weights.device, torch.float64))
+    if top_k or top_p < 1.0:
+        z = logits.float() / temperature if temperature != 1.0 else logits.float()
+        return tokens, z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    picked = weights.gather(-1, tokens[:, None]).double()  # exp(z_token - max z) >= 2^-53 of the total
+    return tokens, (picked.log() - total.log()).squeeze(-1).float()
+
+
 def sampling_weights(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """logits (B, V) -> (B, V) float32 unnormalised probabilities after temperature, top-k and top-p
     (0 outside the kept set; the row's largest is 1)."""
@@ -134,7 +152,14 @@ _BLOCK = 1024  # vocabulary entries per block of `inverse_cdf`
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """weights (B, V) >= 0, each row with a positive entry; u (B,) float64 in [0, 1) -> (B,) the
-    token at fraction u of the row's cumulative weight.
+    token at fraction u of the row's cumulative weight (`inverse_cdf_total` without the total).
+    """
+    return inverse_cdf_total(weights, u)[0]
+
+
+def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (B,), total (B, 1) float64: each row's summed weight): `inverse_cdf`, and the normaliser
+    it computed on the way, which `sample_and_score` turns into the sampled tokens' log-probs.
 
     Two levels, so that a 53-bit uniform means something: the float32 sums of blocks of `_BLOCK`
     weights, accumulated in float64, pick the block; a float64 running sum of that one block picks
@@ -164,4 +189,4 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     last = torch.where(w > 0, torch.arange(_BLOCK, device=w.device), -1).amax(-1, keepdim=True)
     # a row with no finite positive weight (NaN logits) still gets a valid token id: its step is then
     # caught as non-finite by the update, not by an index error in the next forward
-    return (blk * _BLOCK + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1)
+    return (blk * _BLOCK + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1), total
