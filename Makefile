@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 # The embedded default (`verirl train` alone runs the tiny recipe); each `make run` gets its own
-# directory: runs/tiny_grpo/YYYYmmdd-HHMMSS/
+# directory: runs/tiny_grpo/YYYYmmdd-HHMMSS/, and ends with its report (figures and a page,
+# RUN_DIR/report/index.html, whose path is printed last; docs/report.md). One recipe line, so that
+# the directory, computed once, is the same for both commands.
 run: $(STAMP)
-	$(BIN)/verirl train trainer.run_dir=runs/tiny_grpo/$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	d=runs/tiny_grpo/$$(date +%Y%m%d-%H%M%S); $(BIN)/verirl train trainer.run_dir=$$d $(ARGS) && $(BIN)/verirl report $$d
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -1,5 +1,5 @@
 """`verirl train | plan | sft | preprocess | export | eval | doctor | convert-config | compare-runs |
-compare-activations`.
+compare-activations | report`.
 
 Errors a user can fix (`verirl.errors.UserError`: config, files, data, checkpoints, batch
 shapes) print one paragraph and exit 2; set VERIRL_DEBUG=1 to see the traceback too. Any
@@ -28,6 +28,7 @@ EPILOG = """examples:
   verirl doctor path/to/model                               # EOS / pad / BOS ids, chat template, numerics
   verirl convert-config --from verl examples/verl_ppo_trainer_grpo.yaml -o grpo.yaml   # veRL / MindSpeed-RL -> verirl
   verirl compare-runs runs/a runs/b --png cmp.png           # two runs' curves against a tolerance (docs/alignment.md)
+  verirl report runs/tiny_grpo/20261129-120000               # figures + an HTML page, RUN_DIR/report/index.html (docs/report.md)
 
 A run checkpoints every trainer.save_freq steps into RUN_DIR/checkpoints and continues from
 the newest one when started again with the same trainer.run_dir (trainer.resume=auto).
@@ -56,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="check the config and print the layout per rank and a memory estimate, as "
                                 "`verirl plan`; loads no weights, starts nothing")
             s.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
+            s.add_argument("--quiet", "-q", action="store_true",
+                           help="no per-step output (log.progress=off); messages and the final table remain")
     pl = sub.add_parser("plan", help="check a training config and print its layout per rank and a memory estimate "
                                      "(no weights loaded)", epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +150,8 @@ def _run(args) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
-        cfg = load_config(args.config or ("tiny" if args.command == "train" else None), args.overrides, schema)
+        overrides = list(args.overrides) + (["log.progress=off"] if getattr(args, "quiet", False) else [])
+        cfg = load_config(args.config or ("tiny" if args.command == "train" else None), overrides, schema)
         if args.command == "train":
             from verirl.train.trainer import TrainingInterrupted, train
             try:

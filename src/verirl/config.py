@@ -224,6 +224,9 @@ class TrainerConfig:
     ray_address: str = "auto"  # the Ray cluster to join (auto: the running one, else a local one started for the run)
     dist_timeout_s: int = 600  # a rank that raises or dies ends every rank within this many seconds
     dump_activations: ActivationDumpConfig = field(default_factory=ActivationDumpConfig)
+    stall_timeout_s: float = 1800.0  # a phase running longer than this dumps every thread's stack to RUN_DIR/stall_<step>.txt
+    on_stall: str = "warn"  # warn (say where it is stuck and keep waiting) / abort (end the run)
+    peak_flops: float = 0.0  # the device's peak FLOP/s behind perf/mfu; 0 = measured once per device type (cached)
 
 
 @dataclass
@@ -242,8 +245,13 @@ class EvalConfig:
 
 @dataclass
 class LogConfig:
-    progress: bool = True  # rich progress bar
+    progress: str = "auto"  # auto (rich on a terminal, plain otherwise) / rich / plain (one line a step) / off
     console_every: int = 10  # print a metrics line every N steps (0 = never)
+    # where step metrics go besides metrics.jsonl (always written): console, jsonl, tensorboard (RUN_DIR/tensorboard),
+    # wandb (offline unless WANDB_MODE says otherwise), mlflow (RUN_DIR/mlruns unless MLFLOW_TRACKING_URI), swanlab
+    backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    project: str = "verirl"  # the trackers' project / experiment name
+    run_name: str = ""  # the trackers' run name; "" = the run directory's name
 
 
 @dataclass
@@ -510,6 +518,14 @@ def validate(cfg: Config) -> None:
     paths are checked by `verirl.checks`, which knows the registries and the file system."""
     _finite(cfg)
     data, rollout, algo, actor, trainer = cfg.data, cfg.rollout, cfg.algo, cfg.actor, cfg.trainer
+    progress = {"true": "auto", "false": "off"}.get(str(cfg.log.progress).lower(), str(cfg.log.progress).lower())
+    if progress not in ("auto", "rich", "plain", "off"):
+        raise ConfigError(f"log.progress={cfg.log.progress!r} is not one of auto (rich on a terminal, plain otherwise), "
+                          f"rich, plain (one line per step, no escape codes), off.")
+    cfg.log.progress = progress
+    if trainer.on_stall not in ("warn", "abort"):
+        raise ConfigError(f"trainer.on_stall={trainer.on_stall!r} is not warn (say where the run is stuck and keep "
+                          f"waiting) or abort (end the run).")
     try:
         re.compile(trainer.dump_activations.modules)
     except re.error as e:
@@ -524,7 +540,8 @@ def validate(cfg: Config) -> None:
                      ("reward.timeout", cfg.reward.timeout), ("reward.max_abs_score", cfg.reward.max_abs_score),
                      ("trainer.max_nonfinite_steps", trainer.max_nonfinite_steps),
                      ("trainer.nproc_per_node", trainer.nproc_per_node), ("trainer.nnodes", trainer.nnodes),
-                     ("trainer.dist_timeout_s", trainer.dist_timeout_s)]:
+                     ("trainer.dist_timeout_s", trainer.dist_timeout_s),
+                     ("trainer.stall_timeout_s", trainer.stall_timeout_s)]:
         _positive(key, val)
     for key, val in [("rollout.temperature", rollout.temperature), ("algo.kl_coef", algo.kl_coef),
                      ("trainer.save_freq", trainer.save_freq), ("actor.warmup_steps", actor.warmup_steps),
@@ -545,6 +562,7 @@ def validate(cfg: Config) -> None:
                       algo.rollout_correction.rollout_rs_threshold_lower),
                      ("reward.overlong_buffer.len", cfg.reward.overlong_buffer.len),
                      ("reward.overlong_buffer.penalty_factor", cfg.reward.overlong_buffer.penalty_factor),
+                     ("trainer.peak_flops", trainer.peak_flops),
                      *[(f"algo.{k}", v) for k, v in (("clip_ratio_low", algo.clip_ratio_low),
                                                      ("clip_ratio_high", algo.clip_ratio_high)) if v is not None]]:
         _positive(key, val, allow_zero=True)

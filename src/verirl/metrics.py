@@ -5,6 +5,7 @@ import json
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -13,18 +14,24 @@ import torch
 
 
 class Timer:
-    """``with timer("rollout"): ...`` accumulates seconds under ``timing/rollout``."""
+    """``with timer("rollout"): ...`` accumulates seconds under ``timing/rollout``. With a ``watchdog``
+    (`verirl.train.watchdog.Watchdog`), each phase is also its heartbeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog=None) -> None:
         self.seconds: dict[str, float] = {}
+        self.watchdog = watchdog
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
+        if self.watchdog is not None:
+            self.watchdog.enter(name)
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            if self.watchdog is not None:
+                self.watchdog.leave()
 
     def metrics(self, names: tuple[str, ...] = ()) -> dict[str, float]:
         out = {f"timing/{k}": 0.0 for k in names}
@@ -50,6 +57,116 @@ def throughput(prompt_len_mean: float, response_len_mean: float, prompts: int, n
                world_size: int, seconds: float) -> float:
     """perf/tps = (mean prompt len + mean response len) * prompts * n / world size / step seconds."""
     return (prompt_len_mean + response_len_mean) * prompts * n / world_size / max(seconds, 1e-9)
+
+
+# ---------------------------------------------------------------- model FLOPs and MFU
+# One formula, used by perf/mfu and by the speed benchmarks' FLOP floor. Per token, a forward costs
+#   2 N + 4 L d k
+# N: every matmul weight (each nn.Linear, the output layer included, the input embedding lookup not),
+# L: decoder layers, d: hidden size, k: the keys the token attends (causal: its position + 1). 2 N is the
+# multiply-adds of the weights; 4 L d k those of q.k and of the weighted sum of v, per layer. Averaged over
+# a causal sequence of T tokens, k is (T + 1) / 2, and 4 L d k is PaLM's 2 L d T (Chowdhery et al. 2022,
+# appendix B, halved for causal masking). A backward costs twice its forward. Recomputation is not counted.
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """The shape numbers of the formula above, for one model."""
+    matmul_params: int  # N
+    layers: int  # L
+    hidden: int  # d
+
+    @staticmethod
+    def of(model) -> "FlopModel":
+        n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        cfg = model.config
+        return FlopModel(int(n), int(cfg.num_hidden_layers), int(cfg.hidden_size))
+
+    def forward(self, tokens: float, keys: float) -> float:
+        """FLOPs of a forward over ``tokens`` tokens that attend ``keys`` keys in all."""
+        return 2.0 * self.matmul_params * tokens + 4.0 * self.layers * self.hidden * keys
+
+
+def prompt_cost(p: int) -> tuple[int, int]:
+    """(tokens, attended keys) of a causal forward over a prompt of p tokens."""
+    return p, p * (p + 1) // 2
+
+
+def response_cost(p: int, r: int) -> tuple[int, int]:
+    """(tokens, keys) of a forward over r response tokens after p prompt tokens (teacher-forced)."""
+    return r, r * p + r * (r + 1) // 2
+
+
+def decode_cost(p: int, r: int) -> tuple[int, int]:
+    """(tokens, keys) of generating r tokens after a prefilled prompt of p: r - 1 one-token forwards
+    (the prefill's logits give the first token; the last token is never fed back), the one at
+    position p + t - 1 attending p + t keys."""
+    steps = max(r - 1, 0)
+    return steps, steps * p + steps * (steps + 1) // 2
+
+
+def step_flops(fm: FlopModel, prompt_lengths: list[int], response_lengths: list[int], group_size: int,
+               logprob_passes: int, update_passes: int, share_prompt: bool) -> dict[str, float]:
+    """Model FLOPs of one step over the given responses (the samples of a prompt contiguous, ``group_size``
+    each): ``rollout`` (each prompt prefilled once, then one token per decoding row-step),
+    ``logprob`` (each no-grad pass: old log-probs, reference; a prompt once per group with
+    ``share_prompt``), ``update`` (forward + backward, 3x a forward, per epoch)."""
+    roll = lp = 0.0
+    for g in range(0, len(response_lengths), group_size):
+        p = int(prompt_lengths[g])
+        roll += fm.forward(*prompt_cost(p))
+        pass_ = fm.forward(*prompt_cost(p)) * (1 if share_prompt else group_size)
+        for r in response_lengths[g:g + group_size]:
+            roll += fm.forward(*decode_cost(p, int(r)))
+            pass_ += fm.forward(*response_cost(p, int(r)))
+        lp += pass_
+    return {"rollout": roll, "logprob": lp * logprob_passes, "update": 3.0 * lp * update_passes}
+
+
+def mfu(flops: float, seconds: float, world_size: int, peak_flops: float) -> float:
+    """perf/mfu: achieved model FLOPs / (seconds x world size x peak FLOP/s of one device)."""
+    return flops / max(seconds * world_size * peak_flops, 1e-30)
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048,
+                       repeats: int = 5) -> float:
+    """The device's matmul rate, FLOP/s: the best of ``repeats`` (size x size) @ (size x size)
+    products in ``dtype`` (one warm-up first). The denominator of perf/mfu when trainer.peak_flops is 0,
+    cached per device, dtype and thread count (`peak_flops`)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - t0) if i else best
+    return 2.0 * size ** 3 / best
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """`measure_peak_flops`, measured once per (device name, dtype, threads) and kept in
+    $VERIRL_CACHE/peak_flops.json."""
+    import platform
+
+    from verirl.cache import cache_root
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type}:{platform.processor() or platform.machine()}"
+    key = f"{name}|{dtype}|threads={torch.get_num_threads()}"
+    path = cache_root() / "peak_flops.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = measure_peak_flops(device, dtype)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(known, indent=1))
+        except OSError:  # a read-only cache: measured again next time
+            pass
+    return float(known[key])
 
 
 def advantage_metrics(adv: torch.Tensor, rewards: torch.Tensor, group_size: int) -> dict[str, float]:

@@ -13,4 +13,5 @@ COMMANDS = {
     "convert-config": "verirl.align.convert",
     "compare-runs": "verirl.align.compare_runs",
     "compare-activations": "verirl.align.activations",
+    "report": "verirl.report",  # a run's figures and HTML page (not an alignment command; the same shape)
 }

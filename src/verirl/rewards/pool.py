@@ -263,6 +263,19 @@ class RewardPool:
             raise RuntimeError(batch.unstartable)
         return batch.results  # type: ignore[return-value]
 
+    def outstanding(self) -> list[str]:
+        """The calls running now, one line each: the rule, how long it has run, the first sample's label
+        and task, and the start of its response (what a stall report names)."""
+        now = time.monotonic()
+        with self._cond:
+            running = [(w.task, w.started) for w in self._live if w.task is not None]
+            queued = len(self._queue)
+        out = [f"rule '{t.rule.name}' running {now - started:.0f}s" if started else f"rule '{t.rule.name}' sent"
+               for t, started in running]
+        out = [f"{line} on {len(t.responses)} response(s), the first with label {t.samples[0].get('label')!r} task "
+               f"{t.samples[0].get('task')!r}: {t.responses[0][:120]!r}" for line, (t, _) in zip(out, running)]
+        return out + ([f"{queued} call(s) queued behind them"] if queued else [])
+
     def worker_pids(self) -> list[int]:
         with self._cond:
             return [w.proc.pid for w in self._live]

@@ -75,8 +75,26 @@ class Scorer:
                 part = idx[c:c + size]
                 calls.append((rule, [responses[i] for i in part], [samples[i] for i in part]))
                 where.append(part)
-        started = self.pool.start(calls) if self.pool else [call_rule(*c, self.max_abs_score) for c in calls]
+        if self.pool:
+            started = self.pool.start(calls)
+        else:
+            started = []
+            for c in calls:
+                self.current = c  # what a stall report names while a rule runs in this process
+                started.append(call_rule(*c, self.max_abs_score))
+            self.current = None
         return PendingRewards(self, responses, samples, calls, where, started)
+
+    def outstanding(self) -> list[str]:
+        """The scoring calls running now, one line each (the hang watchdog's report)."""
+        if self.pool is not None:
+            return self.pool.outstanding()
+        c = getattr(self, "current", None)
+        if c is None:
+            return []
+        rule, responses, samples = c
+        return [f"rule '{rule.name}' (in this process) on {len(responses)} response(s), the first with label "
+                f"{samples[0].get('label')!r} task {samples[0].get('task')!r}: {responses[0][:120]!r}"]
 
     def _finish(self, responses, samples, calls, where, results) -> RewardResult:
         per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}

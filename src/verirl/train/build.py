@@ -23,6 +23,7 @@ from verirl.config import Config, DataConfig, scale_rewards
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, ConfigError, DataError
+from verirl.metrics import FlopModel, peak_flops
 from verirl.models import load_model
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
@@ -78,6 +79,8 @@ class StepSettings:
     activations: Optional[ActivationSettings] = None  # record the update's activations at these steps
     shaping: RewardShaping = RewardShaping()
     filter: Optional[FilterSettings] = None  # None: every generated group is trained on
+    flops: Optional[FlopModel] = None  # the model's shape numbers for perf/mfu (`verirl.metrics`)
+    peak_flops: float = 0.0  # one device's peak FLOP/s (trainer.peak_flops, or measured)
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global
@@ -143,9 +146,12 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class LogSettings:
-    """What the run shows on the console."""
-    progress: bool  # the progress bar
+    """What the run shows on the console, and where else its metrics go."""
+    progress: str  # log.progress: auto / rich / plain / off (`verirl.train.display`)
     console_every: int  # a metrics line every N steps (0 = never)
+    backends: tuple[str, ...] = ("console", "jsonl")  # log.backends (`verirl.trackers`)
+    project: str = "verirl"
+    run_name: str = ""  # "" = the run directory's name
 
 
 @dataclass
@@ -178,6 +184,7 @@ class Run:
     resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
     nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
     nonfinite_in_a_row: int = 0
+    watchdog: Optional[object] = None  # the hang watchdog (`verirl.train.watchdog`), set by the trainer
 
 
 def seed_everything(seed: int) -> None:
@@ -244,7 +251,8 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
                PromptSampler(len(train), cfg.data.seed, order), step_settings(cfg, lm.model, dist.world),
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
-               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every), lock,
+               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
+                           cfg.log.run_name), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
 
 
@@ -322,7 +330,14 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
         advantages=functools.partial(ADVANTAGE_ESTIMATORS[algo.adv_estimator], group_size=rollout.n,
                                      scale=scale_rewards(algo), epsilon=algo.adv_epsilon),
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
-        shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None)
+        shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
+        flops=FlopModel.of(model), peak_flops=cfg.trainer.peak_flops or device_peak_flops(model))
+
+
+def device_peak_flops(model) -> float:
+    """The peak FLOP/s of the device the model is on, at its parameters' dtype (measured once, cached)."""
+    p = next(model.parameters())
+    return peak_flops(p.device, p.dtype if p.dtype.is_floating_point else torch.float32)
 
 
 _told_no_logprobs = False  # the "guard is off" line is printed once per process

@@ -21,7 +21,7 @@ import torch
 from verirl.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
 from verirl.errors import DataError
 from verirl.evaluate import decode_responses
-from verirl.metrics import Timer, advantage_metrics, length_metrics, throughput
+from verirl.metrics import Timer, advantage_metrics, length_metrics, mfu, step_flops, throughput
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.actor import Correction, compute_logprobs, update_policy
@@ -38,7 +38,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     """One GRPO step. Returns (metrics of the global batch, one record per response of the global
     batch when the run dumps rollouts; on every rank)."""
     dist = run.dist
-    timer = Timer()
+    timer = Timer(run.watchdog)
     with timer("all"):
         got = sample_step(run, step, timer)  # rollout (+ regeneration of uninformative groups)
         how, rollout = got.how, got.rollout
@@ -355,8 +355,15 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
     m.update(timer.metrics(PHASES))
     if dist.active:
         m["timing/all_max"] = dist.all_max([m["timing/all"]])[0]
-    m["perf/tps"] = throughput(m["prompt_length/mean"], m["response_length/mean"], how.prompts_per_step,
-                               how.group_size, dist.world, m["timing/all"])
+    for key, phase in (("perf/tps", "all"), ("perf/tps_rollout", "rollout"), ("perf/tps_update", "update")):
+        m[key] = throughput(m["prompt_length/mean"], m["response_length/mean"], how.prompts_per_step,
+                            how.group_size, dist.world, m[f"timing/{phase}"])
+    if how.flops is not None and how.peak_flops > 0:
+        flops = step_flops(how.flops, cat("prompt_lengths"), cat("response_lengths"), how.group_size,
+                           (how.old_pass is not None) + (how.ref_pass is not None), how.update.epochs,
+                           how.update.forward.prompt_once)
+        m["perf/mfu"] = mfu(sum(flops.values()), m["timing/all"], dist.world, how.peak_flops)
+    m["perf/peak_memory_gb"] = m.get("perf/max_memory_allocated_gb", m.get("perf/max_rss_gb", 0.0))
     return m
 
 

@@ -10,12 +10,12 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verirl.checks import check_train
 from verirl.config import Config, to_dict, to_yaml, upgrade_dict
@@ -28,10 +28,12 @@ from verirl.models.device import resolve_device
 from verirl.plan import world_size
 from verirl.train import distributed
 from verirl.train.build import LogSettings, Run, build_run
+from verirl.train.display import Dashboard, plain_console, progress_mode
 from verirl.train.distributed import launched
 from verirl.train.checkpoint import restore_training_state, save_checkpoint
 from verirl.train.step import train_step
 from verirl.train.strategy import full_optimizer_state, full_state_dict, full_weights, nonfinite_parameter
+from verirl.train.watchdog import Watchdog
 
 
 def train(cfg: Config, console: Optional[Console] = None) -> dict:
@@ -43,34 +45,49 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
     check_train(cfg)
     if (world_size(cfg) > 1 or cfg.trainer.launcher == "ray") and not launched():  # start the ranks; each runs this
         return launch(cfg)
-    run = build_run(cfg, distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s))
-    log = RunLog(run.run_dir, run.step.dump_rollouts, console or Console(), run.log, enabled=run.dist.is_main)
+    run, log, watch = open_run(cfg, console or Console())
     try:
         first, summary = start(run, log)
         with _Signals(log.console) as signals, log.progress(run.total_steps, done=first - 1):
             for step in range(first, run.total_steps + 1):
+                watch.step = step
                 metrics, records = train_step(run, step)
                 too_many = count_nonfinite(run, metrics)  # the reason to stop, if too many in a row
                 if run.eval.due(step, run.total_steps) and not too_many:
-                    metrics.update(evaluate_run(run))
+                    with watch.phase("evaluation"):
+                        metrics.update(evaluate_run(run))
                     log.print(f"step {step} held-out: {_val_line(metrics)}")
                 log.write(metrics, records)
                 if too_many:
                     raise NonFiniteTraining(too_many)
                 signum = _signalled(run, signals)  # every rank stops after the same step
                 if signum or _checkpoint_due(run, step):
-                    path = save(run, step, log, summary)
+                    with watch.phase("checkpoint"):
+                        path = save(run, step, log, summary)
                     if signum:
                         raise TrainingInterrupted(signum, step, path)
         return finish(run, log, summary, started)
     except OSError as e:  # a full disk or a read-only run directory while writing logs or the final model
         _raise_write_failure(run, e)
     finally:
+        watch.stop()
         log.close()
         run.scorer.close()
         run.lock.release()
         getattr(run.engine, "close", lambda: None)()  # vLLM: before the process group goes (it tears down its groups)
         distributed.close(run.dist)
+
+
+def open_run(cfg: Config, console: Console) -> tuple[Run, "RunLog", Watchdog]:
+    """Build the run (a spinner while the model and data load), its log and its hang watchdog."""
+    loading = progress_mode(cfg.log.progress, console) == "rich" and os.environ.get("RANK", "0") == "0"
+    with console.status("loading the model and the data...") if loading else contextlib.nullcontext():
+        run = build_run(cfg, distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s))
+    log = RunLog(run.run_dir, run.step.dump_rollouts, console, run.log, enabled=run.dist.is_main)
+    say = log.print if run.dist.is_main else (lambda text: print(text, file=sys.stderr, flush=True))
+    run.watchdog = Watchdog(run.run_dir, run.dist.rank, cfg.trainer.stall_timeout_s, cfg.trainer.on_stall,
+                            run.scorer.outstanding, say).start()
+    return run, log, run.watchdog
 
 
 def start(run: Run, log: "RunLog") -> tuple[int, dict]:
@@ -145,23 +162,22 @@ class RunLog:
     RUN_DIR/summary.json, the history of step metrics, and the console (messages, progress bar, a
     metrics line every ``console_every`` steps, the final table)."""
 
-    COLUMNS = (TextColumn("[bold blue]GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn())
-
     def __init__(self, run_dir: Path, dump_rollouts: bool, console: Console, settings: LogSettings,
                  enabled: bool = True):
         """``enabled=False`` (every rank but 0): writes and prints nothing."""
-        self.run_dir, self.console, self.settings, self.enabled = run_dir, console, settings, enabled
+        self.run_dir, self.settings, self.enabled = run_dir, settings, enabled
+        self.mode = progress_mode(settings.progress, console)  # rich / plain / off
+        self.console = plain_console(console) if self.mode == "plain" else console
         self.metrics_path, self.dump_path = run_dir / "metrics.jsonl", run_dir / "rollouts.jsonl"
         self.dump_rollouts = dump_rollouts
         self.sink: Optional[JsonlSink] = None
         self.dump: Optional[JsonlSink] = None
         self.history: list[dict] = []
-        self._bar: Optional[Progress] = None
-        self._task = None
+        self._board: Optional[Dashboard] = None
         self._total = 0
+        self.trackers = None  # log.backends beyond console and jsonl (`verirl.trackers`), rank 0 only
 
-    def open(self, metrics_bytes: int, rollouts_bytes: int) -> None:
+    def open(self, metrics_bytes: int, rollouts_bytes: int, config: Optional[dict] = None) -> None:
         """Cut the logs back to these sizes (where a checkpoint left them; 0 = start over) and open them.
         A log shorter than that has lost lines: said, and continued after what is there."""
         if not self.enabled:
@@ -175,26 +191,40 @@ class RunLog:
         self.sink = JsonlSink(self.metrics_path)
         self.dump = JsonlSink(self.dump_path) if self.dump_rollouts else None
         self.history = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) > 0]
+        s = self.settings
+        if set(s.backends) - {"console", "jsonl"}:
+            from verirl.trackers import Trackers
+
+            self.trackers = Trackers(s.backends, self.run_dir, s.project, s.run_name or self.run_dir.name, config,
+                                     resume_step=self.history[-1]["step"] if self.history else 0)
 
     @contextlib.contextmanager
     def progress(self, total: int, done: int) -> Iterator[None]:
-        """The progress bar, shown while the loop runs."""
+        """The live view (``rich``), shown while the loop runs."""
         self._total = total
-        with Progress(*self.COLUMNS, console=self.console, disable=not (self.settings.progress and self.enabled),
-                      transient=False) as bar:
-            self._bar, self._task = bar, bar.add_task("", total=total, completed=done)
-            try:
-                yield
-            finally:
-                self._bar = None
+        if not (self.enabled and self.mode == "rich"):
+            yield
+            return
+        self._board = Dashboard(self.console, total, done)
+        self._board.start()
+        try:
+            yield
+        finally:
+            self._board.stop()
+            self._board = None
 
     def status(self, text: str):
-        """A spinner while a long phase runs (evaluation)."""
-        return self.console.status(text) if self.enabled else contextlib.nullcontext()
+        """A spinner while a long phase runs (evaluation); a plain line without a terminal."""
+        if not self.enabled or self.mode == "off":
+            return contextlib.nullcontext()
+        if self.mode == "plain" or self._board is not None:
+            self.print(text)
+            return contextlib.nullcontext()
+        return self.console.status(text)
 
     def print(self, text: str) -> None:
         if self.enabled:
-            (self._bar.console if self._bar else self.console).print(text, soft_wrap=True)
+            self.console.print(text, soft_wrap=True)
 
     def write(self, metrics: dict, records: list[dict] = ()) -> None:
         """Log one step (or the step-0 evaluation): its metrics line, its rollout records, the console."""
@@ -203,16 +233,17 @@ class RunLog:
         self.sink.write(metrics)
         for record in records if self.dump else ():
             self.dump.write(record)
+        if self.trackers is not None:
+            self.trackers.log(metrics, metrics["step"])
         if metrics["step"] == 0:
             return
         self.history.append(metrics)
-        if self._bar is not None:
-            recent = self.history[-10:]
-            self._bar.update(self._task, advance=1, description=(
-                f"reward {mean_of(recent, 'reward/mean'):+.3f} len {metrics['response_length/mean']:.1f} "
-                f"{metrics['timing/all']:.2f}s/step"))
+        if self._board is not None:
+            self._board.update(metrics, self.history)
         step, every = metrics["step"], self.settings.console_every
-        if every and (step % every == 0 or step == self._total):
+        if self.mode == "plain":  # one line per step
+            self.print(f"{_step_line(metrics)}  [{step}/{self._total}]")
+        elif self.mode == "rich" and every and (step % every == 0 or step == self._total):
             self.print(_step_line(metrics))
 
     def offsets(self) -> dict[str, int]:
@@ -232,6 +263,9 @@ class RunLog:
         for sink in (self.sink, self.dump):
             if sink is not None:
                 sink.close()
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 def _checkpoint_due(run: Run, step: int) -> bool:
@@ -335,7 +369,7 @@ def restore(run: Run, log: RunLog) -> int:
     first step to run."""
     ckpt = run.resume
     if ckpt is None:
-        log.open(0, 0)  # no checkpoint yet: the run starts over
+        log.open(0, 0, to_dict(run.cfg))  # no checkpoint yet: the run starts over
         return 1
     restore_training_state(ckpt, run.model, run.optimizer, run.scheduler)
     _apply_optimizer_settings(run)
@@ -343,7 +377,8 @@ def restore(run: Run, log: RunLog) -> int:
     run.nonfinite_steps = ckpt.state.get("nonfinite_steps", 0)
     run.nonfinite_in_a_row = ckpt.state.get("nonfinite_in_a_row", 0)
     own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
-    log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0)
+    log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0,
+             to_dict(run.cfg))
     log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
     changed = config_changes(upgrade_dict(ckpt.state.get("config") or {}), to_dict(run.cfg))
     if changed:
@@ -365,7 +400,8 @@ def _apply_optimizer_settings(run: Run) -> None:
 
 
 IGNORED_ON_RESUME = {"trainer.total_steps", "trainer.resume", "trainer.overwrite", "trainer.run_dir",
-                     "log.progress", "log.console_every"}
+                     "log.progress", "log.console_every", "log.backends", "log.project", "log.run_name",
+                     "trainer.stall_timeout_s", "trainer.on_stall", "trainer.peak_flops"}
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
