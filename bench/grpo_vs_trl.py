@@ -67,24 +67,24 @@ def model_dir(case: str) -> str:
 
 
 def matmul_rate(threads: int) -> float:
+    """This machine's float32 matmul rate on ``threads`` threads: `verirl.metrics.measure_peak_flops`,
+    the denominator of perf/mfu."""
     import torch
+
+    from verirl.metrics import measure_peak_flops
+
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    for _ in range(2):
-        a @ b
-    t = time.perf_counter()
-    reps = 5
-    for _ in range(reps):
-        a @ b
-    return 2 * 2048 ** 3 * reps / (time.perf_counter() - t)
+    return measure_peak_flops(torch.device("cpu"), torch.float32)
 
 
-def flops_per_token(model) -> tuple[float, float]:
-    """(forward FLOPs per token in the transformer body, forward FLOPs per token in the output layer)."""
-    emb = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    body = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and p is not emb and p is not head)
-    return 2.0 * body, 2.0 * head.numel()
+def update_flops(run, records) -> float:
+    """Model FLOPs of the step's update (forward + backward), by verirl's one formula
+    (`verirl.metrics.step_flops`, the same as perf/mfu): every matmul weight (the output layer included)
+    on every token of the packed pass, each prompt once, plus causal attention."""
+    from verirl.metrics import step_flops
+
+    return step_flops(run.step.flops, [len(r["prompt_ids"]) for r in records], [r["response_length"] for r in records],
+                      N_SAMPLES, logprob_passes=0, update_passes=1, share_prompt=True)["update"]
 
 
 def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
@@ -102,22 +102,19 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         "algo.kl_type=low_var_kl", f"actor.mini_batch_prompts={N_PROMPTS}", f"actor.micro_batch_size={N_PROMPTS * N_SAMPLES}",
         "data.max_prompt_length=256", "reward.verifiers=[acc]", "reward.weights=[1.0]", "reward.tasks={}",
         "eval.before_train=false", "eval.at_end=false", f"trainer.threads={threads}",
-        f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10",
+        f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10", "trainer.dump_rollouts=true",
     ])
     run = build_run(cfg)
-    body, head = flops_per_token(run.model)
     out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": []}
     for step in range(1, warmup + steps + 1):
         t = time.perf_counter()
-        m, _ = train_step(run, step)
+        m, records = train_step(run, step)
         dt = time.perf_counter() - t
         if step <= warmup:
             continue
         gen = m["response_length/mean"] * N_PROMPTS * N_SAMPLES
-        # the update's forward + backward (3x a forward) over what the packed pass computes:
-        # each prompt once, every response token, the output layer on response positions only
         body_tokens = m["prompt_length/mean"] * N_PROMPTS + gen
-        flops = 3 * (body * body_tokens + head * gen)
+        flops = update_flops(run, records)
         out["step"].append(dt)
         out["gen_tok_s"].append(gen / m["timing/rollout"])
         out["update_flops_s"].append(flops / m["timing/update"])
