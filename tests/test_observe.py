@@ -67,7 +67,7 @@ def sleepy(tmp_path):
     rule = tmp_path / "sleepy.py"
     rule.write_text("import time\n\nslept = False\n\n\ndef sleepy(response, label, **_):\n"
                     "    global slept\n    if not slept:  # once per worker: the first call hangs for a while\n"
-                    "        slept = True\n        time.sleep(3)\n    return 0.0\n")
+                    "        slept = True\n        time.sleep(6)\n    return 0.0\n")
     return f"{rule}:sleepy"
 
 
@@ -75,7 +75,7 @@ def sleepy(tmp_path):
 def test_a_reward_rule_past_the_stall_timeout_is_named(tmp_path, capsys, sleepy, on_stall):
     run = tmp_path / "r"
     code = main(["train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=1", f"trainer.on_stall={on_stall}",
-                 "trainer.stall_timeout_s=1", "reward.workers=1", "reward.timeout=60", f"reward.verifiers=[{sleepy}]",
+                 "trainer.stall_timeout_s=2.5", "reward.workers=1", "reward.timeout=60", f"reward.verifiers=[{sleepy}]",
                  "reward.weights=[1.0]", "reward.tasks={}", "log.progress=off"])
     stall = run / "stall_1.txt"
     assert stall.exists()

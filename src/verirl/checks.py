@@ -31,9 +31,10 @@ def check_train(cfg: Config) -> None:
         TASKS.check(cfg.data.task)
     check_rules(cfg.reward.verifiers, cfg.reward.tasks)
     check_algorithms(cfg)
-    from verirl.trackers import check_backends
+    if os.environ.get("RANK", "0") == "0":  # rank 0 alone opens the trackers
+        from verirl.trackers import check_backends
 
-    check_backends(cfg.log.backends)
+        check_backends(cfg.log.backends)
     check_engine(cfg)
     check_paths(cfg)
     check_parallel(cfg)

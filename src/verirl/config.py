@@ -247,9 +247,9 @@ class EvalConfig:
 class LogConfig:
     progress: str = "auto"  # auto (rich on a terminal, plain otherwise) / rich / plain (one line a step) / off
     console_every: int = 10  # print a metrics line every N steps (0 = never)
-    # where step metrics go besides metrics.jsonl (always written): console, jsonl, tensorboard (RUN_DIR/tensorboard),
-    # wandb (offline unless WANDB_MODE says otherwise), mlflow (RUN_DIR/mlruns unless MLFLOW_TRACKING_URI), swanlab
-    backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    # tensorboard: RUN_DIR/tensorboard; wandb: offline unless WANDB_MODE says otherwise; mlflow: RUN_DIR/mlruns
+    # unless MLFLOW_TRACKING_URI; swanlab (docs/trackers.md)
+    backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # where step metrics go; metrics.jsonl is always written
     project: str = "verirl"  # the trackers' project / experiment name
     run_name: str = ""  # the trackers' run name; "" = the run directory's name
 

@@ -79,8 +79,10 @@ class FlopModel:
     @staticmethod
     def of(model) -> "FlopModel":
         n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-        cfg = model.config
-        return FlopModel(int(n), int(cfg.num_hidden_layers), int(cfg.hidden_size))
+        cfg = getattr(model.config, "text_config", None) or model.config
+        layers = next(getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(cfg, k))
+        hidden = next(getattr(cfg, k) for k in ("hidden_size", "n_embd", "d_model") if hasattr(cfg, k))
+        return FlopModel(int(n), int(layers), int(hidden))
 
     def forward(self, tokens: float, keys: float) -> float:
         """FLOPs of a forward over ``tokens`` tokens that attend ``keys`` keys in all."""
@@ -128,20 +130,31 @@ def mfu(flops: float, seconds: float, world_size: int, peak_flops: float) -> flo
     return flops / max(seconds * world_size * peak_flops, 1e-30)
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048,
+def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 0,
                        repeats: int = 5) -> float:
     """The device's matmul rate, FLOP/s: the best of ``repeats`` (size x size) @ (size x size)
-    products in ``dtype`` (one warm-up first). The denominator of perf/mfu when trainer.peak_flops is 0,
-    cached per device, dtype and thread count (`peak_flops`)."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    best = float("inf")
-    for i in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    products in ``dtype`` (one warm-up first; size 2048 on a CPU). On an accelerator, 8192 and 20
+    products timed back to back between two synchronisations, so that launches and the sync do not
+    count. The denominator of perf/mfu when trainer.peak_flops is 0, cached per device, dtype and
+    thread count (`peak_flops`)."""
+    accel = device.type != "cpu"
+    size = size or (8192 if accel else 2048)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    sync = getattr(torch, device.type).synchronize if accel else (lambda: None)
+    a @ b
+    sync()
+    if accel:
         t0 = time.perf_counter()
-        (a @ b).sum().item()
-        best = min(best, time.perf_counter() - t0) if i else best
+        for _ in range(20):
+            a @ b
+        sync()
+        return 2.0 * size ** 3 * 20 / (time.perf_counter() - t0)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
     return 2.0 * size ** 3 / best
 
 
@@ -161,9 +174,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         known = {}
     if key not in known:
         known[key] = measure_peak_flops(device, dtype)
-        try:
+        try:  # written whole (a temporary file renamed): another process never reads half a file
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(known, indent=1))
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            os.replace(tmp, path)
         except OSError:  # a read-only cache: measured again next time
             pass
     return float(known[key])

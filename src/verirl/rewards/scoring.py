@@ -79,10 +79,12 @@ class Scorer:
             started = self.pool.start(calls)
         else:
             started = []
-            for c in calls:
-                self.current = c  # what a stall report names while a rule runs in this process
-                started.append(call_rule(*c, self.max_abs_score))
-            self.current = None
+            try:
+                for c in calls:
+                    self.current = c  # what a stall report names while a rule runs in this process
+                    started.append(call_rule(*c, self.max_abs_score))
+            finally:
+                self.current = None
         return PendingRewards(self, responses, samples, calls, where, started)
 
     def outstanding(self) -> list[str]:

@@ -249,11 +249,24 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                               cfg.eval.every, cfg.eval.at_end)
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
     return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
-               PromptSampler(len(train), cfg.data.seed, order), step_settings(cfg, lm.model, dist.world),
+               PromptSampler(len(train), cfg.data.seed, order),
+               step_settings(cfg, lm.model, dist.world, cfg.trainer.peak_flops or device_peak_flops(cfg, lm.model, dist)),
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
                            cfg.log.run_name), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
+
+
+def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
+    """One device's peak FLOP/s at the model's dtype, on the device it computes on (not where offloaded
+    parameters wait): measured by rank 0 alone (ranks sharing a CPU would slow each other's
+    measurement) and cached (`verirl.metrics.peak_flops`), then sent to every rank."""
+    from verirl.models.device import resolve_device
+
+    p = next(model.parameters())
+    dtype = p.dtype if p.dtype.is_floating_point else torch.float32
+    value = peak_flops(resolve_device(cfg.model.device), dtype) if dist.is_main else None
+    return float(dist.broadcast(value)) if dist.active else float(value)
 
 
 def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) -> tuple[Engine, list[Prompt], str]:
@@ -287,7 +300,7 @@ def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, ma
                 free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
 
 
-def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
+def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> StepSettings:
     """The step's plain values: sampling, both log-prob passes with their budgets, the advantage
     function, the update's parameters; the batch counts this rank's share of ``world`` ranks."""
     rollout, actor, algo = cfg.rollout, cfg.actor, cfg.algo
@@ -331,13 +344,16 @@ def step_settings(cfg: Config, model, world: int = 1) -> StepSettings:
                                      scale=scale_rewards(algo), epsilon=algo.adv_epsilon),
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
         shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
-        flops=FlopModel.of(model), peak_flops=cfg.trainer.peak_flops or device_peak_flops(model))
+        flops=flop_model(model), peak_flops=peak)
 
 
-def device_peak_flops(model) -> float:
-    """The peak FLOP/s of the device the model is on, at its parameters' dtype (measured once, cached)."""
-    p = next(model.parameters())
-    return peak_flops(p.device, p.dtype if p.dtype.is_floating_point else torch.float32)
+def flop_model(model) -> Optional[FlopModel]:
+    """The model's shape numbers for perf/mfu, or None (said once) when its config does not name them."""
+    try:
+        return FlopModel.of(model)
+    except (AttributeError, TypeError) as e:
+        print(f"perf/mfu: not computed for this model ({e}).", file=sys.stderr)
+        return None
 
 
 _told_no_logprobs = False  # the "guard is off" line is printed once per process
@@ -380,6 +396,7 @@ def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
 
 
 RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
+TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.trackers`)
 
 
 def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
@@ -406,11 +423,14 @@ def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional
 
 
 def clear_previous_run(run_dir: Path) -> None:
-    """Delete a previous run's checkpoints, final model and logs from ``run_dir`` (trainer.overwrite)."""
-    for name in ("checkpoints", "final"):
+    """Delete a previous run's checkpoints, final model, logs, tracker files, report and stall reports
+    from ``run_dir`` (trainer.overwrite)."""
+    for name in ("checkpoints", "final", *TRACKER_DIRS, "report"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
+    for stall in run_dir.glob("stall_*.txt"):
+        stall.unlink(missing_ok=True)
 
 
 def data_loading_options(data: DataConfig, too_long: str) -> dict:

@@ -47,26 +47,15 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
         return launch(cfg)
     run, log, watch = open_run(cfg, console or Console())
     try:
-        first, summary = start(run, log)
+        with watch.phase("start"):
+            first, summary = start(run, log)
         with _Signals(log.console) as signals, log.progress(run.total_steps, done=first - 1):
             for step in range(first, run.total_steps + 1):
                 watch.step = step
-                metrics, records = train_step(run, step)
-                too_many = count_nonfinite(run, metrics)  # the reason to stop, if too many in a row
-                if run.eval.due(step, run.total_steps) and not too_many:
-                    with watch.phase("evaluation"):
-                        metrics.update(evaluate_run(run))
-                    log.print(f"step {step} held-out: {_val_line(metrics)}")
-                log.write(metrics, records)
-                if too_many:
-                    raise NonFiniteTraining(too_many)
-                signum = _signalled(run, signals)  # every rank stops after the same step
-                if signum or _checkpoint_due(run, step):
-                    with watch.phase("checkpoint"):
-                        path = save(run, step, log, summary)
-                    if signum:
-                        raise TrainingInterrupted(signum, step, path)
-        return finish(run, log, summary, started)
+                with watch.phase("step"):  # train_step's phases nest inside; the rest of the step beats here
+                    one_step(run, log, signals, summary, step)
+        with watch.phase("finish"):
+            return finish(run, log, summary, started)
     except OSError as e:  # a full disk or a read-only run directory while writing logs or the final model
         _raise_write_failure(run, e)
     finally:
@@ -76,6 +65,26 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
         run.lock.release()
         getattr(run.engine, "close", lambda: None)()  # vLLM: before the process group goes (it tears down its groups)
         distributed.close(run.dist)
+
+
+def one_step(run: Run, log: "RunLog", signals: "_Signals", summary: dict, step: int) -> None:
+    """Train ``step``, evaluate when due, log it, and checkpoint when due or asked to stop."""
+    watch = run.watchdog
+    metrics, records = train_step(run, step)
+    too_many = count_nonfinite(run, metrics)  # the reason to stop, if too many in a row
+    if run.eval.due(step, run.total_steps) and not too_many:
+        with watch.phase("evaluation"), log.status(f"held-out evaluation after step {step}..."):
+            metrics.update(evaluate_run(run))
+        log.print(f"step {step} held-out: {_val_line(metrics)}")
+    log.write(metrics, records)
+    if too_many:
+        raise NonFiniteTraining(too_many)
+    signum = _signalled(run, signals)  # every rank stops after the same step
+    if signum or _checkpoint_due(run, step):
+        with watch.phase("checkpoint"):
+            path = save(run, step, log, summary)
+        if signum:
+            raise TrainingInterrupted(signum, step, path)
 
 
 def open_run(cfg: Config, console: Console) -> tuple[Run, "RunLog", Watchdog]:
@@ -264,8 +273,12 @@ class RunLog:
             if sink is not None:
                 sink.close()
         if self.trackers is not None:
-            self.trackers.close()
-            self.trackers = None
+            trackers, self.trackers = self.trackers, None
+            try:
+                trackers.close()
+            except Exception as e:  # noqa: BLE001  (a tracker's server or files: the run itself is done)
+                self.print(f"[yellow]log.backends: closing the trackers failed ({type(e).__name__}: {e}); "
+                           f"metrics.jsonl holds every step.[/]")
 
 
 def _checkpoint_due(run: Run, step: int) -> bool:

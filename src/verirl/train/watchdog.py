@@ -41,12 +41,14 @@ class Watchdog:
         self._abort_reason: Optional[str] = None
         self._main = threading.main_thread().ident
         self._old_handler = None
+        self._installed = False  # the SIGUSR1 handler that raises StallAbort in the main thread
 
     # -- the trainer's side
 
     def start(self) -> "Watchdog":
         if self.on_stall == "abort" and threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
+            self._installed = True
         self._thread = threading.Thread(target=self._watch, name="verirl-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -55,9 +57,9 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        if self._old_handler is not None:
-            signal.signal(signal.SIGUSR1, self._old_handler)
-            self._old_handler = None
+        if self._installed:
+            signal.signal(signal.SIGUSR1, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
+            self._installed = False
 
     def enter(self, name: str) -> None:
         with self._lock:
@@ -105,7 +107,7 @@ class Watchdog:
                 f"trainer.stall_timeout_s={self.timeout:g}.")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(path, "w") as f:
+            with open(path, "a") as f:  # a second stall in the same step (another phase) adds to the file
                 f.write(head + "\n")
                 if calls:
                     f.write("reward calls outstanding:\n" + "".join(f"  {c}\n" for c in calls))
@@ -120,14 +122,20 @@ class Watchdog:
         then = (" Ending the run (trainer.on_stall=abort)." if self.on_stall == "abort" else
                 " Still waiting (trainer.on_stall=warn); raise trainer.stall_timeout_s if this phase is just slow.")
         self.say(head + what + where + then)
-        if self.on_stall == "abort":
+        if self.on_stall == "abort" and not self._stop.is_set():
             self._abort_reason = head + what + where
-            if self._old_handler is not None:
+            if self._installed:  # StallAbort in the main thread, once it runs Python again
                 signal.pthread_kill(self._main, signal.SIGUSR1)
-            else:  # not started from the main thread: no way to raise there
-                sys.stderr.flush()
-                import os
-                os._exit(3)
+                if not self._stop.wait(60):  # stuck inside C (a collective, a device sync): end the process
+                    self._exit()
+            else:  # not started from the main thread (a Ray actor's worker thread): no way to raise there
+                self._exit()
+
+    def _exit(self) -> None:
+        print("verirl watchdog: ending the process (exit status 2); the last checkpoint is whole.",
+              file=sys.stderr, flush=True)
+        import os
+        os._exit(2)
 
     def _raise(self, signum, frame) -> None:
         raise StallAbort(f"{self._abort_reason} The run was ended by trainer.on_stall=abort; its last checkpoint "
