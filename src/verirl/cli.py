@@ -8,8 +8,10 @@ other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
 
 EPILOG = """examples:
@@ -37,6 +39,25 @@ Ctrl-C / SIGTERM saves a checkpoint after the current step and stops; a second o
 Batch sizes: data.prompts_per_step and actor.mini_batch_prompts count PROMPTS (each sampled
 rollout.n times); actor.micro_batch_size counts SEQUENCES.
 """
+
+
+@contextlib.contextmanager
+def _sigint_after_imports():
+    """Hold Ctrl-C while torch and transformers import their C++ extensions, then raise it as usual:
+    a KeyboardInterrupt raised inside a pybind11 call there aborts the process (exit -6, "terminate
+    called after throwing an instance of 'pybind11::error_already_set'") instead of exiting 130."""
+    got: list[int] = []
+    try:
+        old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    except ValueError:  # not the main thread: nothing to hold
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if got:
+        raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,13 +168,15 @@ def _run(args) -> int:
         except UserError as e:
             return _user_error(args.command, e)
         return 0
-    from transformers.utils import logging as hf_logging
+    with _sigint_after_imports():
+        from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
         overrides = list(args.overrides) + (["log.progress=off"] if getattr(args, "quiet", False) else [])
         cfg = load_config(args.config or ("tiny" if args.command == "train" else None), overrides, schema)
         if args.command == "train":
-            from verirl.train.trainer import TrainingInterrupted, train
+            with _sigint_after_imports():
+                from verirl.train.trainer import TrainingInterrupted, train
             try:
                 train(cfg)
             except TrainingInterrupted as stop:
