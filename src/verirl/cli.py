@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "`verirl plan`; loads no weights, starts nothing")
             s.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
             s.add_argument("--quiet", "-q", action="store_true",
-                           help="no per-step output (log.progress=off); messages and the final table remain")
+                           help="no per-step output (log.progress=off, log.console_every=0); messages and the "
+                                "final table remain")
     pl = sub.add_parser("plan", help="check a training config and print its layout per rank and a memory estimate "
                                      "(no weights loaded)", epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,7 +173,8 @@ def _run(args) -> int:
         from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
-        overrides = list(args.overrides) + (["log.progress=off"] if getattr(args, "quiet", False) else [])
+        quiet = ["log.progress=off", "log.console_every=0"] if getattr(args, "quiet", False) else []
+        overrides = list(args.overrides) + quiet
         cfg = load_config(args.config or ("tiny" if args.command == "train" else None), overrides, schema)
         if args.command == "train":
             with _sigint_after_imports():

@@ -245,8 +245,8 @@ class EvalConfig:
 
 @dataclass
 class LogConfig:
-    progress: str = "auto"  # auto (rich on a terminal, plain otherwise) / rich / plain (one line a step) / off
-    console_every: int = 10  # print a metrics line every N steps (0 = never)
+    progress: str = "auto"  # auto (rich on a terminal, plain otherwise) / rich / plain (one line a step) / off (no view)
+    console_every: int = 10  # with rich or off: a metrics line every N steps (0 = never); plain prints every step
     # tensorboard: RUN_DIR/tensorboard; wandb: offline unless WANDB_MODE says otherwise; mlflow: RUN_DIR/mlruns
     # unless MLFLOW_TRACKING_URI; swanlab (docs/trackers.md)
     backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # where step metrics go; metrics.jsonl is always written

@@ -4,7 +4,8 @@
   latest and smoothed (last 10 steps) reward overall, per rule and per task, response lengths, KL,
   entropy, clip fraction, grad norm, and the step's time split by phase as a bar.
 * ``plain``: one line per step, no escape codes (CI, Ray workers, ``nohup``, a file).
-* ``off``: no per-step output (``verirl train --quiet``); messages and the final table remain.
+* ``off``: no live view; only the ``log.console_every`` lines (``verirl train --quiet`` sets both off);
+  messages and the final table remain.
 * ``auto`` (the default): ``rich`` on a terminal, ``plain`` otherwise.
 """
 from __future__ import annotations

@@ -252,7 +252,7 @@ class RunLog:
         step, every = metrics["step"], self.settings.console_every
         if self.mode == "plain":  # one line per step
             self.print(f"{_step_line(metrics)}  [{step}/{self._total}]")
-        elif self.mode == "rich" and every and (step % every == 0 or step == self._total):
+        elif every and (step % every == 0 or step == self._total):  # rich and off: every log.console_every steps
             self.print(_step_line(metrics))
 
     def offsets(self) -> dict[str, int]:
