@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from verirl.align.convert import flatten  # nested config -> dotted keys, as convert-config writes them
 from verirl.errors import ConfigError
 
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
@@ -86,18 +87,6 @@ def _scalars(metrics: dict) -> dict[str, float]:
     return out
 
 
-def _flatten(config: Optional[dict], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1} (lists and other values as they are)."""
-    out: dict[str, Any] = {}
-    for key, value in (config or {}).items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
 def _failing() -> bool:
     """Whether close() runs while an exception propagates (from a `finally` or an `except` block)."""
     return sys.exc_info()[1] is not None
@@ -108,6 +97,14 @@ def _read_id(path: Path, resume_step: int) -> Optional[str]:
     if resume_step <= 0 or not path.is_file():
         return None
     return path.read_text().strip() or None
+
+
+def _run_folder(run_dir: Path, name: str, resume_step: int) -> tuple[Path, Path, Optional[str]]:
+    """(RUN_DIR/name, made; the file that keeps the tracker's run id; the id to resume, or None)."""
+    folder = run_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    id_path = folder / "run_id"
+    return folder, id_path, _read_id(id_path, resume_step)
 
 
 class _TensorBoard:
@@ -136,10 +133,7 @@ class _WandB:
     def __init__(self, run_dir: Path, project: str, run_name: str, config: Optional[dict], resume_step: int):
         import wandb
 
-        folder = run_dir / "wandb"
-        folder.mkdir(parents=True, exist_ok=True)
-        id_path = folder / "run_id"
-        run_id = _read_id(id_path, resume_step)
+        folder, id_path, run_id = _run_folder(run_dir, "wandb", resume_step)
         kwargs: dict[str, Any] = {}
         if "WANDB_MODE" not in os.environ:
             kwargs["mode"] = "offline"
@@ -168,8 +162,7 @@ def _mlflow_key(key: str) -> str:
 
 class _MLflow:
     def __init__(self, run_dir: Path, project: str, run_name: str, config: Optional[dict], resume_step: int):
-        folder = run_dir / "mlruns"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder, id_path, run_id = _run_folder(run_dir, "mlruns", resume_step)
         uri = os.environ.get("MLFLOW_TRACKING_URI") or None
         if uri is None:
             uri = folder.resolve().as_uri()
@@ -181,8 +174,6 @@ class _MLflow:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        id_path = folder / "run_id"
-        run_id = _read_id(id_path, resume_step)
         existing: dict[str, str] = {}
         if run_id is not None:
             try:
@@ -196,7 +187,7 @@ class _MLflow:
             id_path.write_text(run_id + "\n")
         self.run_id = run_id
         # params are immutable in MLflow: a resumed run adds the keys it did not have, and keeps the rest
-        params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in _flatten(config).items()
+        params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in flatten(config or {}).items()
                   if _mlflow_key(k) not in existing]
         for i in range(0, len(params), 100):
             self.client.log_batch(run_id, params=params[i:i + 100])
@@ -228,10 +219,7 @@ class _SwanLab:
     def __init__(self, run_dir: Path, project: str, run_name: str, config: Optional[dict], resume_step: int):
         import swanlab
 
-        folder = run_dir / "swanlog"
-        folder.mkdir(parents=True, exist_ok=True)
-        id_path = folder / "run_id"
-        run_id = _read_id(id_path, resume_step)
+        folder, id_path, run_id = _run_folder(run_dir, "swanlog", resume_step)
         kwargs: dict[str, Any] = {}
         if "SWANLAB_MODE" not in os.environ:
             kwargs["mode"] = "offline"
