@@ -511,17 +511,25 @@ def _algo(t: Translation, stage: str, version: str) -> None:
         t.decide(RL + "shuffle_mini_batch", "MindSpeed-RL shuffles each step's mini-batches: verirl keeps their order")
 
 
+def _switched_off(t: Translation, en_key: str, others: tuple[str, ...], what: str) -> bool:
+    """Whether the feature switched by ``en_key`` is off: then the switch (when given) is translated as
+    verirl's default and its other keys are ignored."""
+    if t.get(en_key):
+        return False
+    if t.given(en_key):
+        t.translated(en_key, f"false: {what}, as verirl's default")
+    for key in others:
+        t.ignore(key, f"{en_key.rsplit('.', 1)[-1]} is false")
+    return True
+
+
 def _dynamic_sampling(t: Translation, stage: str) -> None:
     """filter_groups_*: DAPO's dynamic sampling (dapo_trainer_hybrid.py, workers/dynamic_sampling.py): a group is
     kept when its metric's std > 0 (or it has one sample); generation batches of global_batch_size prompts until
     filter_groups_train_batch_size are kept, at most filter_groups_max_batches (<= 0: no limit), else an error."""
     en_key, metric_key, max_key, train_key = (RL + "filter_groups_enable", RL + "filter_groups_metric",
                                               RL + "filter_groups_max_batches", RL + "filter_groups_train_batch_size")
-    if not t.get(en_key):
-        if t.given(en_key):
-            t.translated(en_key, "false: no dynamic sampling, as verirl's default")
-        for key in (metric_key, max_key, train_key):
-            t.ignore(key, "filter_groups_enable is false")
+    if _switched_off(t, en_key, (metric_key, max_key, train_key), "no dynamic sampling"):
         return
     if stage != "ray_dapo":
         for key in (en_key, metric_key, max_key, train_key):
@@ -559,11 +567,7 @@ def _overlong(t: Translation) -> None:
     when positive, as verirl's reward.overlong_buffer."""
     en_key, len_key, factor_key, max_key = (RL + "overlong_buffer_enable", RL + "overlong_buffer",
                                             RL + "overlong_buffer_penalty_factor", RL + "rollout_max_tokens")
-    if not t.get(en_key):
-        if t.given(en_key):
-            t.translated(en_key, "false: no overlong penalty, as verirl's default")
-        for key in (len_key, factor_key, max_key):
-            t.ignore(key, "overlong_buffer_enable is false")
+    if _switched_off(t, en_key, (len_key, factor_key, max_key), "no overlong penalty"):
         return
     t.put("reward.overlong_buffer.enable", True, en_key,
           note="DAPO's soft overlong penalty, added to every response's score by MindSpeed-RL's rule reward")
