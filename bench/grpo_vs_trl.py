@@ -66,25 +66,27 @@ def model_dir(case: str) -> str:
     raise ValueError(f"unknown case {case!r}; use E, Q or S")
 
 
-def matmul_rate(threads: int) -> float:
-    """This machine's float32 matmul rate on ``threads`` threads: `verirl.metrics.measure_peak_flops`,
-    the denominator of perf/mfu."""
+def matmul_rate(threads: int) -> tuple[float, dict]:
+    """This machine's float32 matmul rate on ``threads`` threads: `verirl.metrics.measure_peak_flops` (the
+    denominator of perf/mfu: the faster of torch.mm and oneDNN), and each library's rate."""
     import torch
 
-    from verirl.metrics import measure_peak_flops
+    from verirl.metrics import cpu_matmul_rates
 
     torch.set_num_threads(threads)
-    return measure_peak_flops(torch.device("cpu"), torch.float32)
+    rates = cpu_matmul_rates(torch.randn(2048, 2048), torch.randn(2048, 2048))
+    return max(rates.values()), rates
 
 
-def update_flops(run, records) -> float:
-    """Model FLOPs of the step's update (forward + backward), by verirl's one formula
-    (`verirl.metrics.step_flops`, the same as perf/mfu): every matmul weight (the output layer included)
-    on every token of the packed pass, each prompt once, plus causal attention."""
-    from verirl.metrics import step_flops
+def step_flops(run, records, kl: float) -> dict:
+    """Model FLOPs of the step by verirl's one formula (`verirl.metrics.step_flops`, the same as perf/mfu):
+    every matmul weight (the output layer included) on every token a pass computes, plus causal
+    attention: the rollout (each prompt prefilled once, one token per decoding row-step), the reference
+    pass and the update (forward + backward) over the packed row, each prompt once."""
+    from verirl.metrics import step_flops as flops
 
-    return step_flops(run.step.flops, [len(r["prompt_ids"]) for r in records], [r["response_length"] for r in records],
-                      N_SAMPLES, logprob_passes=0, update_passes=1, share_prompt=True)["update"]
+    return flops(run.step.flops, [len(r["prompt_ids"]) for r in records], [r["response_length"] for r in records],
+                 N_SAMPLES, logprob_passes=1 if kl > 0 else 0, update_passes=1, share_prompt=True)
 
 
 def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
@@ -105,7 +107,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10", "trainer.dump_rollouts=true",
     ])
     run = build_run(cfg)
-    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": []}
+    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": []}
     for step in range(1, warmup + steps + 1):
         t = time.perf_counter()
         m, records = train_step(run, step)
@@ -114,10 +116,11 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
             continue
         gen = m["response_length/mean"] * N_PROMPTS * N_SAMPLES
         body_tokens = m["prompt_length/mean"] * N_PROMPTS + gen
-        flops = update_flops(run, records)
+        flops = step_flops(run, records, kl)
         out["step"].append(dt)
         out["gen_tok_s"].append(gen / m["timing/rollout"])
-        out["update_flops_s"].append(flops / m["timing/update"])
+        out["update_flops_s"].append(flops["update"] / m["timing/update"])
+        out["step_flops"].append(sum(flops.values()))
         out["tokens"].append(gen)
         # token-forwards: the prefill (prompts left-padded to the longest), every decoding row-step,
         # the reference forward and the update's forward + backward (counted 3x) over the packed row
@@ -143,8 +146,11 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     ds = Dataset.from_list([{"prompt": p.messages, "label": p.label} for p in data])
 
     def acc_reward(completions, label, **_):
+        t = time.perf_counter()
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(acc(t, y)) for t, y in zip(texts, label)]
+        out = [float(acc(t, y)) for t, y in zip(texts, label)]
+        reward_time[0] += time.perf_counter() - t
+        return out
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
@@ -156,18 +162,20 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         dataloader_num_workers=0, seed=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0)
     gen_time = [0.0]
     gen_tokens = [0]
+    ref_time, reward_time = [0.0], [0.0]  # the reference model's log-prob pass; the reward function
     work = [0]  # token-forwards this step: tokens into the embedding layers, x3 for the policy's graded forward
 
     class Clock(TrainerCallback):
         def __init__(self):
-            self.t, self.steps = 0.0, []
+            self.t, self.steps, self.phases = 0.0, [], []
 
         def on_step_begin(self, *a, **k):
             self.t = time.perf_counter()
-            gen_time[0], gen_tokens[0], work[0] = 0.0, 0, 0
+            gen_time[0], gen_tokens[0], work[0], ref_time[0], reward_time[0] = 0.0, 0, 0, 0.0, 0.0
 
         def on_step_end(self, *a, **k):
             self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0], work[0]))
+            self.phases.append({"rollout": gen_time[0], "ref": ref_time[0], "reward": reward_time[0]})
 
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[acc_reward], args=args, train_dataset=ds, processing_class=tok,
@@ -196,10 +204,23 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         return out
 
     trainer.model.generate = timed_generate
+    inner_logps = trainer._get_per_token_logps_and_entropies
+
+    def timed_logps(model, *a, **k):  # the reference pass is a call with the reference model
+        t = time.perf_counter()
+        out = inner_logps(model, *a, **k)
+        if model is getattr(trainer, "ref_model", None):
+            ref_time[0] += time.perf_counter() - t
+        return out
+
+    trainer._get_per_token_logps_and_entropies = timed_logps
     trainer.train()
     measured = clock.steps[warmup:]
+    # TRL's update: the rest of its step (forward + backward + optimizer, with its input preparation)
+    phases = [dict(p, update=s - p["rollout"] - p["ref"] - p["reward"]) for (s, _, _, _), p in
+              zip(measured, clock.phases[warmup:])]
     return {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
-            "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured]}
+            "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases}
 
 
 def _child(side: str, case: str, args: dict, q) -> None:
@@ -237,9 +258,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args()
-    peak = matmul_rate(a.threads)
-    print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s")
-    results = {"matmul_gflops": peak / 1e9, "args": vars(a), "cases": {}}
+    peak, rates = matmul_rate(a.threads)
+    print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
+          ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
+    results = {"matmul_gflops": peak / 1e9, "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()},
+               "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
         args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads)
         print(f"case {case}: verirl ...", flush=True)
@@ -260,8 +283,14 @@ def main() -> None:
             "trl_us_per_token_forward": 1e6 * med(trl["step"]) / med(trl["work"]),
             "verirl_update_gflops": med(ours["update_flops_s"]) / 1e9,
             "update_fraction_of_matmul_peak": med(ours["update_flops_s"]) / peak,
+            # the FLOP floor: the step's model FLOPs at the matmul peak; the step's distance from it
+            "verirl_floor_s": med(ours["step_flops"]) / peak,
+            "verirl_step_over_floor": med(ours["step"]) / (med(ours["step_flops"]) / peak),
         }
         row["verirl_phases_s"] = {k: med([p[k] for p in ours["phases"]]) for k in ours["phases"][0]}
+        row["trl_phases_s"] = {k: med([p[k] for p in trl["phases"]]) for k in trl["phases"][0]}
+        row["phase_ratio_trl_over_verirl"] = {k: row["trl_phases_s"][k] / row["verirl_phases_s"][k]
+                                              for k in ("rollout", "ref", "update") if row["verirl_phases_s"].get(k)}
         results["cases"][case] = row
         print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
               f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
@@ -274,7 +303,11 @@ def main() -> None:
               f"{row['verirl_work_per_step']:.0f}  TRL {row['trl_work_per_step']:.0f}  ratio "
               f"{row['work_ratio_trl_over_verirl']:.2f} | step time per token-forward: verirl "
               f"{row['verirl_us_per_token_forward']:.1f} us  TRL {row['trl_us_per_token_forward']:.1f} us")
+        print(f"  verirl FLOP floor (the step's model FLOPs at {peak / 1e9:.0f} GFLOP/s): {row['verirl_floor_s']:.3f} s; "
+              f"the step takes {row['verirl_step_over_floor']:.2f}x its floor (MFU {1 / row['verirl_step_over_floor']:.0%})")
         print("  verirl phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["verirl_phases_s"].items()))
+        print("  TRL phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["trl_phases_s"].items())
+              + " | TRL / verirl: " + "  ".join(f"{k} {v:.2f}x" for k, v in row["phase_ratio_trl_over_verirl"].items()))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 

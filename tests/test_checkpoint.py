@@ -174,6 +174,7 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
         train_step(run, step)
     from rich.console import Console
 
+    from verirl.ops.linear import use_fast_linears
     from verirl.train.build import LogSettings
     from verirl.train.trainer import RunLog, save
     log = RunLog(run_dir, False, Console(), LogSettings(progress=False, console_every=0))
@@ -184,6 +185,7 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
     out = tmp_path / "exported"
     assert main(["export", str(run_dir), str(out)]) == 0
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    use_fast_linears(model)  # the same products as the trainer's model (oneDNN on CPU): bit-equal log-probs
     tok = AutoTokenizer.from_pretrained(out)
     gen = GenerationConfig.from_pretrained(out)
     assert set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]) == set(run.stop_ids)

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from verirl.errors import ModelError
 from verirl.models.device import resolve_device
+from verirl.ops.linear import use_fast_linears
 from verirl.registry import Registry
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
@@ -109,6 +110,7 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
         raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e
     model.to(resolve_device(device))
+    use_fast_linears(model)  # float32 CPU products through oneDNN (verirl.ops.linear); elsewhere F.linear
     stops = stop_token_ids(path, model, tokenizer)
     return LoadedModel(model, tokenizer, stops, pad_token_id(tokenizer, stops), real)
 

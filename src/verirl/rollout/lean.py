@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from verirl.ops.attention import small_attention, small_enough
+from verirl.ops.linear import PackedLinear
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
 
@@ -45,14 +46,10 @@ class _Layer:
     ln2: torch.Tensor
     eps1: float
     eps2: float
-    w_qkv: torch.Tensor
-    b_qkv: Optional[torch.Tensor]
-    w_o: torch.Tensor
-    b_o: Optional[torch.Tensor]
-    w_gu: torch.Tensor
-    b_gu: Optional[torch.Tensor]
-    w_down: torch.Tensor
-    b_down: Optional[torch.Tensor]
+    qkv: PackedLinear
+    o: PackedLinear
+    gu: PackedLinear
+    down: PackedLinear
 
 
 def _cat(*ts):
@@ -82,7 +79,7 @@ class LeanDecoder:
         self.rotary = dec.rotary_emb
         self.embed = model.get_input_embeddings().weight
         head = model.get_output_embeddings()
-        self.head_w, self.head_b = head.weight, head.bias
+        self.head = PackedLinear(head.weight, head.bias)
         self.norm_w, self.norm_eps = dec.norm.weight, dec.norm.variance_epsilon
         self.H = cfg.num_attention_heads
         self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
@@ -94,10 +91,11 @@ class LeanDecoder:
                 self.layers.append(_Layer(
                     layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                     layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon,
-                    torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                    _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias), a.o_proj.weight, a.o_proj.bias,
-                    torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias),
-                    m.down_proj.weight, m.down_proj.bias))
+                    PackedLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                 _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)),
+                    PackedLinear(a.o_proj.weight, a.o_proj.bias),
+                    PackedLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias)),
+                    PackedLinear(m.down_proj.weight, m.down_proj.bias)))
         self.scale = self.d ** -0.5
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -133,7 +131,7 @@ class LeanDecoder:
         end = start + T
         for i, L in enumerate(self.layers):
             x = _rms(h, L.ln1, L.eps1)
-            qkv = F.linear(x, L.w_qkv, L.b_qkv)
+            qkv = L.qkv(x)
             qk = qkv[..., :(H + KVH) * d].view(B, T, H + KVH, d)
             swapped = qk.view(B, T, H + KVH, 2, d // 2).flip(-2).view(B, T, H + KVH, d)
             qk = qk * cos + swapped * sin  # rotary on q and k at once
@@ -147,9 +145,9 @@ class LeanDecoder:
             else:
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=bias[:, :, 0],
                                                    scale=self.scale, enable_gqa=KVH != H).transpose(1, 2)
-            h = h + F.linear(o.reshape(B, T, H * d), L.w_o, L.b_o)
+            h = h + L.o(o.reshape(B, T, H * d))
             x = _rms(h, L.ln2, L.eps2)
-            g, u = F.linear(x, L.w_gu, L.b_gu).chunk(2, -1)
-            h = h + F.linear(F.silu(g) * u, L.w_down, L.b_down)
+            g, u = L.gu(x).chunk(2, -1)
+            h = h + L.down(F.silu(g) * u)
         h = _rms(h[:, -1], self.norm_w, self.norm_eps)
-        return F.linear(h, self.head_w, self.head_b)
+        return self.head(h)

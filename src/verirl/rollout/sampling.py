@@ -170,8 +170,9 @@ def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Ten
     also costs less: a float32 reduction instead of a (B, V) running sum. A token of weight 0
     spans an empty interval and is never picked."""
     B, V = weights.shape
-    full = V // _BLOCK * _BLOCK
-    sums = weights[:, :full].reshape(B, -1, _BLOCK).sum(-1)  # (B, V // BLOCK)
+    width = min(_BLOCK, V)  # a vocabulary of one block (the embedded model's 366) is not padded to 1024
+    full = V // width * width
+    sums = weights[:, :full].reshape(B, -1, width).sum(-1)  # (B, V // width)
     if full < V:
         sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], 1)
     sums = sums.double()  # (B, blocks)
@@ -181,12 +182,15 @@ def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Ten
     target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # (B, 1)
     blk = torch.searchsorted(ends, target, right=True).clamp_(max=ends.shape[1] - 1)  # (B, 1); clamp: NaN rows
     frac = (target - (ends.gather(1, blk) - sums.gather(1, blk))) / sums.gather(1, blk)  # (B, 1) in [0, 1]
-    idx = blk * _BLOCK + torch.arange(_BLOCK, device=weights.device)  # (B, BLOCK)
-    w = torch.where(idx < V, weights.gather(1, idx.clamp(max=V - 1)), 0).double()
-    local = w.cumsum(-1)  # (B, BLOCK) running weight within the block
+    if width == V:  # one block: the row itself
+        w = weights.double()
+    else:
+        idx = blk * width + torch.arange(width, device=weights.device)  # (B, width)
+        w = torch.where(idx < V, weights.gather(1, idx.clamp(max=V - 1)), 0).double()
+    local = w.cumsum(-1)  # (B, width) running weight within the block
     off = torch.searchsorted(local, frac.clamp(min=0) * local[:, -1:], right=True)  # (B, 1)
     # a fraction rounded up to the block's end: its last token of positive weight
-    last = torch.where(w > 0, torch.arange(_BLOCK, device=w.device), -1).amax(-1, keepdim=True)
+    last = torch.where(w > 0, torch.arange(width, device=w.device), -1).amax(-1, keepdim=True)
     # a row with no finite positive weight (NaN logits) still gets a valid token id: its step is then
     # caught as non-finite by the update, not by an index error in the next forward
-    return (blk * _BLOCK + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1), total
+    return (blk * width + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1), total

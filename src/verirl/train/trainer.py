@@ -134,6 +134,8 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
         "reward_first5": mean_of(history, "reward/mean", first=k),
         "reward_last5": mean_of(history, "reward/mean", last=k),
         "final_model": str(run.run_dir / "final"),
+        # this device's matmul peak behind perf/mfu: what a training time is scaled by between machines
+        "peak_gflops": run.step.peak_flops / 1e9,
     })
     if run.eval.at_end and run.eval.prompts:
         last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
@@ -494,5 +496,6 @@ def _print_summary(console, s: dict, n_val: int, n_samples: int) -> None:
             a, b = start[key], end[key]
             t.add_row(what, f"{a:.1%}", f"{b:.1%}", f"{(b - a) * 100:+.1f} pts")
     console.print(t)
-    console.print(f"trained {s['steps']} steps in {s['train_seconds']:.0f}s; metrics: {s['run_dir']}/metrics.jsonl; "
+    peak = f" (matmul peak {s['peak_gflops']:.0f} GFLOP/s)" if s.get("peak_gflops") else ""
+    console.print(f"trained {s['steps']} steps in {s['train_seconds']:.0f}s{peak}; metrics: {s['run_dir']}/metrics.jsonl; "
                   f"model: {s['final_model']}")
