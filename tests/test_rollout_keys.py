@@ -94,6 +94,22 @@ def test_inverse_cdf_equals_a_float64_running_sum_across_blocks():
     assert bool((w[0, got] > 0).all())
 
 
+def test_inverse_cdf_of_a_one_block_vocabulary_is_the_float64_running_sum():
+    """A vocabulary of at most one block (the embedded model's 366) takes the single-level path."""
+    torch.manual_seed(1)
+    V, N = 366, 20000
+    logits = torch.randn(1, V) * 4
+    logits[0, ::5] = float("-inf")
+    logits[0, -4:] = float("-inf")  # the last tokens have weight 0
+    w = torch.exp(logits - logits.max())
+    u = torch.cat([torch.rand(N - 2, dtype=torch.float64), torch.tensor([0.0, 1 - 2.0 ** -53], dtype=torch.float64)])
+    cdf = w.double().cumsum(-1)
+    want = torch.searchsorted(cdf.expand(N, V).contiguous(), u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    got = inverse_cdf(w.expand(N, V).contiguous(), u)
+    assert torch.equal(got, want)
+    assert bool((w[0, got] > 0).all())
+
+
 def boundary_report(model, params: SamplingParams, prompts, index, n: int, a, b) -> str:
     """For the first token where rollouts a and b differ: its keys, its uniform, and its distance to
     the nearest boundary of the CDF the model gives at that point (a's prefix, alone in its batch)."""
