@@ -57,7 +57,6 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         g_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         head = PackedLinear(weight, bias)
-        back = PackedLinear(weight.t().contiguous()) if need_h and head.packed is not None else None  # dz @ weight
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             z = _chunk_logits(head(h), t)
@@ -76,7 +75,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                 dz /= t
             dz = dz.to(hidden.dtype)
             if need_h:
-                g_h[s:s + chunk] = dz @ weight if back is None else back(dz)
+                g_h[s:s + chunk] = dz @ weight  # (a laid-out weight.T would cost two more copies of the head)
             if need_w:
                 g_w.addmm_(dz.t().to(acc), h.to(acc))
             if need_b:

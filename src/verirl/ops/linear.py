@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 
 def onednn_available() -> bool:
@@ -61,6 +62,7 @@ class _Linear(torch.autograd.Function):
         return _dnn(x, w, b)
 
     @staticmethod
+    @once_differentiable  # a second derivative through it raises instead of coming out wrong
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         gx = gw = gb = None
