@@ -37,10 +37,10 @@ def _close(a: float, b: float, rel: float) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-def _same_weights(wa: dict, wb: dict) -> None:
+def _same_weights(wa: dict, wb: dict, rel: float = 1e-5) -> None:
     assert sorted(wa) == sorted(wb)
     for name in wa:
-        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * max(wa[name].abs().max(), 1e-3), name
+        assert (wa[name] - wb[name]).abs().max() <= rel * max(wa[name].abs().max(), 1e-3), name
 
 
 @pytest.mark.slow
@@ -85,7 +85,11 @@ def test_filtered_steps_with_batch_scaling_on_two_ranks_take_the_one_rank_update
                     "adv/min"):
             assert _close(a[key], b[key], 1e-6), (key, a[key], b[key])
         assert _close(a["actor/grad_norm"], b["actor/grad_norm"], 1e-4)
-    _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")))
+    # six AdamW steps (lr 7e-5) after: float32 products through oneDNN round in the last bits by batch
+    # shape (verirl.ops.linear), and Adam's m / sqrt(v) enlarges that where a gradient is near 0:
+    # measured 4.3e-6 at most (6% of one step), hence 1e-4 of the largest weight here
+    _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")),
+                  rel=1e-4)
 
 
 @pytest.mark.slow
