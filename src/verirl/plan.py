@@ -40,7 +40,6 @@ OFFLOADS = Registry("actor.offload", {
 REWARD_WORKERS_CAP = 8  # reward.workers=-1: one scoring process per core of the rank, at most this many
 OPTIMIZER_BYTES = 8  # AdamW: two float32 moments per parameter
 LOGITS_BYTES = 4  # the output layer's logits are float32
-LOGIT_CHUNK_ELEMS = 1 << 22  # verirl.ops.head_logprobs.auto_chunk: about 4M float32 logits per chunk (>= 64 rows)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # The activations kept for the backward of one decoder layer, per token, in elements of model.dtype
@@ -438,7 +437,9 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     kv_width = shape.kv_heads * shape.head_dim
     per_token_layer = 8 * shape.hidden + 4 * kv_width + 4 * shape.active_intermediate
     activations = int(tokens * shape.layers * per_token_layer * b)
-    chunk = cfg.actor.logprob_chunk or max(64, LOGIT_CHUNK_ELEMS // max(shape.vocab, 1))
+    from verirl.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
+
+    chunk = cfg.actor.logprob_chunk or auto_chunk(shape.vocab)
     output_layer = 3 * min(chunk, tokens) * shape.vocab * LOGITS_BYTES + tokens * shape.hidden * b
     kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call
     rollout_params = total * b + (params if shards > 1 else 0)
