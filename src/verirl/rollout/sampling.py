@@ -157,6 +157,12 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return inverse_cdf_total(weights, u)[0]
 
 
+def _target(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """u (B,) of each row's total (B, 1), strictly below the total: the first entry of a running sum
+    that ends above it has a positive weight."""
+    return torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+
+
 def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens (B,), total (B, 1) float64: each row's summed weight): `inverse_cdf`, and the normaliser
     it computed on the way, which `sample_and_score` turns into the sampled tokens' log-probs.
@@ -175,27 +181,24 @@ def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Ten
     if V <= _BLOCK:  # one block (the embedded model's 366 tokens): the float64 running sum of the row itself
         local = weights.double().cumsum(-1)
         total = local[:, -1:]
-        target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
         # local[off] > target >= local[off - 1]: token off has a positive weight; clamp: NaN rows
-        return torch.searchsorted(local, target, right=True).squeeze(-1).clamp_(0, V - 1), total
-    width = _BLOCK
-    full = V // width * width
-    sums = weights[:, :full].reshape(B, -1, width).sum(-1)  # (B, V // width)
+        return torch.searchsorted(local, _target(u, total), right=True).squeeze(-1).clamp_(0, V - 1), total
+    full = V // _BLOCK * _BLOCK
+    sums = weights[:, :full].reshape(B, -1, _BLOCK).sum(-1)  # (B, V // BLOCK)
     if full < V:
         sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], 1)
     sums = sums.double()  # (B, blocks)
     ends = sums.cumsum(-1)  # where each block's weight ends
     total = ends[:, -1:]
-    # strictly below the total, so the first block ending above the target has a positive weight
-    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # (B, 1)
+    target = _target(u, total)  # (B, 1)
     blk = torch.searchsorted(ends, target, right=True).clamp_(max=ends.shape[1] - 1)  # (B, 1); clamp: NaN rows
     frac = (target - (ends.gather(1, blk) - sums.gather(1, blk))) / sums.gather(1, blk)  # (B, 1) in [0, 1]
-    idx = blk * width + torch.arange(width, device=weights.device)  # (B, width)
+    idx = blk * _BLOCK + torch.arange(_BLOCK, device=weights.device)  # (B, BLOCK)
     w = torch.where(idx < V, weights.gather(1, idx.clamp(max=V - 1)), 0).double()
-    local = w.cumsum(-1)  # (B, width) running weight within the block
+    local = w.cumsum(-1)  # (B, BLOCK) running weight within the block
     off = torch.searchsorted(local, frac.clamp(min=0) * local[:, -1:], right=True)  # (B, 1)
     # a fraction rounded up to the block's end: its last token of positive weight
-    last = torch.where(w > 0, torch.arange(width, device=w.device), -1).amax(-1, keepdim=True)
+    last = torch.where(w > 0, torch.arange(_BLOCK, device=w.device), -1).amax(-1, keepdim=True)
     # a row with no finite positive weight (NaN logits) still gets a valid token id: its step is then
     # caught as non-finite by the update, not by an index error in the next forward
-    return (blk * width + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1), total
+    return (blk * _BLOCK + torch.minimum(off, last)).squeeze(-1).clamp_(0, V - 1), total
