@@ -142,16 +142,16 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
     size = size or (8192 if accel else 2048)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    sync = getattr(torch, device.type).synchronize if accel else (lambda: None)
+    if not accel:
+        return max(cpu_matmul_rates(a, b, repeats).values())  # each library warmed up there
+    sync = getattr(torch, device.type).synchronize
     a @ b
     sync()
-    if accel:
-        t0 = time.perf_counter()
-        for _ in range(20):
-            a @ b
-        sync()
-        return 2.0 * size ** 3 * 20 / (time.perf_counter() - t0)
-    return max(cpu_matmul_rates(a, b, repeats).values())
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    sync()
+    return 2.0 * size ** 3 * 20 / (time.perf_counter() - t0)
 
 
 def cpu_matmul_rates(a: torch.Tensor, b: torch.Tensor, repeats: int = 5) -> dict[str, float]:

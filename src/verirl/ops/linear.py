@@ -15,10 +15,12 @@ development machine (AMD EPYC, 2 threads; bench/rollout.py prints the matmul rat
 
 The results are the same products summed in another order: equal to float32 rounding (relative
 1e-6 here). Everything else (a tensor on another device, another dtype, a torch built without
-oneDNN) goes through ``F.linear``; ``VERIRL_ONEDNN=0`` turns the whole path off.
+oneDNN) goes through ``F.linear``; ``VERIRL_ONEDNN=0`` in the environment at start turns the whole
+path off.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 
+@functools.cache  # read once: it is asked on every product
 def onednn_available() -> bool:
     return (os.environ.get("VERIRL_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
