@@ -62,12 +62,11 @@ def matmul_rates(threads: int) -> tuple[float, float]:
 
 
 def decode_flops(model, rows: int) -> float:
-    """Matmul FLOPs of one decoding step of ``rows`` rows: 2 x rows x the weights' entries (the
-    output layer included; attention over the cache is left out)."""
-    import torch
+    """Matmul FLOPs of one decoding step of ``rows`` rows: 2 x rows x every matmul weight (the output layer
+    included; attention over the cache is left out): `verirl.metrics.FlopModel`'s N."""
+    from verirl.metrics import FlopModel
 
-    entries = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return 2.0 * rows * entries
+    return 2.0 * rows * FlopModel.of(model).matmul_params
 
 
 def make_engine(name: str, lm, max_rows: int):
