@@ -27,7 +27,6 @@ Sections (each in try/except: a failure is printed and the next section runs):
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import shutil
@@ -125,7 +124,7 @@ def environment(device: torch.device) -> None:
         import flash_attn  # noqa: F401
         say(f"flash-attn {flash_attn.__version__} installed")
     except ImportError:
-        skip("flash-attn varlen path (verirl.train.packing._flash_varlen)", "flash-attn is not installed here")
+        skip("flash-attn varlen path (verirl.train.packing._varlen_kernel)", "flash-attn is not installed here; torch's varlen_attn stands in")
     try:
         import vllm  # noqa: F401
         say("vllm installed (this check does not run it)")
@@ -293,39 +292,6 @@ def fsdp_one_rank(model_dir: Path, device: torch.device, smoke: bool) -> None:
         tdist.destroy_process_group()
 
 
-def torch_varlen():
-    """torch's own variable-length attention adapted to flash-attn's ``flash_attn_varlen_func`` call
-    (the one verirl's packed path makes), or (None, why)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError as e:
-        return None, f"torch {torch.__version__} has no torch.nn.attention.varlen ({e})"
-    params = inspect.signature(varlen_attn).parameters
-
-    def call(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
-        if dropout_p:
-            raise ValueError("torch varlen_attn has no dropout")
-        kw = {}
-        if softmax_scale is not None:
-            kw["scale"] = softmax_scale
-        if causal:  # flash-attn's causal: aligned to the last key of each segment (bottom-right)
-            if "is_causal" in params:
-                kw["is_causal"] = True
-            elif "window_size" in params:
-                kw["window_size"] = (-1, 0)
-            else:
-                raise RuntimeError("this torch's varlen_attn has neither is_causal nor window_size")
-        H, KVH = q.shape[1], k.shape[1]
-        if KVH != H:
-            if "enable_gqa" in params:
-                kw["enable_gqa"] = True
-            else:
-                k, v = k.repeat_interleave(H // KVH, dim=1), v.repeat_interleave(H // KVH, dim=1)
-        return varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k), **kw)
-
-    return call, f"torch.nn.attention.varlen.varlen_attn{inspect.signature(varlen_attn)}"
-
-
 def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None:
     from verirl.models import load_model
     from verirl.train import packing
@@ -346,35 +312,36 @@ def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None
     lp_ref = all_logprobs(ref, roll, padded, micro)
     del ref
     mask = roll.response_mask
-    runs = [("padded rows, SDPA", padded, None),
+    runs = [("padded rows, SDPA", padded, "none"),
             ("packed, prompt shared, buckets (small_attention / SDPA)", LogprobPass(remove_padding=True), None),
             ("packed, no prompt sharing, buckets", LogprobPass(remove_padding=True, share_prompt=False), None)]
-    fn, why = torch_varlen()
+    fn = packing.torch_varlen()
     if fn is None:
-        skip("packed log-probs through torch's variable-length attention", why)
+        skip("packed log-probs through torch's variable-length attention", f"torch {torch.__version__} has no varlen_attn")
     elif device.type != "cuda":
         skip("packed log-probs through torch's variable-length attention", "CUDA only (torch's varlen_attn is flash-attention)")
     else:
-        say(f"  torch varlen: {why}")
         runs.append(("packed, prompt shared, torch varlen_attn", LogprobPass(remove_padding=True), fn))
-    if device.type == "cuda" and packing._flash_varlen(torch.zeros(1, device=device, dtype=torch.bfloat16)) is not None:
-        runs.append(("packed, prompt shared, flash-attn varlen", LogprobPass(remove_padding=True), "flash"))
+        runs.append(("packed, no prompt sharing, torch varlen_attn", LogprobPass(remove_padding=True, share_prompt=False), fn))
+    try:
+        from flash_attn import flash_attn_varlen_func
+        if device.type == "cuda":
+            runs.append(("packed, prompt shared, flash-attn varlen", LogprobPass(remove_padding=True), flash_attn_varlen_func))
+    except ImportError:
+        pass
     base = None
-    for name, how, varlen in runs:
-        saved = dict(packing._FLASH)
+    for name, how, kernel in runs:
+        saved = dict(packing._KERNEL)
         try:
-            if callable(varlen):  # verirl's own cache of the varlen function: the packed path calls it
-                packing._FLASH["fn"] = varlen
-            elif varlen is None:
-                packing._FLASH["fn"] = None  # the buckets even where flash-attn is installed
+            packing._KERNEL["fn"] = None if kernel == "none" else kernel  # None: the buckets, whatever is installed
             t, lp = timed(lambda: all_logprobs(model, roll, how, micro), device, reps)
         except Exception as e:
             say(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
             SKIPPED.append(f"{name}: failed ({type(e).__name__})")
             continue
         finally:
-            packing._FLASH.clear()
-            packing._FLASH.update(saved)
+            packing._KERNEL.clear()
+            packing._KERNEL.update(saved)
         base = base or t
         say(f"  {name:<58} {t * 1e3:8.1f} ms ({base / t:4.2f}x padded)  vs fp32: " + diff_line(name.split(',')[0], lp, lp_ref, mask))
 

@@ -198,7 +198,7 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
     import verirl.train.packing as packing
 
     def run(fn):
-        monkeypatch.setattr(packing, "_flash_varlen", lambda query: fn)
+        monkeypatch.setattr(packing, "_varlen_kernel", lambda query: fn)
         model = copy.deepcopy(tiny.model)
         lp, ent, mask = packed_logprobs(model, sampled, list(range(16)), with_entropy=True, share_prompt=share)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
@@ -208,3 +208,15 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
     assert (la - lb).abs().max() <= 1e-5
     for n in ga:
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
+
+
+def test_auto_chunk_per_device():
+    """The head's rows per chunk: about 4M float32 logits on a CPU, 64M on an accelerator, never
+    under 64 rows (hand-computed)."""
+    from verirl.ops.head_logprobs import auto_chunk
+
+    assert auto_chunk(49152) == 85  # 2^22 // 49,152 (SmolLM2)
+    assert auto_chunk(151936) == 64  # 2^22 // 151,936 = 27: the 64-row floor (Qwen2.5)
+    assert auto_chunk(49152, "cuda") == 1365  # 2^26 // 49,152
+    assert auto_chunk(151936, "npu") == 441  # 2^26 // 151,936
+    assert auto_chunk(366, "cpu", budget_elems=1 << 20) == 2864

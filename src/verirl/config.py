@@ -183,7 +183,7 @@ class ActorConfig:
     max_token_len_per_device: int = 0
     use_remove_padding: bool = True  # pack sequences into one row: no compute on pad tokens
     share_prompt: bool = True  # with packing: compute each prompt once for its rollout.n samples
-    logprob_chunk: int = 0  # output-layer rows per log-prob chunk; 0 = auto (about 4M logits per chunk, at least 64 rows)
+    logprob_chunk: int = 0  # output-layer rows per log-prob chunk; 0 = auto (about 4M logits per chunk on a CPU, 64M on a GPU or NPU; at least 64 rows)
     strategy: str = "fsdp2"  # data parallelism when the world size is above 1: fsdp2 (sharded) / ddp (replicated)
     offload: str = "none"  # none / optimizer / params: what leaves the device between phases (where supported)
 

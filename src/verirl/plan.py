@@ -439,7 +439,7 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     activations = int(tokens * shape.layers * per_token_layer * b)
     from verirl.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
 
-    chunk = cfg.actor.logprob_chunk or auto_chunk(shape.vocab)
+    chunk = cfg.actor.logprob_chunk or auto_chunk(shape.vocab, "cpu" if visible_devices(cfg.model.device) is None else "cuda")
     output_layer = 3 * min(chunk, tokens) * shape.vocab * LOGITS_BYTES + tokens * shape.hidden * b
     kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call
     rollout_params = total * b + (params if shards > 1 else 0)

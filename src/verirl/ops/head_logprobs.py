@@ -12,12 +12,22 @@ import torch
 from verirl.ops.linear import PackedLinear
 
 
-def auto_chunk(vocab: int, budget_elems: int = 1 << 22) -> int:
-    """Rows per chunk so one chunk's float32 logits stay near ``budget_elems`` (16 MB by default), and at
-    least 64 rows (a product with fewer runs well below the matmul rate). 16 MB rather than 128 MB: on
-    SmolLM2-135M's GRPO step (8 x 8, bench/grpo_vs_trl.py's settings) the process's peak memory fell
-    from 7.65 to 7.10 GB at the same step time."""
-    return max(64, budget_elems // max(vocab, 1))
+CPU_BUDGET = 1 << 22  # float32 logits per chunk on a CPU (16 MB)
+ACCELERATOR_BUDGET = 1 << 26  # on a GPU or NPU (256 MB)
+
+
+def auto_chunk(vocab: int, device: str = "cpu", budget_elems: int = 0) -> int:
+    """Rows per chunk so one chunk's float32 logits stay near ``budget_elems`` (0: the device type's
+    budget), and at least 64 rows (a product with fewer runs well below the matmul rate).
+
+    CPU, 4M logits (16 MB): on SmolLM2-135M's GRPO step (8 x 8, bench/grpo_vs_trl.py's settings) the
+    process's peak memory fell from 7.65 to 7.10 GB against 32M, at the same step time.
+    Accelerators, 64M logits (256 MB; 1,365 rows of a 49k vocabulary): a chunk's work there takes
+    microseconds, so small chunks are bound by kernel launches. On an H200, SmolLM2's packed
+    log-prob pass over 42k tokens took 285 ms with the CPU's 85-row chunks and 217 ms with
+    16,384-row ones (bench/gpu_profile.py)."""
+    budget = budget_elems or (CPU_BUDGET if device == "cpu" else ACCELERATOR_BUDGET)
+    return max(64, budget // max(vocab, 1))
 
 
 class _ChunkedHeadLogprobs(torch.autograd.Function):
@@ -94,8 +104,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     """hidden (M, h) states that predict ``labels`` (M,) through the output layer (weight (V, h), bias).
 
     Returns (log p(label) (M,), entropy (M,) or None), float32, computed in chunks of rows so
-    that memory holds one chunk's logits at a time (``chunk`` 0 = about 4M logits, at least 64 rows)."""
-    chunk = chunk or auto_chunk(weight.shape[0])
+    that memory holds one chunk's logits at a time (``chunk`` 0 = `auto_chunk` for the weight's device)."""
+    chunk = chunk or auto_chunk(weight.shape[0], weight.device.type)
     logp, ent = _ChunkedHeadLogprobs.apply(hidden, weight, bias, labels, float(temperature), int(chunk),
                                            bool(with_entropy))
     return logp, (ent if with_entropy else None)

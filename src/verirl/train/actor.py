@@ -41,7 +41,7 @@ class LogprobPass:
     temperature: float = 1.0  # log-probs of the distribution the rollout sampled from
     remove_padding: bool = True  # packed rows (when the model supports it), else padded rows
     share_prompt: bool = True  # packed: each prompt computed once for its samples
-    chunk: int = 0  # output-layer rows per chunk; 0 = about 4M logits per chunk (at least 64 rows)
+    chunk: int = 0  # output-layer rows per chunk; 0 = auto_chunk (4M logits on a CPU, 64M on an accelerator)
     offload: bool = False  # the model waits on the host between passes (ref.offload)
 
     @property
