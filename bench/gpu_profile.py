@@ -1,4 +1,14 @@
-"""Where the packed log-prob pass spends its time on a GPU (section 3 of gpu_check.py, taken apart)."""
+"""Where a GPU's time goes in two of verirl's passes, taken apart (bench/gpu_check.py runs them whole).
+
+    python3 bench/gpu_profile.py               # both, on the GPU machine (set up as gpu_check.sh does)
+    python3 bench/gpu_profile.py decode        # one of: packed, decode
+    .venv/bin/python bench/gpu_profile.py --cpu-smoke   # tiny sizes on the CPU (tests this script)
+
+packed: the packed log-prob pass (buckets or a variable-length kernel; head chunk sizes; layouts cached
+or not) against padded rows, forward and forward + backward, and a profile of the default.
+decode: the native engine's decoding steps captured as a CUDA graph against the same steps run eagerly
+(one shape; and growing with the cache, with compaction): time, tokens/s, and whether tokens agree.
+"""
 from __future__ import annotations
 
 import sys
@@ -12,16 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check as gc  # noqa: E402
 
 
-def main():
-    smoke = "--cpu-smoke" in sys.argv
-    device = torch.device("cpu" if smoke else "cuda:0")
+def packed(model_dir, device, smoke):
     from verirl.models import load_model
     from verirl.train import packing
     from verirl.train.actor import LogprobPass, sequence_logprobs
     from verirl.train.packing import PackCache, pack_rows
 
-    work = Path(tempfile.mkdtemp())
-    model_dir, _ = gc.build_model_dir(work / "model", gc.SMOKE if smoke else gc.SMOLLM2_135M)
     dtype = "float32" if smoke else "bfloat16"
     model = load_model(str(model_dir), dtype, device.type).model.eval()
     groups, n = (2, 4) if smoke else (8, 8)
@@ -77,6 +83,63 @@ def main():
         gc.sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     gc.say(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
+
+
+def decode(model_dir, device, smoke):
+    from verirl.models import load_model
+    from verirl.rollout import NativeEngine, SamplingParams, native
+
+    dtype = "float32" if smoke else "bfloat16"
+    model = load_model(str(model_dir), dtype, device.type).model.eval()
+    prompts, n, new = (2, 2, 8) if smoke else (32, 8, 256)
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(3, 366, (int(L),), generator=g).tolist() for L in torch.linspace(20, 48, prompts)]
+    eng = NativeEngine(model, 0, [2])
+    gc.say(f"-- decode: {prompts} prompts x n={n}, {new} new tokens (a random model rarely stops), {dtype}")
+    outs = {}
+    grow = "eager, growing steps, compaction"
+    for name, shape in [(grow, (False, False)), ("eager, one shape", (True, False)), ("CUDA graph", (True, True))]:
+        if shape[1] and device.type != "cuda":
+            continue
+        orig = native._one_shape
+        native._one_shape = lambda d, s=shape: s
+        try:
+            for params, tag in [(SamplingParams(max_new_tokens=new, temperature=0), "greedy"),
+                                (SamplingParams(max_new_tokens=new, temperature=1.0, seed=1), "sampled")]:
+                t, r = gc.timed(lambda: eng.generate(ids, n, params), device, 1 if smoke else 2)
+                outs[(name, tag)] = r
+                gc.say(f"  {name:<36} {tag:<8} {t:7.3f} s  {int(r.response_mask.sum()) / t:9.0f} tok/s")
+        except Exception as e:
+            gc.say(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
+            gc.say("  " + "".join(gc.traceback.format_exc(limit=8)).replace("\n", "\n  "))
+        finally:
+            native._one_shape = orig
+    for (name, tag), r in outs.items():
+        ref = outs.get((grow, tag))
+        if ref is None or name == grow:
+            continue
+        same = (r.response_ids == ref.response_ids).float().mean().item()
+        diff = (r.response_ids != ref.response_ids).any(0).nonzero()
+        gc.say(f"  {name}, {tag}: tokens equal to the growing steps' at {same:.2%} of positions (first difference "
+               f"at column {int(diff[0]) if len(diff) else None})")
+    one, graph = outs.get(("eager, one shape", "sampled")), outs.get(("CUDA graph", "sampled"))
+    if one is not None and graph is not None:
+        gc.say(f"  CUDA graph vs eager one shape, sampled: identical tokens {torch.equal(one.response_ids, graph.response_ids)}")
+
+
+def main():
+    smoke = "--cpu-smoke" in sys.argv
+    which = [a for a in sys.argv[1:] if not a.startswith("--")] or ["packed", "decode"]
+    device = torch.device("cpu" if smoke else "cuda:0")
+    work = Path(tempfile.mkdtemp())
+    model_dir, _ = gc.build_model_dir(work / "model", gc.SMOKE if smoke else gc.SMOLLM2_135M)
+    for name in which:
+        t = time.perf_counter()
+        try:
+            {"packed": packed, "decode": decode}[name](model_dir, device, smoke)
+        except Exception:
+            gc.say(gc.traceback.format_exc())
+        gc.say(f"  ({name}: {time.perf_counter() - t:.1f} s)")
 
 
 if __name__ == "__main__":

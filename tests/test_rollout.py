@@ -159,3 +159,28 @@ def test_hf_stepper_equals_the_lean_decoder(tiny, arith, monkeypatch):
     assert eng.batch_sizes[-1] < eng.batch_sizes[1]  # rows were compacted on the way
     assert torch.equal(lean.response_ids, hf.response_ids) and torch.equal(lean.response_mask, hf.response_mask)
     assert torch.equal(lean.prompt_ids, hf.prompt_ids)
+
+
+def test_fixed_shape_steps_equal_the_dynamic_ones(tiny, arith, monkeypatch):
+    """The decoding step that a CUDA graph captures on a GPU (one shape for every step: the whole cache
+    attended with the columns not yet written masked, keys written at a column held in a tensor, no
+    compaction), run eagerly here: the same greedy tokens and the same seeded samples as the steps
+    that grow with the cache and drop finished rows."""
+    import verirl.rollout.native as native
+
+    _, val = arith
+    prompts = [p.ids for p in val[:6]]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0)
+    sampled = SamplingParams(max_new_tokens=24, temperature=1.0, seed=3)
+    eng = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    dyn_g = eng.generate(prompts, 2, greedy)
+    dyn_s = eng.generate(prompts, 3, sampled)
+    assert eng.batch_sizes[-1] < eng.batch_sizes[1]  # rows were compacted on the way
+    monkeypatch.setattr(native, "_one_shape", lambda device: (True, False))
+    fix_g = eng.generate(prompts, 2, greedy)
+    fix_s = eng.generate(prompts, 3, sampled)
+    assert set(eng.batch_sizes[1:]) == {18}  # every step ran on all rows
+    for a, b in [(dyn_g, fix_g), (dyn_s, fix_s)]:
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert (dyn_s.sample_logprobs - fix_s.sample_logprobs).abs().max() < 1e-5
+    assert bool(fix_s.stopped.any())  # finished rows stepped on, and their tokens were dropped

@@ -100,10 +100,13 @@ class LeanDecoder:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
-    def alloc(self, batch: int, length: int, like: torch.Tensor) -> None:
+    def alloc(self, batch: int, length: int, like: torch.Tensor, zeros: bool = False) -> None:
+        """A cache of ``length`` positions for ``batch`` rows; ``zeros``: written with zeros (a step that
+        attends over the whole cache must not meet NaN in positions not yet written)."""
         shape = (batch, self.KVH, length, self.d)
-        self.k = [like.new_empty(shape) for _ in self.layers]
-        self.v = [like.new_empty(shape) for _ in self.layers]
+        new = like.new_zeros if zeros else like.new_empty
+        self.k = [new(shape) for _ in self.layers]
+        self.v = [new(shape) for _ in self.layers]
         # the model's rotary table for positions 0..length-1, once per call; rotate_half(x) * sin is
         # computed as swap_halves(x) * (-sin1, sin2): the same products, no negation per step
         cos, sin = self.rotary(like[:1, None], torch.arange(length, device=like.device)[None])
@@ -120,15 +123,20 @@ class LeanDecoder:
         self.v = [t.repeat_interleave(n, 0) for t in self.v]
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start, bias: torch.Tensor) -> torch.Tensor:
         """ids/pos (B, T) written at cache columns start..start+T; bias (B, 1, 1, T, start+T) additive
-        (0 = may attend, -inf = may not). Returns the logits of the last position (B, V)."""
+        (0 = may attend, -inf = may not). Returns the logits of the last position (B, V).
+
+        ``start`` a (1,) long tensor instead of an int (T = 1): the step of one shape that a CUDA graph
+        captures. The token is written at that column and attends over the whole cache, bias (B, 1, 1,
+        1, cache length) masking the columns it may not see."""
         B, T = ids.shape
-        small = small_enough(T, start + T)
+        fixed = isinstance(start, torch.Tensor)
+        small = small_enough(T, self.k[0].shape[2] if fixed else start + T)
         h = F.embedding(ids, self.embed)
         cos, sin = F.embedding(pos, self.cos)[:, :, None], F.embedding(pos, self.sin)[:, :, None]  # (B, T, 1, d)
         H, KVH, d = self.H, self.KVH, self.d
-        end = start + T
+        end = None if fixed else start + T
         for i, L in enumerate(self.layers):
             x = _rms(h, L.ln1, L.eps1)
             qkv = L.qkv(x)
@@ -137,9 +145,13 @@ class LeanDecoder:
             qk = qk * cos + swapped * sin  # rotary on q and k at once
             q, k = qk[:, :, :H], qk[:, :, H:]
             v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d)
-            self.k[i][:, :, start:end] = k.transpose(1, 2)
-            self.v[i][:, :, start:end] = v.transpose(1, 2)
-            keys, vals = self.k[i][:, :, :end], self.v[i][:, :, :end]
+            if fixed:
+                keys = self.k[i].index_copy_(2, start, k.transpose(1, 2))
+                vals = self.v[i].index_copy_(2, start, v.transpose(1, 2))
+            else:
+                self.k[i][:, :, start:end] = k.transpose(1, 2)
+                self.v[i][:, :, start:end] = v.transpose(1, 2)
+                keys, vals = self.k[i][:, :, :end], self.v[i][:, :, :end]
             if small:
                 o = small_attention(q, keys, vals, bias, self.scale)  # (B, T, H, d)
             else:

@@ -7,6 +7,10 @@
 * Llama-family models (Llama, Qwen2, Mistral, SmolLM2) run through `LeanDecoder`, a
   forward with fused projections and an in-place KV cache; other models through their
   own transformers forward with a DynamicCache.
+* On CUDA the lean decoding step is captured once per call as a CUDA graph and replayed
+  (`VERIRL_CUDA_GRAPHS=0` turns it off): one shape for every step, attending over the whole
+  cache with the columns not yet written masked, and no compaction of finished rows. A step
+  of small kernels is bound by their launches there, not by the arithmetic.
 * Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`). With a
   seed, the uniform of token t of sample j of the prompt at global position g is
   `sampling.keyed_uniforms(seed, g, j, t)`: the rollout of a prompt does not depend on the
@@ -15,6 +19,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Optional, Sequence
 
 import torch
@@ -34,6 +39,8 @@ def _cache_kwarg(model) -> str:
 
 class _HFStepper:
     """The model's own forward with a DynamicCache (any architecture)."""
+
+    compacts = True
 
     def __init__(self, model):
         self.model, self.kw, self.cache = model, _cache_kwarg(model), DynamicCache()
@@ -61,18 +68,30 @@ class _HFStepper:
 
 
 class _LeanStepper:
-    def __init__(self, model):
+    """`LeanDecoder` steps. ``fixed``: every decoding step of the call has one shape, so that a CUDA graph
+    can capture the step once and replay it (``graph``, CUDA only; elsewhere the same steps run eagerly,
+    which is what the tests check). Then the cache starts zeroed, each step attends over all of it with
+    the columns not yet written masked, the new token's keys go in at a column held in a tensor, and
+    finished rows stay in the batch (no compaction: they step on pads, and their tokens are dropped)."""
+
+    def __init__(self, model, fixed: bool = False, graph: bool = False):
         self.dec = LeanDecoder(model)
-        self.bias = None  # (B, total) additive key bias: -inf on left pads, 0 elsewhere
+        self.bias = None  # (B, total) additive key bias: -inf on left pads (fixed: and on columns not yet written)
+        self.fixed, self.graph = fixed, graph
+        self.compacts = not fixed
+        self.inputs = None  # fixed: (token (B, 1), position (B, 1), column (1,)) buffers the step reads
+        self.captured = None  # the CUDA graph of the step, and its output
 
     def prefill(self, ids, mask, pos, total: int):
         B, P = ids.shape
-        self.dec.alloc(B, total, self.dec.embed)
+        self.dec.alloc(B, total, self.dec.embed, zeros=self.fixed)
         causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()
         m = causal[None] & mask.bool()[:, None, :]
         m |= torch.eye(P, dtype=torch.bool, device=ids.device)[None]  # pad rows see themselves: no NaN
         self.bias = self.dec.embed.new_zeros((B, total))
         self.bias[:, :P].masked_fill_(~mask.bool(), float("-inf"))
+        if self.fixed:
+            self.bias[:, P:] = float("-inf")  # each step reveals its own column
         full = self.dec.embed.new_zeros(m.shape).masked_fill_(~m, float("-inf"))
         return self.dec.forward(ids, pos, 0, full[:, None, None])
 
@@ -85,7 +104,46 @@ class _LeanStepper:
         self.bias = self.bias.index_select(0, rows)
 
     def step(self, tok, pos, start: int):
-        return self.dec.forward(tok[:, None], pos[:, None], start, self.bias[:, None, None, None, :start + 1])
+        if not self.fixed:
+            return self.dec.forward(tok[:, None], pos[:, None], start, self.bias[:, None, None, None, :start + 1])
+        if self.inputs is None:
+            self.inputs = (tok[:, None].clone(), pos[:, None].clone(), torch.full((1,), start, device=tok.device))
+        t, p, col = self.inputs
+        t.copy_(tok[:, None])
+        p.copy_(pos[:, None])
+        col.fill_(start)
+        if not self.graph:
+            return self._fixed_step()
+        if self.captured is None:
+            self.captured = self._capture()
+        graph, out = self.captured
+        graph.replay()
+        return out
+
+    def _fixed_step(self):
+        t, p, col = self.inputs
+        self.bias.index_fill_(1, col, 0.0)  # this step's column becomes visible
+        return self.dec.forward(t, p, col, self.bias[:, None, None, None])
+
+    def _capture(self):
+        """The step as a CUDA graph: warmed up on a side stream (the step can run again: it writes the same
+        column), then captured; the caller replays it for this step and every later one."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._fixed_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._fixed_step()
+        return graph, out
+
+
+def _one_shape(device: torch.device) -> tuple[bool, bool]:
+    """(decoding steps of one shape, captured as a CUDA graph): both on CUDA unless VERIRL_CUDA_GRAPHS=0."""
+    on = device.type == "cuda" and os.environ.get("VERIRL_CUDA_GRAPHS", "1") != "0"
+    return on, on
 
 
 class _KeyedUniforms:
@@ -143,7 +201,7 @@ class NativeEngine:
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with eval_mode(model):
-            run = _LeanStepper(model) if lean_supported(model) else _HFStepper(model)
+            run = _LeanStepper(model, *_one_shape(device)) if lean_supported(model) else _HFStepper(model)
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
             if n > 1:  # expand each prompt's cache to its n samples
@@ -174,7 +232,7 @@ class NativeEngine:
                 n_run = int(running.sum())
                 if n_run == 0:
                     break
-                if n_run <= 0.75 * running.numel():  # compact: drop the finished rows from the cache
+                if run.compacts and n_run <= 0.75 * running.numel():  # drop the finished rows from the cache
                     idx = running.nonzero().squeeze(-1)
                     run.select(idx)
                     active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]
