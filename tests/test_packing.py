@@ -198,7 +198,7 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
     import verirl.train.packing as packing
 
     def run(fn):
-        monkeypatch.setattr(packing, "_varlen_kernel", lambda query: fn)
+        monkeypatch.setattr(packing, "_varlen_kernel", lambda query, dropout=0.0: fn)
         model = copy.deepcopy(tiny.model)
         lp, ent, mask = packed_logprobs(model, sampled, list(range(16)), with_entropy=True, share_prompt=share)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
@@ -209,6 +209,47 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
     for n in ga:
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
 
+
+
+@pytest.mark.parametrize("signature", ["window_size", "is_causal"])
+def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signature):
+    """`packing.torch_varlen` calls torch's varlen_attn as flash-attn's function is called: causal
+    aligned to each segment's last key (window_size=(-1, 0), or is_causal in torch's other signature),
+    grouped-query heads shared (enable_gqa, or k/v repeated where torch has no such flag). torch's
+    kernel is CUDA-only, so here it is the written-out kernel behind each of torch's two signatures."""
+    import torch.nn.attention.varlen as tv
+
+    import verirl.train.packing as packing
+
+    seen = []
+    if signature == "window_size":
+        def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                 enable_gqa=False):
+            seen.append((window_size, enable_gqa, k.shape[1] == q.shape[1]))
+            return _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=window_size == (-1, 0))
+    else:
+        def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, is_causal=False):
+            seen.append((is_causal, k.shape[1] == q.shape[1]))
+            return _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=is_causal)
+    monkeypatch.setattr(tv, "varlen_attn", fake)
+    adapter = packing.torch_varlen()
+    assert adapter is not None
+
+    def run(fn):
+        monkeypatch.setattr(packing, "_varlen_kernel", lambda query, dropout=0.0: fn)
+        model = copy.deepcopy(tiny.model)
+        lp, _, mask = packed_logprobs(model, sampled, list(range(16)))
+        (lp * mask).sum().backward()
+        return lp.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    (la, ga), (lb, gb) = run(None), run(adapter)
+    assert tiny.model.config.num_key_value_heads < tiny.model.config.num_attention_heads  # grouped-query heads
+    assert seen and set(seen) == ({((-1, 0), True, False)} if signature == "window_size" else {(True, True)})
+    assert (la - lb).abs().max() <= 1e-5
+    for n in ga:
+        assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
+    with pytest.raises(ConfigError, match="dropout"):
+        adapter(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
 
 def test_auto_chunk_per_device():
     """The head's rows per chunk: about 4M float32 logits on a CPU, 64M on an accelerator, never

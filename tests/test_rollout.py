@@ -1,4 +1,5 @@
 """The native engine against transformers' generate on the real tiny model."""
+import pytest
 import torch
 
 from verirl.rollout import HFEngine, NativeEngine, SamplingParams
@@ -161,13 +162,17 @@ def test_hf_stepper_equals_the_lean_decoder(tiny, arith, monkeypatch):
     assert torch.equal(lean.prompt_ids, hf.prompt_ids)
 
 
-def test_fixed_shape_steps_equal_the_dynamic_ones(tiny, arith, monkeypatch):
+@pytest.mark.parametrize("attention", ["small", "sdpa"])
+def test_fixed_shape_steps_equal_the_dynamic_ones(tiny, arith, monkeypatch, attention):
     """The decoding step that a CUDA graph captures on a GPU (one shape for every step: the whole cache
     attended with the columns not yet written masked, keys written at a column held in a tensor, no
     compaction), run eagerly here: the same greedy tokens and the same seeded samples as the steps
     that grow with the cache and drop finished rows."""
+    import verirl.rollout.lean as lean
     import verirl.rollout.native as native
 
+    if attention == "sdpa":  # the long-cache branch (SDPA with the bias as its mask), for both kinds of step
+        monkeypatch.setattr(lean, "small_enough", lambda q, k: False)
     _, val = arith
     prompts = [p.ids for p in val[:6]]
     greedy = SamplingParams(max_new_tokens=24, temperature=0)
@@ -184,3 +189,25 @@ def test_fixed_shape_steps_equal_the_dynamic_ones(tiny, arith, monkeypatch):
         assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
     assert (dyn_s.sample_logprobs - fix_s.sample_logprobs).abs().max() < 1e-5
     assert bool(fix_s.stopped.any())  # finished rows stepped on, and their tokens were dropped
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_steps_equal_the_eager_fixed_steps(tiny, arith, monkeypatch):
+    """On a GPU: the captured decoding step replays the eager one-shape step exactly, for n > 1 and
+    for two calls of different shapes in a row (each call captures its own graph)."""
+    import copy
+
+    import verirl.rollout.native as native
+
+    train, val = arith
+    model = copy.deepcopy(tiny.model).cuda()
+    eng = NativeEngine(model, tiny.pad_id, tiny.stop_ids)
+    calls = [([p.ids for p in val[:6]], 3, SamplingParams(max_new_tokens=24, temperature=1.0, seed=3)),
+             ([p.ids for p in train[:4]], 2, SamplingParams(max_new_tokens=16, temperature=0))]
+    monkeypatch.setattr(native, "_one_shape", lambda device: (True, True))
+    graphed = [eng.generate(*c) for c in calls]
+    monkeypatch.setattr(native, "_one_shape", lambda device: (True, False))
+    eager = [eng.generate(*c) for c in calls]
+    for a, b in zip(graphed, eager):
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)

@@ -3,13 +3,14 @@
 * Each distinct prompt is prefilled once; its cache is then repeated n times.
 * One forward per new token for the still-running rows only: finished rows leave the
   batch (their cache rows are dropped once a quarter of the batch has finished, so the
-  copy is paid a few times per call, not at every step).
+  copy is paid a few times per call, not at every step), except in the CUDA graph below.
 * Llama-family models (Llama, Qwen2, Mistral, SmolLM2) run through `LeanDecoder`, a
   forward with fused projections and an in-place KV cache; other models through their
   own transformers forward with a DynamicCache.
 * On CUDA the lean decoding step is captured once per call as a CUDA graph and replayed
   (`VERIRL_CUDA_GRAPHS=0` turns it off): one shape for every step, attending over the whole
-  cache with the columns not yet written masked, and no compaction of finished rows. A step
+  cache with the columns not yet written masked, and no compaction of finished rows (models
+  on their own forward, and VERIRL_CUDA_GRAPHS=0, still compact). A step
   of small kernels is bound by their launches there, not by the arithmetic.
 * Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`). With a
   seed, the uniform of token t of sample j of the prompt at global position g is
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -115,7 +117,13 @@ class _LeanStepper:
         if not self.graph:
             return self._fixed_step()
         if self.captured is None:
-            self.captured = self._capture()
+            try:
+                self.captured = self._capture()
+            except Exception as e:  # a step CUDA cannot capture still decodes, eagerly
+                warnings.warn(f"the decoding step could not be captured as a CUDA graph ({type(e).__name__}: {e}); "
+                              f"decoding without one. VERIRL_CUDA_GRAPHS=0 skips the attempt.", RuntimeWarning)
+                self.graph = False
+                return self._fixed_step()
         graph, out = self.captured
         graph.replay()
         return out
@@ -128,15 +136,16 @@ class _LeanStepper:
     def _capture(self):
         """The step as a CUDA graph: warmed up on a side stream (the step can run again: it writes the same
         column), then captured; the caller replays it for this step and every later one."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._fixed_step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._fixed_step()
+        with torch.cuda.device(self.dec.embed.device):  # the model's GPU, whichever is current
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._fixed_step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._fixed_step()
         return graph, out
 
 

@@ -22,7 +22,8 @@ attend to each other.
 On CUDA with a half-precision model, all segments go instead through one call of a
 variable-length attention kernel per layer: flash-attn's `flash_attn_varlen_func` when it is
 installed, else torch's own `torch.nn.attention.varlen.varlen_attn` (a flash-attention kernel
-inside torch >= 2.10). Segments are taken in packed order, so the queries are the packed row
+inside recent torch; run here with torch 2.11 on an H200) where its kernel runs: an Ampere or
+newer GPU, a head size that is a multiple of 8 up to 256, no attention dropout. Segments are taken in packed order, so the queries are the packed row
 itself (no gather, no reordering) and only a shared prompt's keys are gathered once per response;
 causal is aligned to each segment's last key. The arguments are checked on CPU against a
 written-out kernel of the same semantics. On an H200 (bench/gpu_profile.py, SmolLM2's shape,
@@ -227,20 +228,26 @@ def torch_varlen():
     return call if ("is_causal" in params or "window_size" in params) else None
 
 
-def _varlen_kernel(query: torch.Tensor):
+def _varlen_kernel(query: torch.Tensor, dropout: float = 0.0):
     """For CUDA half-precision tensors: flash-attn's ``flash_attn_varlen_func`` when the package is
-    installed, else torch's ``varlen_attn``; None elsewhere (the buckets below are used).
-    ``VERIRL_VARLEN=buckets`` keeps the buckets everywhere."""
+    installed, else torch's ``varlen_attn`` where its flash kernel runs (an Ampere or newer GPU, head
+    size a multiple of 8 up to 256, no attention dropout); None elsewhere (the buckets below are
+    used). ``VERIRL_VARLEN=buckets`` keeps the buckets everywhere."""
     if query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16):
         return None
     if "fn" not in _KERNEL:
-        fn = None
+        fn, ours = None, False
         if os.environ.get("VERIRL_VARLEN", "auto") != "buckets":
             try:
                 from flash_attn import flash_attn_varlen_func as fn
             except ImportError:
                 fn = torch_varlen()
-        _KERNEL["fn"] = fn
+                ours = fn is not None
+        _KERNEL["fn"], _KERNEL["torch"] = fn, ours
+    d = query.shape[-1]
+    if _KERNEL.get("torch") and not (dropout == 0 and d <= 256 and d % 8 == 0
+                                     and torch.cuda.get_device_capability(query.device) >= (8, 0)):
+        return None
     return _KERNEL["fn"]
 
 
@@ -259,7 +266,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
     scale = d ** -0.5 if scaling is None else scaling
     p_drop = dropout if module.training else 0.0
-    varlen_fn = _varlen_kernel(query)
+    varlen_fn = _varlen_kernel(query, p_drop)
     if varlen_fn is not None:  # every segment in one call; causal aligned to the last key, as here
         vl = layout.varlen
         if vl.k_pos is not None:  # a shared prompt's keys and values, once per response
