@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -85,11 +86,18 @@ class _Varlen:
 
 @dataclass
 class PackedLayout:
-    """Which packed positions attend to which: a list of buckets and the order to undo."""
-    buckets: list[_Bucket]
+    """Which packed positions attend to which: the segments (for a variable-length kernel, `varlen`),
+    and their buckets with the order to undo, made on first use (the bucket path only: their masks
+    are the costly part of packing long responses)."""
+    segments: list[_Seg]  # longest keys first
     inverse: torch.Tensor  # (T,) puts the bucket-ordered outputs back in packed order
     max_keys: int
     varlen: _Varlen
+    device: torch.device
+
+    @functools.cached_property
+    def buckets(self) -> list[_Bucket]:
+        return _bucket(self.segments, self.device)
 
 
 @dataclass
@@ -105,39 +113,67 @@ class PackedBatch:
     width: int  # r = the longest response among the rows
 
 
-def _varlen(segments: list[tuple[list[int], int]], total: int, device) -> _Varlen:
+@dataclass(frozen=True)
+class _Seg:
+    """One attention segment of the packed row: its keys are the packed positions of ``runs``
+    ((start, length) pairs, end to end) and its queries the last ``q`` of them, all in its last run."""
+    runs: tuple
+    q: int
+
+    @property
+    def keys(self) -> int:
+        return sum(n for _, n in self.runs)
+
+    @property
+    def queries(self) -> tuple[int, int]:
+        start, n = self.runs[-1]
+        return start + n - self.q, self.q
+
+
+def _positions(runs: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """The positions of (start, length) runs, end to end: one long tensor, built without a loop
+    over the positions (a step packs tens of thousands of them)."""
+    starts = torch.tensor([s for s, _ in runs], dtype=torch.long)
+    lens = torch.tensor([n for _, n in runs], dtype=torch.long)
+    return torch.repeat_interleave(starts - (lens.cumsum(0) - lens), lens) + torch.arange(int(lens.sum()))
+
+
+def _varlen(segments: list[_Seg], total: int, device) -> _Varlen:
     """segments in packed order, whose queries tile the packed row 0..total-1 end to end."""
-    qlen = torch.tensor([0] + [q for _, q in segments])
-    klen = torch.tensor([0] + [len(k) for k, _ in segments])
+    qlen = torch.tensor([0] + [s.q for s in segments])
+    klen = torch.tensor([0] + [s.keys for s in segments])
     if int(qlen.sum()) != total:
         raise AssertionError(f"packed segments' queries cover {int(qlen.sum())} of {total} positions")
     own = bool((qlen == klen).all())  # no shared prompt: every segment's keys are its own queries
-    k_pos = None if own else torch.as_tensor([p for k, _ in segments for p in k], dtype=torch.long, device=device)
+    k_pos = None if own else _positions([r for s in segments for r in s.runs]).to(device)
     return _Varlen(k_pos, qlen.cumsum(0).to(device, torch.int32), klen.cumsum(0).to(device, torch.int32),
                    int(qlen.max()), int(klen.max()))
 
 
-def _bucket(segments: list[tuple[list[int], int]], device, ratio: float = 0.7) -> list[_Bucket]:
-    """segments, longest keys first: (key positions, number of queries = the last q keys). Groups
-    consecutive segments of similar key length so that padding inside a bucket stays small; the
-    buckets' queries, in order, are the segments' queries in order."""
+def _bucket(segments: list[_Seg], device, ratio: float = 0.7) -> list[_Bucket]:
+    """segments, longest keys first. Groups consecutive segments of similar key length so that
+    padding inside a bucket stays small; the buckets' queries, in order, are the segments' queries
+    in order."""
     buckets = []
     i = 0
     while i < len(segments):
-        k0 = len(segments[i][0])
+        k0 = segments[i].keys
         j = i
-        while j < len(segments) and len(segments[j][0]) >= ratio * k0:
+        while j < len(segments) and segments[j].keys >= ratio * k0:
             j += 1
         members = segments[i:j]
-        S, K, Q = len(members), k0, max(q for _, q in members)
-        klen = torch.tensor([len(k) for k, _ in members])
-        qlen = torch.tensor([q for _, q in members])
-        k_idx = torch.tensor([k + [0] * (K - len(k)) for k, _ in members], dtype=torch.long)
-        q_idx = torch.tensor([k[len(k) - q:] + [0] * (Q - q) for k, q in members], dtype=torch.long)
+        S, K, Q = len(members), k0, max(s.q for s in members)
+        klen = torch.tensor([s.keys for s in members])
+        qlen = torch.tensor([s.q for s in members])
+        seg = torch.repeat_interleave(torch.arange(S), klen)
+        col = torch.arange(int(klen.sum())) - torch.repeat_interleave(klen.cumsum(0) - klen, klen)
+        k_idx = torch.zeros((S, K), dtype=torch.long)
+        k_idx[seg, col] = _positions([r for s in members for r in s.runs])
         t = torch.arange(Q)[None, :, None]  # query row
         c = torch.arange(K)[None, None, :]  # key column
         real_q = t < qlen[:, None, None]
         # query t is key number klen - qlen + t, and sees keys 0 .. klen - qlen + t
+        q_idx = k_idx.gather(1, ((klen - qlen)[:, None] + t[..., 0]).clamp(max=K - 1)).masked_fill(~real_q[..., 0], 0)
         mask = real_q & (c <= (klen - qlen)[:, None, None] + t)
         mask |= ~real_q & (c == 0)  # padded query rows see one key (no NaN); their output is dropped
         valid = (torch.arange(S * Q).view(S, Q))[real_q[:, :, 0]]
@@ -153,46 +189,49 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     r_ids, r_len = rollout.response_ids.tolist(), rollout.response_lengths.tolist()
     ids: list[int] = []
     pos: list[int] = []
-    segments: list[tuple[list[int], int]] = []
-    pred, labels, out_row, out_col = [], [], [], []
-    shared: dict[tuple, tuple[int, int]] = {}  # prompt tokens -> (start, length) in the packed row
-    for b, i in enumerate(rows):
+    segments: list[_Seg] = []
+    heads, starts, lens = [], [], []  # per row: the position predicting its first token, its start, its length
+    shared: dict[tuple, int] = {}  # prompt tokens -> start in the packed row
+    for i in rows:
         prompt = tuple(t for t, m in zip(p_ids[i], p_mask[i]) if m)
-        resp = r_ids[i][:int(r_len[i])]
+        L = int(r_len[i])
         if not prompt:
             raise ValueError(f"rollout row {i} has an empty prompt; a response needs at least one prompt token.")
         P = len(prompt)
         if share_prompt and prompt in shared:
-            p_start = shared[prompt][0]
+            p_start = shared[prompt]
         else:
             p_start = len(ids)
             ids.extend(prompt)
             pos.extend(range(P))
             if share_prompt:
-                shared[prompt] = (p_start, P)
-                segments.append((list(range(p_start, p_start + P)), P))
+                shared[prompt] = p_start
+                segments.append(_Seg(((p_start, P),), P))
         r_start = len(ids)
-        ids.extend(resp)
-        pos.extend(range(P, P + len(resp)))
-        keys = list(range(p_start, p_start + P)) + list(range(r_start, r_start + len(resp)))
-        segments.append((keys, len(resp) if share_prompt else P + len(resp)))
-        for j in range(len(resp)):
-            pred.append(p_start + P - 1 if j == 0 else r_start + j - 1)
-            labels.append(resp[j])
-            out_row.append(b)
-            out_col.append(j)
-    segments = [s for s in segments if s[1] > 0]  # an empty response has no queries of its own
+        ids.extend(r_ids[i][:L])
+        pos.extend(range(P, P + L))
+        segments.append(_Seg(((p_start, P), (r_start, L)), L) if share_prompt else _Seg(((p_start, P + L),), P + L))
+        heads.append(p_start + P - 1)
+        starts.append(r_start)
+        lens.append(L)
+    # label m of row b, column j: response token j, predicted by the hidden state before it
+    lens_t = torch.tensor(lens, dtype=torch.long)
+    out_row = torch.repeat_interleave(torch.arange(len(rows)), lens_t)
+    out_col = torch.arange(int(lens_t.sum())) - torch.repeat_interleave(lens_t.cumsum(0) - lens_t, lens_t)
+    at = torch.repeat_interleave(torch.tensor(starts, dtype=torch.long), lens_t) + out_col
+    pred = torch.where(out_col == 0, torch.repeat_interleave(torch.tensor(heads, dtype=torch.long), lens_t), at - 1)
+    ids_t = torch.tensor(ids, dtype=torch.long)
+    segments = [s for s in segments if s.q > 0]  # an empty response has no queries of its own
     varlen = _varlen(segments, len(ids), device)
-    segments.sort(key=lambda seg: -len(seg[0]))  # stable: equal lengths keep their packed order
-    order = torch.as_tensor([p for k, q in segments for p in k[len(k) - q:]], dtype=torch.long)  # the buckets' outputs
+    segments.sort(key=lambda seg: -seg.keys)  # stable: equal lengths keep their packed order
+    order = _positions([s.queries for s in segments])  # the buckets' outputs, in packed positions
     inverse = torch.empty(len(ids), dtype=torch.long)
     inverse[order] = torch.arange(len(ids))
-    inverse = inverse.to(device)
-    width = max((int(r_len[i]) for i in rows), default=0)
-    t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    layout = PackedLayout(_bucket(segments, device), inverse, max(len(k) for k, _ in segments), varlen)
-    return PackedBatch(t(ids)[None], t(pos)[None], layout, t(pred), t(labels), t(out_row), t(out_col),
-                       len(rows), max(width, 1))
+    width = max(lens, default=0)
+    layout = PackedLayout(segments, inverse.to(device), max(s.keys for s in segments), varlen, device)
+    t = lambda x: x.to(device)  # noqa: E731
+    return PackedBatch(t(ids_t)[None], t(torch.tensor(pos, dtype=torch.long))[None], layout, t(pred), t(ids_t[at]),
+                       t(out_row), t(out_col), len(rows), max(width, 1))
 
 
 _KERNEL = {}
