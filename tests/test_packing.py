@@ -261,3 +261,26 @@ def test_auto_chunk_per_device():
     assert auto_chunk(49152, "cuda") == 1365  # 2^26 // 49,152
     assert auto_chunk(151936, "npu") == 441  # 2^26 // 151,936
     assert auto_chunk(366, "cpu", budget_elems=1 << 20) == 2864
+
+
+def test_pack_rows_by_hand():
+    """Two samples of prompt [5, 6] (responses [7, 8] and [9]) and one of prompt [4] (an empty
+    response), laid out by hand: shared prompts once, positions restarting per prompt, each label
+    predicted by the position before it, and the segments of a variable-length kernel."""
+    roll = _rollout([[5, 6], [5, 6], [4]], [[7, 8], [9], []])
+    pb = pack_rows(roll, [0, 1, 2], share_prompt=True)
+    assert pb.input_ids.tolist() == [[5, 6, 7, 8, 9, 4]]
+    assert pb.position_ids.tolist() == [[0, 1, 2, 3, 2, 0]]
+    assert pb.pred_pos.tolist() == [1, 2, 1] and pb.labels.tolist() == [7, 8, 9]
+    assert pb.out_row.tolist() == [0, 0, 1] and pb.out_col.tolist() == [0, 1, 0] and (pb.rows, pb.width) == (3, 2)
+    vl = pb.layout.varlen  # segments in packed order: prompt [5, 6], response [7, 8], response [9], prompt [4]
+    assert vl.cu_q.tolist() == [0, 2, 4, 5, 6] and vl.cu_k.tolist() == [0, 2, 6, 9, 10]
+    assert vl.k_pos.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5] and (vl.max_q, vl.max_k) == (2, 4)
+    # buckets, longest keys first: [7, 8] (4 keys) with [9] (3 >= 0.7 x 4, padded), then [5, 6] (2 keys),
+    # then [4] (1 < 0.7 x 2)...
+    assert [b.k_idx.tolist() for b in pb.layout.buckets] == [[[0, 1, 2, 3], [0, 1, 4, 0]], [[0, 1]], [[5]]]
+    assert [b.q_idx.tolist() for b in pb.layout.buckets] == [[[2, 3], [4, 0]], [[0, 1]], [[5]]]
+    assert pb.layout.inverse.tolist() == [3, 4, 0, 1, 2, 5]  # ...whose outputs (2, 3, 4, 0, 1, 5) go back here
+    flat = pack_rows(roll, [0, 1, 2], share_prompt=False)
+    assert flat.input_ids.tolist() == [[5, 6, 7, 8, 5, 6, 9, 4]] and flat.pred_pos.tolist() == [1, 2, 5]
+    assert flat.layout.varlen.k_pos is None and flat.layout.varlen.cu_q.tolist() == [0, 4, 7, 8]
