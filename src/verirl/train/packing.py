@@ -90,14 +90,25 @@ class PackedLayout:
     and their buckets with the order to undo, made on first use (the bucket path only: their masks
     are the costly part of packing long responses)."""
     segments: list[_Seg]  # longest keys first
-    inverse: torch.Tensor  # (T,) puts the bucket-ordered outputs back in packed order
-    max_keys: int
     varlen: _Varlen
+    total: int  # T, the tokens of the packed row
     device: torch.device
+
+    @property
+    def max_keys(self) -> int:
+        return self.segments[0].keys
 
     @functools.cached_property
     def buckets(self) -> list[_Bucket]:
         return _bucket(self.segments, self.device)
+
+    @functools.cached_property
+    def inverse(self) -> torch.Tensor:
+        """(T,) puts the buckets' outputs (the segments' queries, in the segments' order) back in packed order."""
+        order = _positions([s.queries for s in self.segments])
+        inverse = torch.empty(self.total, dtype=torch.long)
+        inverse[order] = torch.arange(self.total)
+        return inverse.to(self.device)
 
 
 @dataclass
@@ -224,11 +235,8 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     segments = [s for s in segments if s.q > 0]  # an empty response has no queries of its own
     varlen = _varlen(segments, len(ids), device)
     segments.sort(key=lambda seg: -seg.keys)  # stable: equal lengths keep their packed order
-    order = _positions([s.queries for s in segments])  # the buckets' outputs, in packed positions
-    inverse = torch.empty(len(ids), dtype=torch.long)
-    inverse[order] = torch.arange(len(ids))
     width = max(lens, default=0)
-    layout = PackedLayout(segments, inverse.to(device), max(s.keys for s in segments), varlen, device)
+    layout = PackedLayout(segments, varlen, len(ids), device)
     t = lambda x: x.to(device)  # noqa: E731
     return PackedBatch(t(ids_t)[None], t(torch.tensor(pos, dtype=torch.long))[None], layout, t(pred), t(ids_t[at]),
                        t(out_row), t(out_col), len(rows), max(width, 1))
@@ -295,7 +303,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     """An attention function for transformers' AttentionInterface: the packed layout while a packed
     forward is running, plain SDPA otherwise. query (1, H, T, d), key/value (1, KVH, T, d)."""
     layout = _LAYOUT.get()
-    if layout is None or query.shape[0] != 1 or query.shape[2] != layout.inverse.shape[0]:
+    if layout is None or query.shape[0] != 1 or query.shape[2] != layout.total:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
     if sliding_window is not None and layout.max_keys > sliding_window:
@@ -310,8 +318,8 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         vl = layout.varlen
         if vl.k_pos is not None:  # a shared prompt's keys and values, once per response
             k, v = k.index_select(0, vl.k_pos), v.index_select(0, vl.k_pos)
-        out = varlen_fn(q.contiguous(), k.contiguous(), v.contiguous(), vl.cu_q, vl.cu_k, vl.max_q, vl.max_k, dropout_p=p_drop, softmax_scale=scale,
-                        causal=True)
+        out = varlen_fn(q.contiguous(), k.contiguous(), v.contiguous(), vl.cu_q, vl.cu_k, vl.max_q, vl.max_k,
+                        dropout_p=p_drop, softmax_scale=scale, causal=True)
         return out[None], None
     outs = []
     for bk in layout.buckets:
