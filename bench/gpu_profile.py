@@ -63,7 +63,7 @@ def packed(model_dir, device, smoke):
     for rows in mbs:
         pack_rows(roll, rows, True)
     gc.say(f"  pack_rows for all {len(mbs)} micro-batches: {(time.perf_counter() - t) * 1e3:.1f} ms (CPU)")
-    kernel = packing._varlen_kernel(torch.zeros(1, device=device, dtype=model.dtype))
+    kernel = packing._varlen_kernel(torch.zeros(1, 1, 64, device=device, dtype=model.dtype))  # a head size it takes
     gc.say(f"  default kernel: {getattr(kernel, '__module__', None)}.{getattr(kernel, '__qualname__', None)}")
     for grad in (False, True):
         gc.say(f"-- {'forward + backward' if grad else 'forward, no grad'}")

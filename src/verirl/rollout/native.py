@@ -34,6 +34,11 @@ from verirl.rollout.sampling import keyed_uniforms, sample_and_score, sample_nex
 from verirl.types import Rollout
 
 
+# Finished rows are dropped from the cache once no more than this share of the batch is still running
+# (each drop copies the cache, so not at every finished row).
+COMPACT_AT = 0.75
+
+
 def _cache_kwarg(model) -> str:
     """transformers >= 5.2x names the KV cache argument ``cache``; earlier releases ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -241,7 +246,7 @@ class NativeEngine:
                 n_run = int(running.sum())
                 if n_run == 0:
                     break
-                if run.compacts and n_run <= 0.75 * running.numel():  # drop the finished rows from the cache
+                if run.compacts and n_run <= COMPACT_AT * running.numel():  # drop the finished rows from the cache
                     idx = running.nonzero().squeeze(-1)
                     run.select(idx)
                     active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, for a lent GPU machine with a time limit (no network; bench/wheels carried):
+#   1. the CUDA-only tests (pytest from bench/wheels/test if the machine has none),
+#   2. bench/gpu_check.sh (GRPO steps, FSDP2 on one rank, packed vs padded),
+#   3. the embedded default on the GPU for TRAIN_STEPS steps (the whole trainer: rollout, packing, update),
+#   4. bench/gpu_profile.py (packed and decode) while time is left.
+# Output under $OUT (or ./gpu_out): one log per part. BUDGET (s, default 420) bounds the whole.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-420}; T0=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+PY=${PY:-python3}
+SITE=/tmp/verirl-gpu-all-site; mkdir -p "$SITE"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/machine.txt"
+"$PY" -c "import pytest" 2>/dev/null || "$PY" -m pip install -q --no-index --no-deps --target "$SITE" bench/wheels/test/*.whl
+"$PY" -m pip install -q --no-index --no-deps --target "$SITE" bench/wheels/*.whl
+export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+echo "== 1. CUDA tests"
+timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py -k "cuda or fixed_shape" 2>&1 | tail -15 | tee "$OUT/tests.log"
+
+echo "== 2. gpu_check ($(left) s left)"
+BUDGET=$(( $(left) < 200 ? $(left) : 200 )) bash bench/gpu_check.sh 2>&1 | tee "$OUT/gpu_check.log" | grep -v "^\s*$" | tail -40
+
+echo "== 3. embedded default on the GPU ($(left) s left)"
+timeout $(( $(left) < 150 ? $(left) : 150 )) "$PY" -m verirl.cli train model.device=cuda \
+    trainer.total_steps=${TRAIN_STEPS:-200} trainer.run_dir=/tmp/gpu_tiny eval.size=100 log.console_every=50 \
+    > "$OUT/train.log" 2>&1; echo "rc=$?"; tail -25 "$OUT/train.log"
+cp /tmp/gpu_tiny/summary.json "$OUT/train_summary.json" 2>/dev/null
+cp /tmp/gpu_tiny/metrics.jsonl "$OUT/train_metrics.jsonl" 2>/dev/null
+
+if [ "$(left)" -gt 60 ]; then
+  echo "== 4. gpu_profile ($(left) s left)"
+  timeout $(( $(left) - 10 )) "$PY" bench/gpu_profile.py 2>&1 | tee "$OUT/profile.log" | tail -60
+fi
+echo "== done in $(( $(date +%s) - T0 )) s"
