@@ -150,3 +150,24 @@ def test_too_long_builtin_prompts_can_be_filtered(tmp_path):
                  "eval.size=4", "eval.n=1", "log.progress=false"]) == 0
     row = json.loads((run / "metrics.jsonl").read_text())
     assert row["prompt_length/max"] <= 30
+
+
+@pytest.mark.parametrize("name,value", [("VERIRL_CUDA_GRAPHS", "off"), ("VERIRL_VARLEN", "flash"),
+                                        ("VERIRL_ONEDNN", "no")])
+def test_a_misspelled_switch_in_the_environment_stops_the_run(capsys, tmp_path, monkeypatch, name, value):
+    """A VERIRL_* switch with a value it does not take is refused at start, naming the variable, the value and
+    the values it takes, instead of silently meaning its default (and every reader refuses it too)."""
+    from verirl.errors import ENV_SWITCHES, env_choice
+
+    monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    assert main(["train", f"trainer.run_dir={run_dir}"]) == 2
+    assert not run_dir.exists()
+    err = capsys.readouterr().err
+    assert f"{name}='{value}'" in err and ", ".join(ENV_SWITCHES[name][1]) in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match=name):
+        env_choice(name)
+    monkeypatch.setenv(name, ENV_SWITCHES[name][1][0])
+    assert env_choice(name) == ENV_SWITCHES[name][1][0]
+    monkeypatch.setenv(name, "")
+    assert env_choice(name) == ENV_SWITCHES[name][0]

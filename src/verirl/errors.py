@@ -28,3 +28,31 @@ class CheckpointError(UserError):
 
 class ModelError(UserError):
     """A model directory, tokenizer or device that cannot be used as asked."""
+
+
+
+# verirl's switches in the environment (docs/performance.md): name -> (default, the values it takes)
+ENV_SWITCHES = {
+    "VERIRL_ONEDNN": ("1", ("0", "1")),  # float32 CPU products through oneDNN
+    "VERIRL_CUDA_GRAPHS": ("1", ("0", "1")),  # the native engine's decoding step as a CUDA graph
+    "VERIRL_VARLEN": ("auto", ("auto", "buckets")),  # packed attention on CUDA: a varlen kernel, or buckets
+}
+
+
+def env_choice(name: str) -> str:
+    """The value of the switch ``name`` of `ENV_SWITCHES` (its default when unset or empty). A value it does
+    not take raises, rather than silently meaning the default."""
+    import os
+
+    default, choices = ENV_SWITCHES[name]
+    value = os.environ.get(name, "").strip() or default
+    if value not in choices:
+        raise ConfigError(f"{name}={os.environ[name]!r} in the environment is not one of {', '.join(choices)}; "
+                          f"set it to one of them, or unset it for the default ({default}; docs/performance.md).")
+    return value
+
+
+def check_env() -> None:
+    """Every switch of `ENV_SWITCHES`, checked at start (before a bad one is first read mid-run)."""
+    for name in ENV_SWITCHES:
+        env_choice(name)

@@ -21,17 +21,18 @@ path off.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from verirl.errors import env_choice
+
 
 @functools.cache  # read once: it is asked on every product
 def onednn_available() -> bool:
-    return (os.environ.get("VERIRL_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
+    return (env_choice("VERIRL_ONEDNN") == "1" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 

@@ -20,13 +20,13 @@
 from __future__ import annotations
 
 import inspect
-import os
 import warnings
 from typing import Optional, Sequence
 
 import torch
 from transformers import DynamicCache
 
+from verirl.errors import env_choice
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
@@ -156,7 +156,7 @@ class _LeanStepper:
 
 def _one_shape(device: torch.device) -> tuple[bool, bool]:
     """(decoding steps of one shape, captured as a CUDA graph): both on CUDA unless VERIRL_CUDA_GRAPHS=0."""
-    on = device.type == "cuda" and os.environ.get("VERIRL_CUDA_GRAPHS", "1") != "0"
+    on = device.type == "cuda" and env_choice("VERIRL_CUDA_GRAPHS") == "1"
     return on, on
 
 

@@ -36,7 +36,6 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -44,7 +43,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verirl.errors import ConfigError
+from verirl.errors import ConfigError, env_choice
 from verirl.ops.attention import small_attention, small_enough
 from verirl.ops.head_logprobs import head_logprobs
 from verirl.train.strategy import final_hidden
@@ -284,7 +283,7 @@ def _varlen_kernel(query: torch.Tensor, dropout: float = 0.0):
         return None
     if "fn" not in _KERNEL:
         fn, ours = None, False
-        if os.environ.get("VERIRL_VARLEN", "auto") != "buckets":
+        if env_choice("VERIRL_VARLEN") == "auto":
             try:
                 from flash_attn import flash_attn_varlen_func as fn
             except ImportError:
