@@ -321,8 +321,12 @@ def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None
     elif device.type != "cuda":
         skip("packed log-probs through torch's variable-length attention", "CUDA only (torch's varlen_attn is flash-attention)")
     else:
-        runs.append(("packed, prompt shared, torch varlen_attn", LogprobPass(remove_padding=True), fn))
-        runs.append(("packed, no prompt sharing, torch varlen_attn", LogprobPass(remove_padding=True, share_prompt=False), fn))
+        fn_torch = packing.torch_varlen(direct=False)  # torch's varlen_attn function (custom-op dispatch)
+        fn_direct = packing.torch_varlen(direct=True)  # its flash kernels called directly: the default
+        runs.append(("packed, prompt shared, torch varlen_attn", LogprobPass(remove_padding=True), fn_torch))
+        runs.append(("packed, prompt shared, flash kernels direct", LogprobPass(remove_padding=True), fn_direct))
+        runs.append(("packed, no prompt sharing, flash kernels direct", LogprobPass(remove_padding=True, share_prompt=False),
+                     fn_direct))
     try:
         from flash_attn import flash_attn_varlen_func
         if device.type == "cuda":

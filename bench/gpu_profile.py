@@ -1,7 +1,7 @@
 """Where a GPU's time goes in two of verirl's passes, taken apart (bench/gpu_check.py runs them whole).
 
     python3 bench/gpu_profile.py               # both, on the GPU machine (set up as gpu_check.sh does)
-    python3 bench/gpu_profile.py decode        # one of: packed, decode
+    python3 bench/gpu_profile.py decode        # one of: packed, decode, packed-small (a GRPO step of grpo_vs_trl)
     .venv/bin/python bench/gpu_profile.py --cpu-smoke   # tiny sizes on the CPU (tests this script)
 
 packed: the packed log-prob pass (buckets or a variable-length kernel; head chunk sizes; layouts cached
@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check as gc  # noqa: E402
 
 
-def packed(model_dir, device, smoke):
+def packed(model_dir, device, smoke, small=False):
+    """``small``: one micro-batch of a GRPO step of bench/grpo_vs_trl.py (8 prompts of 30-40 tokens x 8
+    responses of 32), where launches and host work, not arithmetic, set the time."""
     from verirl.models import load_model
     from verirl.train import packing
     from verirl.train.actor import LogprobPass, sequence_logprobs
@@ -31,8 +33,11 @@ def packed(model_dir, device, smoke):
     dtype = "float32" if smoke else "bfloat16"
     model = load_model(str(model_dir), dtype, device.type).model.eval()
     groups, n = (2, 4) if smoke else (8, 8)
-    roll = gc.synthetic_rollout(366, groups, n, (16, 48) if smoke else (32, 256), (8, 40) if smoke else (16, 1024), device)
-    micro = 16
+    p_range, r_range, micro = ((16, 48), (8, 40), 16) if smoke else ((32, 256), (16, 1024), 16)
+    if small:
+        p_range, r_range, micro = (30, 40), (32, 32), groups * n
+    roll = gc.synthetic_rollout(366, groups, n, p_range, r_range, device)
+    gc.say(f"  {groups} prompts x n={n}, prompts {p_range}, responses {r_range} tokens, {micro} rows per micro-batch")
     N = roll.response_ids.shape[0]
     mbs = [list(range(s, min(N, s + micro))) for s in range(0, N, micro)]
 
@@ -73,6 +78,9 @@ def packed(model_dir, device, smoke):
         variant("packed default (layouts made each pass)", LogprobPass(), grad=grad)
         variant("packed default, layouts cached", LogprobPass(), cached=True, grad=grad)
         variant("packed default, no prompt sharing, cached", LogprobPass(share_prompt=False), cached=True, grad=grad)
+        if device.type == "cuda":  # the default calls torch's flash kernels directly; its varlen_attn function:
+            variant("packed, torch's varlen_attn function, cached", LogprobPass(), cached=True,
+                    kernel=packing.torch_varlen(direct=False), grad=grad)
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     how = LogprobPass()
@@ -83,6 +91,8 @@ def packed(model_dir, device, smoke):
         gc.sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     gc.say(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
+    if small:  # where the host's time goes
+        gc.say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=50))
 
 
 def decode(model_dir, device, smoke):
@@ -129,14 +139,15 @@ def decode(model_dir, device, smoke):
 
 def main():
     smoke = "--cpu-smoke" in sys.argv
-    which = [a for a in sys.argv[1:] if not a.startswith("--")] or ["packed", "decode"]
+    which = [a for a in sys.argv[1:] if not a.startswith("--")] or ["packed", "decode"]  # or packed-small
     device = torch.device("cpu" if smoke else "cuda:0")
     work = Path(tempfile.mkdtemp())
     model_dir, _ = gc.build_model_dir(work / "model", gc.SMOKE if smoke else gc.SMOLLM2_135M)
     for name in which:
         t = time.perf_counter()
         try:
-            {"packed": packed, "decode": decode}[name](model_dir, device, smoke)
+            {"packed": packed, "decode": decode, "packed-small": lambda *a: packed(*a, small=True)}[name](
+                model_dir, device, smoke)
         except Exception:
             gc.say(gc.traceback.format_exc())
         gc.say(f"  ({name}: {time.perf_counter() - t:.1f} s)")

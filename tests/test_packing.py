@@ -232,7 +232,7 @@ def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signatu
             seen.append((is_causal, k.shape[1] == q.shape[1]))
             return _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=is_causal)
     monkeypatch.setattr(tv, "varlen_attn", fake)
-    adapter = packing.torch_varlen()
+    adapter = packing.torch_varlen(direct=False)
     assert adapter is not None
 
     def run(fn):
@@ -250,6 +250,46 @@ def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signatu
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
     with pytest.raises(ConfigError, match="dropout"):
         adapter(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
+
+def test_which_torch_varlen_kernel(monkeypatch):
+    """By default torch's flash kernels are called directly (`flash_varlen`); VERIRL_VARLEN=torch keeps
+    torch's varlen_attn function; neither takes dropout."""
+    import verirl.train.packing as packing
+
+    monkeypatch.delenv("VERIRL_VARLEN", raising=False)
+    assert packing.torch_varlen() is packing.flash_varlen
+    monkeypatch.setenv("VERIRL_VARLEN", "torch")
+    assert packing.torch_varlen() not in (None, packing.flash_varlen)
+    with pytest.raises(ConfigError, match="dropout"):
+        packing.flash_varlen(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's flash kernels run on CUDA only")
+@pytest.mark.parametrize("kv_heads", [3, 9])
+def test_flash_varlen_equals_torch_varlen_attn(kv_heads):
+    """On a GPU: the direct call gives torch's varlen_attn's outputs and gradients (the same kernels), for
+    packed causal segments whose queries are the last of their keys (a shared prompt's keys repeated)."""
+    import verirl.train.packing as packing
+
+    g = torch.Generator().manual_seed(0)
+    q_lens, k_lens = [5, 17, 1, 40], [9, 17, 30, 40]
+    cu_q = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).cuda()
+    cu_k = torch.tensor([0] + k_lens).cumsum(0).to(torch.int32).cuda()
+
+    def leaf(n, h):
+        return torch.randn(n, h, 64, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+
+    q, k, v = leaf(sum(q_lens), 9), leaf(sum(k_lens), kv_heads), leaf(sum(k_lens), kv_heads)
+    grad = torch.randn(sum(q_lens), 9, 64, generator=g).to("cuda", torch.bfloat16)
+    outs = []
+    for fn in (packing.flash_varlen, packing.torch_varlen(direct=False)):
+        o = fn(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), softmax_scale=0.125, causal=True)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), grad)
+        outs.append((o, dq, dk, dv))
+    assert torch.equal(outs[0][0], outs[1][0])
+    for a, b in zip(outs[0][1:], outs[1][1:]):
+        assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
+
 
 def test_auto_chunk_per_device():
     """The head's rows per chunk: about 4M float32 logits on a CPU, 64M on an accelerator, never

@@ -35,7 +35,8 @@ class ModelError(UserError):
 ENV_SWITCHES = {
     "VERIRL_ONEDNN": ("1", ("0", "1")),  # float32 CPU products through oneDNN
     "VERIRL_CUDA_GRAPHS": ("1", ("0", "1")),  # the native engine's decoding step as a CUDA graph
-    "VERIRL_VARLEN": ("auto", ("auto", "buckets")),  # packed attention on CUDA: a varlen kernel, or buckets
+    # packed attention on CUDA: a varlen kernel (torch's called directly), torch's varlen_attn function, or buckets
+    "VERIRL_VARLEN": ("auto", ("auto", "torch", "buckets")),
 }
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -244,13 +245,53 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
 _KERNEL = {}
 
 
-def torch_varlen():
+class _FlashVarlen(torch.autograd.Function):
+    """torch's flash kernels on packed segments, called directly (``aten._flash_attention_forward`` and
+    ``_backward``, what ``torch.nn.attention.varlen.varlen_attn`` runs on its flash path): the same
+    kernels without that function's custom-op dispatch, which cost ~180 us of host time a call on an
+    H200's host (a 30-layer forward and backward at GRPO-step sizes is bound by host time there).
+    q (T, H, d), k/v (T_k, KVH, d) with KVH dividing H; no dropout."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale, causal: bool):
+        out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse, seed, offset)
+        ctx.args = (max_q, max_k, causal, scale)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, cu_q, cu_k, out, lse, seed, offset = ctx.saved_tensors
+        max_q, max_k, causal, scale = ctx.args
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal, seed, offset, scale=scale)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
+    """`_FlashVarlen` called as flash-attn's ``flash_attn_varlen_func`` is."""
+    if dropout_p:
+        raise ConfigError("torch's varlen kernels take no attention dropout here; install flash-attn, or set "
+                          "actor.use_remove_padding=false.")
+    return _FlashVarlen.apply(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k),
+                              softmax_scale, bool(causal))
+
+
+def torch_varlen(direct: Optional[bool] = None):
     """torch's ``varlen_attn`` called as flash-attn's ``flash_attn_varlen_func`` is (the call below),
-    or None where this torch has none."""
+    or None where this torch has none. ``direct`` (default: on CUDA builds whose ``varlen_attn`` runs
+    ``aten._flash_attention_forward``, i.e. torch 2.10 and later): its kernels without its dispatch
+    (`flash_varlen`); ``VERIRL_VARLEN=torch`` keeps torch's function."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
+    if direct is None:
+        direct = env_choice("VERIRL_VARLEN") == "auto" and hasattr(torch.ops.aten, "_flash_attention_backward")
+    if direct:
+        return flash_varlen
     params = inspect.signature(varlen_attn).parameters
 
     def call(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
@@ -283,7 +324,7 @@ def _varlen_kernel(query: torch.Tensor, dropout: float = 0.0):
         return None
     if "fn" not in _KERNEL:
         fn, ours = None, False
-        if env_choice("VERIRL_VARLEN") == "auto":
+        if env_choice("VERIRL_VARLEN") != "buckets":
             try:
                 from flash_attn import flash_attn_varlen_func as fn
             except ImportError:
