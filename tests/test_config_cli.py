@@ -165,6 +165,7 @@ def test_a_misspelled_switch_in_the_environment_stops_the_run(capsys, tmp_path, 
     assert not run_dir.exists()
     err = capsys.readouterr().err
     assert f"{name}='{value}'" in err and ", ".join(ENV_SWITCHES[name][1]) in err and err.count("\n") == 1
+    assert main(["plan"]) == 2 and name in capsys.readouterr().err  # every command checks them first
     with pytest.raises(ConfigError, match=name):
         env_choice(name)
     monkeypatch.setenv(name, ENV_SWITCHES[name][1][0])

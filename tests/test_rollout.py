@@ -153,8 +153,9 @@ def test_hf_stepper_equals_the_lean_decoder(tiny, arith, monkeypatch):
     _, val = arith
     prompts = [p.ids for p in val[:6]]
     params = SamplingParams(max_new_tokens=24, temperature=0)
-    # compact at the first finished row: the tiny model's answers are 17-20 tokens long, and whether a
-    # quarter of them (the default) ends early enough depends on a machine's last bits
+    # compact at the first finished row (0.99: in batches of up to 100 rows): the tiny model's answers are
+    # 17-20 tokens long, and whether a quarter of them (the default) ends early enough depends on a machine's
+    # last bits
     monkeypatch.setattr(native, "COMPACT_AT", 0.99)
     lean = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(prompts, 2, params)
     monkeypatch.setattr(native, "lean_supported", lambda model: False)

@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from verirl.align import COMMANDS
+    from verirl.errors import UserError, check_env
+
+    try:
+        check_env()  # VERIRL_* switches, for every command: a misspelled value stops here, not mid-run
+    except UserError as e:
+        return _user_error(args.command, e)
 
     if args.command in COMMANDS:
         import importlib
@@ -157,7 +163,7 @@ def _run(args) -> int:
     if args.command == "plan" or getattr(args, "dry_run", False):
         return _plan(args)
     from verirl.config import Config, PreprocessConfig, SFTConfig, describe, load_config, to_yaml
-    from verirl.errors import UserError, check_env
+    from verirl.errors import UserError
 
     schema = {"train": Config, "sft": SFTConfig, "preprocess": PreprocessConfig}[args.command]
     if args.help_config:
@@ -173,7 +179,6 @@ def _run(args) -> int:
         from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is enough; theirs floods logs with load bars
     try:
-        check_env()  # VERIRL_* switches: a misspelled value stops here, not mid-run
         quiet = ["log.progress=off", "log.console_every=0"] if getattr(args, "quiet", False) else []
         overrides = list(args.overrides) + quiet
         cfg = load_config(args.config or ("tiny" if args.command == "train" else None), overrides, schema)

@@ -281,9 +281,9 @@ def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale
 
 def torch_varlen(direct: Optional[bool] = None):
     """torch's ``varlen_attn`` called as flash-attn's ``flash_attn_varlen_func`` is (the call below),
-    or None where this torch has none. ``direct`` (default: on CUDA builds whose ``varlen_attn`` runs
-    ``aten._flash_attention_forward``, i.e. torch 2.10 and later): its kernels without its dispatch
-    (`flash_varlen`); ``VERIRL_VARLEN=torch`` keeps torch's function."""
+    or None where this torch has none. ``direct`` (the default unless ``VERIRL_VARLEN=torch``): the kernels
+    that function runs on its flash path, called without its dispatch (`flash_varlen`). Whether they run
+    at all (CUDA, half precision, head size, GPU generation) is `_varlen_kernel`'s decision."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
