@@ -30,7 +30,6 @@ class ModelError(UserError):
     """A model directory, tokenizer or device that cannot be used as asked."""
 
 
-
 # verirl's switches in the environment (docs/performance.md): name -> (default, the values it takes)
 ENV_SWITCHES = {
     "VERIRL_ONEDNN": ("1", ("0", "1")),  # float32 CPU products through oneDNN

@@ -141,12 +141,17 @@ class _Seg:
         return start + n - self.q, self.q
 
 
+def _within(lens: torch.Tensor) -> torch.Tensor:
+    """0..n-1 for each length n of ``lens``, end to end (built without a loop over the positions: a step
+    packs tens of thousands of them)."""
+    return torch.arange(int(lens.sum())) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+
+
 def _positions(runs: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """The positions of (start, length) runs, end to end: one long tensor, built without a loop
-    over the positions (a step packs tens of thousands of them)."""
+    """The positions of (start, length) runs, end to end: one long tensor."""
     starts = torch.tensor([s for s, _ in runs], dtype=torch.long)
     lens = torch.tensor([n for _, n in runs], dtype=torch.long)
-    return torch.repeat_interleave(starts - (lens.cumsum(0) - lens), lens) + torch.arange(int(lens.sum()))
+    return torch.repeat_interleave(starts, lens) + _within(lens)
 
 
 def _varlen(segments: list[_Seg], total: int, device) -> _Varlen:
@@ -176,10 +181,9 @@ def _bucket(segments: list[_Seg], device, ratio: float = 0.7) -> list[_Bucket]:
         S, K, Q = len(members), k0, max(s.q for s in members)
         klen = torch.tensor([s.keys for s in members])
         qlen = torch.tensor([s.q for s in members])
-        seg = torch.repeat_interleave(torch.arange(S), klen)
-        col = torch.arange(int(klen.sum())) - torch.repeat_interleave(klen.cumsum(0) - klen, klen)
         k_idx = torch.zeros((S, K), dtype=torch.long)
-        k_idx[seg, col] = _positions([r for s in members for r in s.runs])
+        k_idx[torch.repeat_interleave(torch.arange(S), klen), _within(klen)] = _positions([r for s in members
+                                                                                       for r in s.runs])
         t = torch.arange(Q)[None, :, None]  # query row
         c = torch.arange(K)[None, None, :]  # key column
         real_q = t < qlen[:, None, None]
@@ -228,8 +232,8 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     # label m of row b, column j: response token j, predicted by the hidden state before it
     lens_t = torch.tensor(lens, dtype=torch.long)
     out_row = torch.repeat_interleave(torch.arange(len(rows)), lens_t)
-    out_col = torch.arange(int(lens_t.sum())) - torch.repeat_interleave(lens_t.cumsum(0) - lens_t, lens_t)
-    at = torch.repeat_interleave(torch.tensor(starts, dtype=torch.long), lens_t) + out_col
+    out_col = _within(lens_t)
+    at = _positions(list(zip(starts, lens)))  # each response token's packed position
     pred = torch.where(out_col == 0, torch.repeat_interleave(torch.tensor(heads, dtype=torch.long), lens_t), at - 1)
     ids_t = torch.tensor(ids, dtype=torch.long)
     segments = [s for s in segments if s.q > 0]  # an empty response has no queries of its own
@@ -289,7 +293,7 @@ def torch_varlen(direct: Optional[bool] = None):
     except ImportError:
         return None
     if direct is None:
-        direct = env_choice("VERIRL_VARLEN") == "auto" and hasattr(torch.ops.aten, "_flash_attention_backward")
+        direct = env_choice("VERIRL_VARLEN") == "auto"
     if direct:
         return flash_varlen
     params = inspect.signature(varlen_attn).parameters
