@@ -210,7 +210,6 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
 
 
-
 @pytest.mark.parametrize("signature", ["window_size", "is_causal"])
 def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signature):
     """`packing.torch_varlen` calls torch's varlen_attn as flash-attn's function is called: causal
@@ -250,6 +249,7 @@ def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signatu
         assert (ga[n] - gb[n]).abs().max() <= 1e-5 * ga[n].abs().max() + 1e-6, n
     with pytest.raises(ConfigError, match="dropout"):
         adapter(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
+
 
 def test_which_torch_varlen_kernel(monkeypatch):
     """By default torch's flash kernels are called directly (`flash_varlen`); VERIRL_VARLEN=torch keeps

@@ -196,7 +196,6 @@ def test_fixed_shape_steps_equal_the_dynamic_ones(tiny, arith, monkeypatch, atte
     assert bool(fix_s.stopped.any())  # finished rows stepped on, and their tokens were dropped
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_steps_equal_the_eager_fixed_steps(tiny, arith, monkeypatch):
     """On a GPU: the captured decoding step replays the eager one-shape step exactly, for n > 1 and
