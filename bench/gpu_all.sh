@@ -35,7 +35,7 @@ fi
 
 if want tests; then
 echo "== 1. CUDA tests"
-timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py tests/test_packing.py -k "cuda or fixed_shape or flash_varlen" 2>&1 | tail -15 | tee "$OUT/tests.log"
+timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py tests/test_packing.py tests/test_mixed_precision.py -k "cuda or fixed_shape or flash_varlen" 2>&1 | tail -15 | tee "$OUT/tests.log"
 
 fi
 if want check; then

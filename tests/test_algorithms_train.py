@@ -36,7 +36,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------ the train/inference mismatch guard
 
 def test_native_engine_on_policy_has_ratio_one_and_masks_nothing(tmp_path):
-    run = _run(tmp_path / "r")
+    run = _run(tmp_path / "r", "model.compute_dtype=null")  # the trainer's numbers are then the engine's
     try:
         m, _ = train_step(run, 1)
     finally:
@@ -46,6 +46,19 @@ def test_native_engine_on_policy_has_ratio_one_and_masks_nothing(tmp_path):
     assert abs(m["mismatch/ratio_p50"] - 1) < 1e-5
     assert m["mismatch/kl"] < 1e-9 and m["mismatch/masked_frac"] == 0.0
     assert m["rollout/logprob_diff/max"] < 1e-5  # the same pair of log-probs
+
+
+def test_mixed_precision_shows_as_a_small_mismatch_and_masks_nothing(tmp_path):
+    """model.compute_dtype=bfloat16: the engine samples in float32 and the trainer computes in bfloat16, so
+    the ratios leave 1 by about bfloat16's rounding; far inside the guard's bounds, nothing is masked."""
+    run = _run(tmp_path / "r", "model.compute_dtype=bfloat16")
+    try:
+        m, _ = train_step(run, 1)
+    finally:
+        run.lock.release()
+    spread = max(abs(m["mismatch/ratio_p05"] - 1), abs(m["mismatch/ratio_p95"] - 1))
+    assert 1e-5 < spread < 0.05, m
+    assert m["mismatch/masked_frac"] == 0.0
 
 
 def test_a_sampler_at_another_temperature_is_detected_and_masked(tmp_path):

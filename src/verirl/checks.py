@@ -16,12 +16,13 @@ def check_train(cfg: Config) -> None:
     from verirl.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
     from verirl.data.prompts import SHUFFLES, TOO_LONG
     from verirl.data.tasks import TASKS
-    from verirl.models.device import DEVICES
+    from verirl.models.device import COMPUTE_DTYPES, DEVICES
     from verirl.models.load import DTYPES
     from verirl.rollout import ENGINES
     from verirl.rollout.replay import REPLAY_EOS, REPLAY_PROMPTS
 
     for registry, name in [(ENGINES, cfg.rollout.engine), (DTYPES, cfg.model.dtype), (DEVICES, cfg.model.device),
+                           (COMPUTE_DTYPES, cfg.model.compute_dtype),
                            (REPLAY_PROMPTS, cfg.rollout.replay_prompts), (REPLAY_EOS, cfg.rollout.replay_eos),
                            (ADVANTAGE_ESTIMATORS, cfg.algo.adv_estimator), (KL_ESTIMATORS, cfg.algo.kl_type),
                            (AGGREGATIONS, cfg.algo.loss_agg_mode), (SHUFFLES, cfg.data.shuffle),

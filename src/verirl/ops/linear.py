@@ -84,8 +84,8 @@ class _Linear(torch.autograd.Function):
 def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``, through oneDNN where it is faster (float32 on the CPU, at least `MIN_MACS`
     multiply-adds); differentiable."""
-    if _fits(x, w) and (b is None or _plain(b)):
-        return _Linear.apply(x, w, b)
+    if _fits(x, w) and (b is None or _plain(b)) and not torch.is_autocast_enabled("cpu"):
+        return _Linear.apply(x, w, b)  # (under autocast, F.linear: it multiplies in the autocast dtype)
     return F.linear(x, w, b)
 
 

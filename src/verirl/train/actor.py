@@ -43,6 +43,7 @@ class LogprobPass:
     share_prompt: bool = True  # packed: each prompt computed once for its samples
     chunk: int = 0  # output-layer rows per chunk; 0 = auto_chunk (4M logits on a CPU, 64M on an accelerator)
     offload: bool = False  # the model waits on the host between passes (ref.offload)
+    compute_dtype: Optional[torch.dtype] = None  # model.compute_dtype: the forward under torch.autocast in it
 
     @property
     def prompt_once(self) -> bool:
@@ -190,11 +191,23 @@ def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = Lo
                       with_entropy: bool = False, layouts: Optional[PackCache] = None):
     """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
     response, by the packed path when ``how.remove_padding`` (and the model allows it), else padded.
-    ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows."""
-    if how.remove_padding and supports_packing(model)[0]:
-        return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
-                               how.share_prompt, how.chunk, layouts)
-    return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
+    ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows.
+
+    ``how.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
+    weights staying in theirs; the backward, called after this returns, follows the forward's dtypes.
+    The packed path computes the output layer and the log-probs in the weights' dtype (`packed_logprobs`)."""
+    with mixed_precision(model, how.compute_dtype):
+        if how.remove_padding and supports_packing(model)[0]:
+            return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
+                                   how.share_prompt, how.chunk, layouts)
+        return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
+
+
+def mixed_precision(model, dtype: Optional[torch.dtype]):
+    """`torch.autocast` in ``dtype`` on the model's device type; nothing when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 def same_count(micro_batches: list[list[int]], model, dist: Dist) -> list[Optional[list[int]]]:

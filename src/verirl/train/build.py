@@ -25,6 +25,7 @@ from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, ConfigError, DataError
 from verirl.metrics import FlopModel, peak_flops
 from verirl.models import load_model
+from verirl.models.device import compute_dtype
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
@@ -300,6 +301,13 @@ def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, ma
                 free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
 
 
+def training_dtype(cfg: Config, model) -> Optional[torch.dtype]:
+    """The dtype the log-prob passes and the update multiply in under torch.autocast (model.compute_dtype),
+    None for the weights' own."""
+    p = next(model.parameters())
+    return compute_dtype(cfg.model.compute_dtype, p.dtype, p.device)
+
+
 def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> StepSettings:
     """The step's plain values: sampling, both log-prob passes with their budgets, the advantage
     function, the update's parameters; the batch counts this rank's share of ``world`` ranks."""
@@ -312,7 +320,7 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         micro_batch_size=actor.micro_batch_size, max_tokens=actor.max_token_len_per_device,
         temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
         remove_padding=actor.use_remove_padding and packable, share_prompt=actor.share_prompt,
-        chunk=actor.logprob_chunk)
+        chunk=actor.logprob_chunk, compute_dtype=training_dtype(cfg, model))
     on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
     low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))

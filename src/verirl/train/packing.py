@@ -354,6 +354,9 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         raise ConfigError(f"packed attention does not apply a sliding window ({sliding_window} tokens) "
                                   f"to sequences of {layout.max_keys}; set actor.use_remove_padding=false.")
     H, d, KVH = query.shape[1], query.shape[-1], key.shape[1]
+    if torch.is_autocast_enabled(query.device.type):  # mixed precision: the rotary left q and k in float32
+        low = torch.get_autocast_dtype(query.device.type)
+        query, key, value = query.to(low), key.to(low), value.to(low)
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
     scale = d ** -0.5 if scaling is None else scaling
     p_drop = dropout if module.training else 0.0
@@ -438,8 +441,11 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
     with _packed_attention(model, pb.layout), response_positions(pb.pred_pos, pb.out_col == 0):
         hidden = final_hidden(model, pb.input_ids, pb.position_ids)[0]
     head = model.get_output_embeddings()
-    lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos), head.weight, pb.labels, head.bias, temperature,
-                            chunk, with_entropy)
+    # under mixed precision (torch.autocast) the output layer still multiplies in the weights' dtype: a
+    # bfloat16 logit of 10 is off by up to 0.03, and so would every log-prob be
+    with torch.autocast(hidden.device.type, enabled=False):
+        lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos).to(head.weight.dtype), head.weight, pb.labels,
+                                head.bias, temperature, chunk, with_entropy)
     b, r = pb.rows, pb.width
     logp = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), lp)
     mask = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), torch.ones_like(lp))

@@ -106,6 +106,12 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
     log.print(f"[bold]verirl[/] GRPO: model {run.cfg.model.path} ({n_params / 1e6:.2f}M params), "
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
+    low = run.step.update.forward.compute_dtype
+    if low is not None:
+        log.print(f"mixed precision (model.compute_dtype={run.cfg.model.compute_dtype}): the log-prob passes and the "
+                  f"update multiply in {str(low).removeprefix('torch.')} over "
+                  f"{str(next(run.model.parameters()).dtype).removeprefix('torch.')} weights; the rollout in the "
+                  f"weights' dtype")
     first = restore(run, log)
     run.engine.sync_weights(run.model)  # an engine with its own weights (vLLM) starts from the restored ones
     if run.dist.is_main:
