@@ -214,7 +214,10 @@ class NativeEngine:
             keyed = _KeyedUniforms(params.seed, index, n, R, device)
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        with eval_mode(model):
+        # inference mode, not only no_grad: no version counters or view records on the ~150 small
+        # operations of each decoding step (the embedded model's step ~7% faster on the CPU); what leaves
+        # the block is copied out of it below, since the trainer uses it with autograd
+        with eval_mode(model), torch.inference_mode():
             run = _LeanStepper(model, *_one_shape(device)) if lean_supported(model) else _HFStepper(model)
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
@@ -253,6 +256,7 @@ class NativeEngine:
                 self.batch_sizes.append(tok.shape[0])
                 logits = run.step(tok, next_pos, P + t)
                 next_pos = next_pos + 1
+        tokens, logps = tokens.clone(), None if logps is None else logps.clone()  # ordinary tensors again
         rollout = build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
                                 self.stop_ids, self.pad_id)
         if logps is not None:
