@@ -20,7 +20,8 @@ from verirl.cli import main
 BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8",
         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
         "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true",
-        "trainer.threads=1", "trainer.dist_timeout_s=60"]
+        "trainer.threads=1", "trainer.dist_timeout_s=60",
+        "model.compute_dtype=null"]  # float32 throughout: the comparisons below are at float32 rounding
 STRATEGIES = ["ddp", "fsdp2"]
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
 

@@ -22,18 +22,31 @@ def test_compute_dtype_names():
     assert compute_dtype("auto", torch.float32, CPU) is (torch.bfloat16 if native_bf16(CPU) else None)
     assert compute_dtype("auto", torch.bfloat16, CPU) is None  # already low precision: nothing to mix
     assert compute_dtype(None, torch.bfloat16, CPU) is None
-    with pytest.raises(ConfigError, match=r"model.compute_dtype=bfloat16 needs float32 weights.*model.dtype=float32"):
+    with pytest.raises(ConfigError, match=r"model.compute_dtype=bfloat16 computes over float32 weights.*"
+                                          r"model.dtype=bfloat16.*Set model.dtype=float32"):
         compute_dtype("bfloat16", torch.bfloat16, CPU)
-    with pytest.raises(ConfigError, match=r"model.compute_dtype='bf16'.*Did you mean bfloat16"):
+    with pytest.raises(ConfigError, match=r"model.compute_dtype='bf16'.*known: null, auto.*Did you mean bfloat16"):
         compute_dtype("bf16", torch.float32, CPU)
 
 
-def test_unknown_compute_dtype_is_refused_before_the_run(tmp_path):
+def test_bad_compute_dtype_is_refused_before_the_run_touches_its_directory(tmp_path):
+    """Checked with the other names, before the trainer clears a previous run (trainer.overwrite)."""
+    import subprocess
+    import sys
+
     from verirl.checks import check_train
     from verirl.config import load_config
 
     with pytest.raises(ConfigError, match="model.compute_dtype='half'"):
         check_train(load_config("tiny", [f"trainer.run_dir={tmp_path}", "model.compute_dtype=half"]))
+    run = tmp_path / "previous"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    out = subprocess.run([sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", "model.dtype=bfloat16",
+                          "model.compute_dtype=bfloat16", "trainer.overwrite=true", "trainer.resume=false"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "model.compute_dtype=bfloat16 computes over float32 weights" in out.stderr
+    assert (run / "metrics.jsonl").read_text() == "{}\n" and (run / "checkpoints").is_dir()
 
 
 @pytest.mark.parametrize("remove_padding", [True, False])
@@ -97,6 +110,33 @@ def test_mixed_precision_update_keeps_float32_weights_grads_and_state(tiny, samp
     assert 0.98 < cos < 1.0 - 1e-7, cos  # close, and not the float32 gradient itself
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+def test_native_engine_products_in_bfloat16(tiny, arith, monkeypatch, fixed):
+    """compute_dtype=bfloat16 in the native engine: the lean decoder's four products per layer multiply in
+    bfloat16 (the sampled log-probs move by about bfloat16's rounding, not more), the rest stays float32;
+    also in the one-shape steps a CUDA graph captures (run eagerly here)."""
+    import verirl.rollout.native as native
+    from verirl.rollout import NativeEngine, SamplingParams
+
+    if fixed:
+        monkeypatch.setattr(native, "_one_shape", lambda device: (True, False))
+    train, _ = arith
+    prompts = [p.ids for p in train[:6]]
+    params = SamplingParams(max_new_tokens=24, seed=7)
+    full = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(prompts, 4, params)
+    mixed = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids, compute_dtype=torch.bfloat16).generate(
+        prompts, 4, params)
+    assert mixed.sample_logprobs.dtype == torch.float32
+    same = [torch.equal(a[m.bool()], b[n.bool()]) for a, m, b, n in
+            zip(full.response_ids, full.response_mask, mixed.response_ids, mixed.response_mask)]
+    assert sum(same) >= 0.75 * len(same)  # the same tokens, mostly: a near-tie can flip
+    rows = [i for i, ok in enumerate(same) if ok]
+    w = min(full.sample_logprobs.shape[1], mixed.sample_logprobs.shape[1])
+    mask = full.response_mask[rows, :w].bool()
+    diff = (full.sample_logprobs[rows, :w] - mixed.sample_logprobs[rows, :w])[mask].abs()
+    assert 1e-5 < diff.max() < 0.15 and diff.mean() < 0.02
+
+
 def test_the_embedded_default_says_it_computes_in_bfloat16(tmp_path):
     """The tiny recipe asks for model.compute_dtype=auto; the trainer says what it resolved to."""
     import subprocess
@@ -107,8 +147,8 @@ def test_the_embedded_default_says_it_computes_in_bfloat16(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     if native_bf16(CPU):
-        assert "mixed precision (model.compute_dtype=auto): the log-prob passes and the update multiply in " \
-               "bfloat16 over float32 weights" in out.stdout
+        assert "mixed precision (model.compute_dtype=auto): the log-prob passes, the update and the native " \
+               "engine's products multiply in bfloat16 over float32 weights" in out.stdout
     else:
         assert "mixed precision" not in out.stdout
 

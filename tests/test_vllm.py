@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.vllm,
 
 BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8", "rollout.max_new_tokens=32",
         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
-        "reward.workers=0", "trainer.threads=1", "rollout.engine=vllm", "model.dtype=float32"]
+        "reward.workers=0", "trainer.threads=1", "rollout.engine=vllm", "model.dtype=float32",
+        "model.compute_dtype=null"]  # float32 throughout: the comparisons below are at float32 rounding
 PROMPTS = [[1, 5 + i, 9 + 2 * i, 12 + 3 * i] for i in range(16)]  # 16 distinct prompts of the tiny vocab
 
 

@@ -16,18 +16,18 @@ def check_train(cfg: Config) -> None:
     from verirl.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
     from verirl.data.prompts import SHUFFLES, TOO_LONG
     from verirl.data.tasks import TASKS
-    from verirl.models.device import COMPUTE_DTYPES, DEVICES
+    from verirl.models.device import DEVICES, check_compute_dtype
     from verirl.models.load import DTYPES
     from verirl.rollout import ENGINES
     from verirl.rollout.replay import REPLAY_EOS, REPLAY_PROMPTS
 
     for registry, name in [(ENGINES, cfg.rollout.engine), (DTYPES, cfg.model.dtype), (DEVICES, cfg.model.device),
-                           (COMPUTE_DTYPES, cfg.model.compute_dtype),
                            (REPLAY_PROMPTS, cfg.rollout.replay_prompts), (REPLAY_EOS, cfg.rollout.replay_eos),
                            (ADVANTAGE_ESTIMATORS, cfg.algo.adv_estimator), (KL_ESTIMATORS, cfg.algo.kl_type),
                            (AGGREGATIONS, cfg.algo.loss_agg_mode), (SHUFFLES, cfg.data.shuffle),
                            (TOO_LONG, cfg.data.too_long)]:
         registry.check(name)
+    check_compute_dtype(cfg.model.compute_dtype, cfg.model.dtype)
     if not cfg.data.train_path:
         TASKS.check(cfg.data.task)
     check_rules(cfg.reward.verifiers, cfg.reward.tasks)

@@ -71,7 +71,7 @@ class ModelConfig:
     dtype: str = "float32"  # float32 / bfloat16 / float16
     # mixed precision (docs/performance.md): the log-prob passes and the update under torch.autocast, over
     # float32 weights, gradients and optimizer state; the output layer and the rollout stay in model.dtype
-    compute_dtype: Optional[str] = None  # null (model.dtype) / bfloat16 / auto (bfloat16 where the CPU or GPU has it natively)
+    compute_dtype: Optional[str] = None  # null or float32 (model.dtype) / bfloat16 / auto (bfloat16 where the CPU or GPU has it natively)
     device: str = "auto"  # auto (cuda, then npu, then cpu) / cpu / cuda / npu
     # values that replace the model's config.json at load, for the actor, the reference and the rollout
     # engine alike (veRL's name), e.g. {rms_norm_eps: 1e-5}: how another system's numerics are reproduced

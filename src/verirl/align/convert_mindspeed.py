@@ -112,8 +112,8 @@ _ACTOR_IGNORED: list[tuple[str, str]] = [
     ("transformer_impl", _KERNEL),
     ("npu_deterministic", "NPU determinism switch"), ("use_cp_send_recv_overlap", _KERNEL),
     ("use_fused_ring_attention_update", _KERNEL), ("attention_mask_type", "causal, as verirl's"),
-    ("bf16", "Megatron trains in bf16 with fp32 master weights; verirl's model.dtype sets one dtype for weights and "
-             "compute (float32, the default, is the nearer numerically; bfloat16 halves memory)"),
+    ("bf16", "Megatron trains in bf16 with fp32 master weights: verirl's model.dtype=float32 with "
+             "model.compute_dtype=bfloat16 (model.dtype alone sets one dtype for weights and compute)"),
     ("initial_loss_scale", "fp16 loss scaling: bf16 needs none"),
     ("init_method_std", "initialises new weights only: the model is loaded (finetune)"),
     ("distributed_backend", "verirl picks the backend for the device"), ("no_shared_storage", "checkpoint I/O"),

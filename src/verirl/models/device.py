@@ -74,30 +74,37 @@ def peak_memory(device: torch.device) -> tuple[str, float]:
 
 
 COMPUTE_DTYPES = Registry("model.compute_dtype", {
-    None: "the weights' own (model.dtype)", "auto": "bfloat16 where the device multiplies it natively, else the weights' own",
-    "float32": "the weights' own, which must be float32", "bfloat16": "bfloat16 products over float32 weights"})
+    "null": "the weights' own (model.dtype)", "auto": "bfloat16 where the device multiplies it natively, else the weights' own",
+    "float32": "float32 throughout (float32 weights)", "bfloat16": "bfloat16 products over float32 weights"})
 
 
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` multiplies bfloat16 in hardware: a CPU with AVX512-BF16 or AMX (elsewhere oneDNN
-    emulates it, no faster than float32), or a CUDA GPU that supports it. Other devices: not assumed."""
+    emulates it, no faster than float32), or a CUDA GPU with bfloat16 tensor cores (compute capability 8.0,
+    Ampere, or later; older GPUs only emulate it). Other devices: not assumed."""
     if device.type == "cpu":
         probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
         return any(p is not None and p() for p in probes)
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     return False
 
 
-def compute_dtype(name: Optional[str], weights: torch.dtype, device: torch.device) -> Optional[torch.dtype]:
-    """The dtype the training passes multiply in under `torch.autocast` (model.compute_dtype), or None to
-    compute in the weights' own dtype (no autocast). Mixed precision only over float32 weights: they stay
-    the master copy that the gradients and the optimizer state follow."""
-    COMPUTE_DTYPES.check(name)
-    if name in ("float32", "bfloat16") and weights != torch.float32:
-        raise ConfigError(f"model.compute_dtype={name} needs float32 weights (the master copy under mixed "
-                          f"precision), but model.dtype loads them in {str(weights).removeprefix('torch.')}. "
+def check_compute_dtype(name: Optional[str], weights: str) -> None:
+    """model.compute_dtype is a known name, and float32 / bfloat16 come with float32 weights (model.dtype):
+    checked before a run touches its directory."""
+    COMPUTE_DTYPES.check("null" if name is None else name)
+    if name in ("float32", "bfloat16") and weights != "float32":
+        raise ConfigError(f"model.compute_dtype={name} computes over float32 weights (under mixed precision, the "
+                          f"master copy the optimizer updates), but model.dtype={weights} loads them in {weights}. "
                           f"Set model.dtype=float32, or model.compute_dtype=null to compute in the weights' dtype.")
+
+
+def compute_dtype(name: Optional[str], weights: torch.dtype, device: torch.device) -> Optional[torch.dtype]:
+    """The dtype the training passes multiply in under `torch.autocast` (model.compute_dtype) on ``device``
+    (where the model computes), or None to compute in the weights' own dtype (no autocast). Mixed precision
+    only over float32 weights: they stay the master copy that the gradients and the optimizer state follow."""
+    check_compute_dtype(name, str(weights).removeprefix("torch."))
     if name in (None, "float32") or weights != torch.float32 or (name == "auto" and not native_bf16(device)):
         return None
     return torch.bfloat16

@@ -10,6 +10,9 @@ products, attention) with
 * a preallocated KV cache written in place, masks as additive key biases sliced per step,
 * short attention as two matmuls (`verirl.ops.attention`), long prefills through SDPA,
 * nothing but tensors between the layers.
+With ``low`` (model.compute_dtype, mixed precision) the four products of each layer multiply in that
+dtype from weights cast once per generate call; the norms, rotary, attention, residual stream,
+output layer and sampling stay in the model's dtype.
 Its logits equal the model's own to float rounding (a test checks it, and that greedy
 decoding gives the same tokens as ``transformers.generate``).
 """
@@ -73,7 +76,7 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class LeanDecoder:
     """Weights of ``model`` arranged for decoding, and a KV cache for one generate call."""
 
-    def __init__(self, model):
+    def __init__(self, model, low: Optional[torch.dtype] = None):
         dec = model.get_decoder()
         cfg = model.config
         self.rotary = dec.rotary_emb
@@ -85,17 +88,24 @@ class LeanDecoder:
         self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
         self.layers = []
+        self.low = low if low is not None and low != self.embed.dtype else None
+
+        def linear(w, b):
+            if self.low is not None:
+                w, b = w.to(self.low), None if b is None else b.to(self.low)
+            return PackedLinear(w, b)
+
         with torch.no_grad():
             for layer in dec.layers[:cfg.num_hidden_layers]:
                 a, m = layer.self_attn, layer.mlp
                 self.layers.append(_Layer(
                     layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                     layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon,
-                    PackedLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                                 _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)),
-                    PackedLinear(a.o_proj.weight, a.o_proj.bias),
-                    PackedLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias)),
-                    PackedLinear(m.down_proj.weight, m.down_proj.bias)))
+                    linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                           _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)),
+                    linear(a.o_proj.weight, a.o_proj.bias),
+                    linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias)),
+                    linear(m.down_proj.weight, m.down_proj.bias)))
         self.scale = self.d ** -0.5
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -137,14 +147,15 @@ class LeanDecoder:
         cos, sin = F.embedding(pos, self.cos)[:, :, None], F.embedding(pos, self.sin)[:, :, None]  # (B, T, 1, d)
         H, KVH, d = self.H, self.KVH, self.d
         end = None if fixed else start + T
+        low = self.low or h.dtype  # the products' dtype; q/k, h and the cache stay in h's
         for i, L in enumerate(self.layers):
             x = _rms(h, L.ln1, L.eps1)
-            qkv = L.qkv(x)
+            qkv = L.qkv(x.to(low))
             qk = qkv[..., :(H + KVH) * d].view(B, T, H + KVH, d)
             swapped = qk.view(B, T, H + KVH, 2, d // 2).flip(-2).view(B, T, H + KVH, d)
             qk = qk * cos + swapped * sin  # rotary on q and k at once
             q, k = qk[:, :, :H], qk[:, :, H:]
-            v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d)
+            v = qkv[..., (H + KVH) * d:].view(B, T, KVH, d).to(h.dtype)
             if fixed:
                 keys = self.k[i].index_copy_(2, start, k.transpose(1, 2))
                 vals = self.v[i].index_copy_(2, start, v.transpose(1, 2))
@@ -157,9 +168,9 @@ class LeanDecoder:
             else:
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=bias[:, :, 0],
                                                    scale=self.scale, enable_gqa=KVH != H).transpose(1, 2)
-            h = h + L.o(o.reshape(B, T, H * d))
+            h = h + L.o(o.reshape(B, T, H * d).to(low))
             x = _rms(h, L.ln2, L.eps2)
-            g, u = L.gu(x).chunk(2, -1)
+            g, u = L.gu(x.to(low)).chunk(2, -1)
             h = h + L.down(F.silu(g) * u)
         h = _rms(h[:, -1], self.norm_w, self.norm_eps)
         return self.head(h)

@@ -81,8 +81,8 @@ class _LeanStepper:
     the columns not yet written masked, the new token's keys go in at a column held in a tensor, and
     finished rows stay in the batch (no compaction: they step on pads, and their tokens are dropped)."""
 
-    def __init__(self, model, fixed: bool = False, graph: bool = False):
-        self.dec = LeanDecoder(model)
+    def __init__(self, model, fixed: bool = False, graph: bool = False, low: Optional[torch.dtype] = None):
+        self.dec = LeanDecoder(model, low)
         self.bias = None  # (B, total) additive key bias: -inf on left pads (fixed: and on columns not yet written)
         self.fixed, self.graph = fixed, graph
         self.compacts = not fixed
@@ -195,8 +195,9 @@ def _check_prompt_index(prompt_index, count: int) -> list[int]:
 
 
 class NativeEngine:
-    def __init__(self, model, pad_id: int, stop_ids: Sequence[int]):
+    def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
+        self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
     @torch.no_grad()
@@ -218,7 +219,8 @@ class NativeEngine:
         # operations of each decoding step (the embedded model's step ~7% faster on the CPU); what leaves
         # the block is copied out of it below, since the trainer uses it with autograd
         with eval_mode(model), torch.inference_mode():
-            run = _LeanStepper(model, *_one_shape(device)) if lean_supported(model) else _HFStepper(model)
+            run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype) if lean_supported(model) \
+                else _HFStepper(model)
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
             if n > 1:  # expand each prompt's cache to its n samples

@@ -196,18 +196,19 @@ def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = Lo
     ``how.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
     weights staying in theirs; the backward, called after this returns, follows the forward's dtypes.
     The packed path computes the output layer and the log-probs in the weights' dtype (`packed_logprobs`)."""
-    with mixed_precision(model, how.compute_dtype):
+    with mixed_precision(rollout.response_ids.device, how.compute_dtype):
         if how.remove_padding and supports_packing(model)[0]:
             return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
                                    how.share_prompt, how.chunk, layouts)
         return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
 
 
-def mixed_precision(model, dtype: Optional[torch.dtype]):
-    """`torch.autocast` in ``dtype`` on the model's device type; nothing when ``dtype`` is None."""
+def mixed_precision(device: torch.device, dtype: Optional[torch.dtype]):
+    """`torch.autocast` in ``dtype`` on ``device``'s type (where the pass computes: the rollout's tensors
+    are there, also when the parameters wait on the host); nothing when ``dtype`` is None."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def same_count(micro_batches: list[list[int]], model, dist: Dist) -> list[Optional[list[int]]]:

@@ -282,7 +282,8 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
                                cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     if r.engine != "replay":
-        return build_engine(r.engine, lm.model, lm.pad_id, stop_ids), train, cfg.data.shuffle
+        options = {"compute_dtype": training_dtype(cfg, lm.model)} if r.engine == "native" else {}
+        return build_engine(r.engine, lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,
                           prompts=r.replay_prompts, eos=r.replay_eos)
     if r.replay_prompts == "dump":
@@ -303,9 +304,11 @@ def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, ma
 
 def training_dtype(cfg: Config, model) -> Optional[torch.dtype]:
     """The dtype the log-prob passes and the update multiply in under torch.autocast (model.compute_dtype),
-    None for the weights' own."""
-    p = next(model.parameters())
-    return compute_dtype(cfg.model.compute_dtype, p.dtype, p.device)
+    None for the weights' own. The device is the one the model computes on (model.device), not where
+    offloaded parameters wait."""
+    from verirl.models.device import resolve_device
+
+    return compute_dtype(cfg.model.compute_dtype, next(model.parameters()).dtype, resolve_device(cfg.model.device))
 
 
 def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> StepSettings:

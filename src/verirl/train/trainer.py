@@ -108,10 +108,7 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
               f"steps, run dir {run.run_dir}")
     low = run.step.update.forward.compute_dtype
     if low is not None:
-        log.print(f"mixed precision (model.compute_dtype={run.cfg.model.compute_dtype}): the log-prob passes and the "
-                  f"update multiply in {str(low).removeprefix('torch.')} over "
-                  f"{str(next(run.model.parameters()).dtype).removeprefix('torch.')} weights; the rollout in the "
-                  f"weights' dtype")
+        log.print(mixed_precision_line(run.cfg, low))
     first = restore(run, log)
     run.engine.sync_weights(run.model)  # an engine with its own weights (vLLM) starts from the restored ones
     if run.dist.is_main:
@@ -125,6 +122,20 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
         log.write({"step": 0, **summary["eval_start"]})
         log.print(f"held-out at start ({len(run.eval.prompts)} problems): {_val_line(summary['eval_start'])}")
     return first, summary
+
+
+def mixed_precision_line(cfg, low) -> str:
+    """What model.compute_dtype turned on, said at start; and what it costs the rollout log-prob check when
+    the engine decodes in the weights' dtype."""
+    low, engine = str(low).removeprefix("torch."), cfg.rollout.engine
+    what = "the log-prob passes, the update and the native engine's products" if engine == "native" else \
+        "the log-prob passes and the update"
+    line = (f"mixed precision (model.compute_dtype={cfg.model.compute_dtype}): {what} multiply in {low} over "
+            f"{cfg.model.dtype} weights")
+    if engine in ("vllm", "hf"):
+        line += (f"; the {engine} engine decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s "
+                 f"rounding (up to ~0.1) and no longer tells a failed weight push from a good one")
+    return line
 
 
 def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
