@@ -69,8 +69,9 @@ class DataConfig:
 class ModelConfig:
     path: str = "tiny"  # a Hugging Face directory, or tiny (the 1M-parameter model shipped with verirl)
     dtype: str = "float32"  # float32 / bfloat16 / float16
-    # mixed precision (docs/performance.md): the log-prob passes and the update under torch.autocast, over
-    # float32 weights, gradients and optimizer state; the output layer and the rollout stay in model.dtype
+    # mixed precision (docs/performance.md): the log-prob passes, the update (torch.autocast) and the native
+    # engine's products in bfloat16, over float32 weights, gradients and optimizer state; the output layer,
+    # norms, attention softmax and sampling stay in model.dtype
     compute_dtype: Optional[str] = None  # null or float32 (model.dtype) / bfloat16 / auto (bfloat16 where the CPU or GPU has it natively)
     device: str = "auto"  # auto (cuda, then npu, then cpu) / cpu / cuda / npu
     # values that replace the model's config.json at load, for the actor, the reference and the rollout
