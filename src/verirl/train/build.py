@@ -25,7 +25,7 @@ from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, ConfigError, DataError
 from verirl.metrics import FlopModel, peak_flops
 from verirl.models import load_model
-from verirl.models.device import compute_dtype
+from verirl.models.device import compute_dtype, resolve_device
 from verirl.plan import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
@@ -262,8 +262,6 @@ def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
     """One device's peak FLOP/s at the model's dtype, on the device it computes on (not where offloaded
     parameters wait): measured by rank 0 alone (ranks sharing a CPU would slow each other's
     measurement) and cached (`verirl.metrics.peak_flops`), then sent to every rank."""
-    from verirl.models.device import resolve_device
-
     p = next(model.parameters())
     dtype = p.dtype if p.dtype.is_floating_point else torch.float32
     value = peak_flops(resolve_device(cfg.model.device), dtype) if dist.is_main else None
@@ -306,8 +304,6 @@ def training_dtype(cfg: Config, model) -> Optional[torch.dtype]:
     """The dtype the log-prob passes and the update multiply in under torch.autocast (model.compute_dtype),
     None for the weights' own. The device is the one the model computes on (model.device), not where
     offloaded parameters wait."""
-    from verirl.models.device import resolve_device
-
     return compute_dtype(cfg.model.compute_dtype, next(model.parameters()).dtype, resolve_device(cfg.model.device))
 
 
