@@ -19,6 +19,12 @@ Cases:
     .venv/bin/python bench/grpo_vs_trl.py                    # E and Q, 10 steps after 2 warm-up
     .venv/bin/python bench/grpo_vs_trl.py --cases S --steps 2 --warmup 1
     python3 bench/grpo_vs_trl.py --device cuda --dtype bfloat16 --cases E,R    # on a GPU (bench/gpu_all.sh)
+    .venv/bin/python bench/grpo_vs_trl.py --mixed --cases E,S            # both in bfloat16 mixed precision
+
+``--mixed``: float32 weights, gradients and optimizer state, products in bfloat16 under torch.autocast, for
+both: verirl with model.compute_dtype=bfloat16 (its log-prob passes, update and decoder's products; the
+output layer's log-probs in float32), TRL with bf16=True (transformers' Trainer runs its forward under
+autocast; generation too). The FLOP floor's peak is then the bfloat16 matmul rate (2048^3, torch.mm).
 
 On a GPU both trainers run on one device in the given dtype (TRL with bf16=True and the model loaded in
 bfloat16, verirl with model.dtype=bfloat16), the step is timed between two synchronisations, memory is
@@ -89,9 +95,9 @@ def model_dir(case: str) -> str:
 
 
 def matmul_rate(threads: int, device: str = "cpu", dtype: str = "float32") -> tuple[float, dict]:
-    """This machine's float32 matmul rate on ``threads`` threads: `verirl.metrics.measure_peak_flops` (the
-    denominator of perf/mfu: the faster of torch.mm and oneDNN), and each library's rate. On a GPU: an
-    8192^3 product in ``dtype`` there."""
+    """This machine's matmul rate in ``dtype`` on ``threads`` threads: `verirl.metrics.measure_peak_flops` (the
+    denominator of perf/mfu: for float32 the faster of torch.mm and oneDNN), and each library's rate. On a
+    GPU: an 8192^3 product in ``dtype`` there."""
     import torch
 
     from verirl.metrics import cpu_matmul_rates, measure_peak_flops
@@ -99,7 +105,8 @@ def matmul_rate(threads: int, device: str = "cpu", dtype: str = "float32") -> tu
     if device != "cpu":
         return measure_peak_flops(torch.device(device), getattr(torch, dtype)), {}
     torch.set_num_threads(threads)
-    rates = cpu_matmul_rates(torch.randn(2048, 2048), torch.randn(2048, 2048))
+    low = getattr(torch, dtype)
+    rates = cpu_matmul_rates(torch.randn(2048, 2048).to(low), torch.randn(2048, 2048).to(low))
     return max(rates.values()), rates
 
 
@@ -122,7 +129,7 @@ def _sync(device: str) -> None:
 
 
 def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
-             dtype: str = "float32") -> dict:
+             dtype: str = "float32", mixed: bool = False) -> dict:
     import torch
 
     from verirl.config import load_config
@@ -138,7 +145,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         "data.max_prompt_length=256", "reward.verifiers=[acc]", "reward.weights=[1.0]", "reward.tasks={}",
         "eval.before_train=false", "eval.at_end=false", f"trainer.threads={threads}",
         f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10", "trainer.dump_rollouts=true",
-        f"model.device={device}", f"model.dtype={dtype}",
+        f"model.device={device}", f"model.dtype={dtype}", f"model.compute_dtype={'bfloat16' if mixed else 'null'}",
     ])
     run = build_run(cfg)
     out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": []}
@@ -170,7 +177,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
 
 
 def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
-            dtype: str = "float32") -> dict:
+            dtype: str = "float32", mixed: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -197,7 +204,7 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=N_PROMPTS * N_SAMPLES,
         num_generations=N_SAMPLES, max_completion_length=MAX_NEW, temperature=1.0, learning_rate=lr, beta=kl,
         use_bias_correction_kl=False, loss_type="bnpo", max_steps=warmup + steps, logging_steps=1, report_to=[],
-        use_cpu=device == "cpu", bf16=dtype == "bfloat16", gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
+        use_cpu=device == "cpu", bf16=dtype == "bfloat16" or mixed, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, seed=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0)
     gen_time = [0.0]
     gen_tokens = [0]
@@ -304,17 +311,22 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both trainers on this device (cuda: the current GPU)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both trainers' dtype")
+    ap.add_argument("--mixed", action="store_true",
+                    help="both in bfloat16 mixed precision over float32 weights (verirl model.compute_dtype, TRL bf16=True)")
     a = ap.parse_args()
-    peak, rates = matmul_rate(a.threads, a.device, a.dtype)
+    if a.mixed and a.dtype != "float32":
+        ap.error("--mixed keeps the weights in float32; leave --dtype at float32")
+    peak, rates = matmul_rate(a.threads, a.device, "bfloat16" if a.mixed else a.dtype)
     if a.device == "cpu":
-        print(f"float32 matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
+        print(f"{'bfloat16' if a.mixed else 'float32'} matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
               ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
     else:
         print(f"{a.dtype} matmul 8192^3 on {a.device}: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
     results = {"matmul_gflops": peak / 1e9, "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()},
                "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
-        args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype)
+        args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype,
+                    mixed=a.mixed)
         print(f"case {case}: verirl ...", flush=True)
         ours = measure("verirl", case, args)
         print(f"case {case}: TRL ...", flush=True)
