@@ -316,12 +316,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.mixed and a.dtype != "float32":
         ap.error("--mixed keeps the weights in float32; leave --dtype at float32")
-    peak, rates = matmul_rate(a.threads, a.device, "bfloat16" if a.mixed else a.dtype)
+    products = "bfloat16" if a.mixed else a.dtype  # the dtype the products run in: the floor's peak
+    peak, rates = matmul_rate(a.threads, a.device, products)
     if a.device == "cpu":
-        print(f"{'bfloat16' if a.mixed else 'float32'} matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
+        print(f"{products} matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
               ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
     else:
-        print(f"{a.dtype} matmul 8192^3 on {a.device}: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
+        print(f"{products} matmul 8192^3 on {a.device}: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
     results = {"matmul_gflops": peak / 1e9, "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()},
                "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
