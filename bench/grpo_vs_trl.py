@@ -317,14 +317,19 @@ def main() -> None:
     if a.mixed and a.dtype != "float32":
         ap.error("--mixed keeps the weights in float32; leave --dtype at float32")
     products = "bfloat16" if a.mixed else a.dtype  # the dtype the products run in: the floor's peak
+    import torch
+
+    from verirl.metrics import device_name
+
     peak, rates = matmul_rate(a.threads, a.device, products)
+    machine = device_name(torch.device(a.device))  # which machine the figures are from (BENCHMARKS.md rows)
     if a.device == "cpu":
-        print(f"{products} matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
+        print(f"{machine}: {products} matmul 2048^3 on {a.threads} threads: {peak / 1e9:.1f} GFLOP/s (" +
               ", ".join(f"{k} {v / 1e9:.1f}" for k, v in rates.items()) + "): the peak of the FLOP floor and MFU")
     else:
-        print(f"{products} matmul 8192^3 on {a.device}: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
-    results = {"matmul_gflops": peak / 1e9, "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()},
-               "args": vars(a), "cases": {}}
+        print(f"{machine}: {products} matmul 8192^3: {peak / 1e12:.1f} TFLOP/s: the peak of the FLOP floor and MFU")
+    results = {"device": machine, "matmul_gflops": peak / 1e9,
+               "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()}, "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
         args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype,
                     mixed=a.mixed)

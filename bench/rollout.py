@@ -101,12 +101,15 @@ def main() -> None:
 
     from grpo_vs_trl import model_dir
     from verirl.data import TASKS, encode_prompts
+    from verirl.metrics import device_name
     from verirl.models import load_model
     from verirl.rollout import SamplingParams
 
     mm, dnn = matmul_rates(a.threads)
-    print(f"float32 matmul 2048^3 on {a.threads} threads: torch.mm {mm / 1e9:.1f} GFLOP/s, oneDNN {dnn / 1e9:.1f} GFLOP/s")
-    results = {"matmul_gflops": mm / 1e9, "onednn_gflops": dnn / 1e9, "args": vars(a), "rows": []}
+    machine = device_name(torch.device("cpu"))  # which machine the figures are from (BENCHMARKS.md rows)
+    print(f"{machine}: float32 matmul 2048^3 on {a.threads} threads: torch.mm {mm / 1e9:.1f} GFLOP/s, "
+          f"oneDNN {dnn / 1e9:.1f} GFLOP/s")
+    results = {"device": machine, "matmul_gflops": mm / 1e9, "onednn_gflops": dnn / 1e9, "args": vars(a), "rows": []}
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
         lm = load_model(model_dir(case), "float32", "cpu")

@@ -4,9 +4,10 @@ import json
 import re
 
 import pytest
+import torch
 
 from verirl.cli import main
-from verirl.metrics import FlopModel, mfu, step_flops, throughput
+from verirl.metrics import FlopModel, device_name, mfu, step_flops, throughput
 
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=16",
          "eval.before_train=false", "eval.at_end=false", "log.console_every=1", "data.train_size=256",
@@ -48,6 +49,21 @@ def test_a_step_reports_mfu_tps_per_phase_and_peak_memory(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\x1b" not in out  # plain: no escape codes
     assert re.search(r"step +1 +reward .* \[1/1\]", out)
+    summary = json.loads((run / "summary.json").read_text())
+    here = device_name(torch.device("cpu"))
+    assert summary["peak_gflops"] == 1.0 and summary["device"] == here
+    assert f"(matmul peak 1 GFLOP/s on {here})" in out  # the last line: which machine the time was taken on
+
+
+def test_a_cpu_is_named_by_model_family_and_instruction_set():
+    # two CPUs a virtual machine names alike ("AMD EPYC") are told apart by family and model numbers
+    zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+    zen4 = zen3.replace("model\t\t: 1", "model\t\t: 17")
+    isa = torch.backends.cpu.get_cpu_capability()
+    cpu = torch.device("cpu")
+    assert device_name(cpu, zen3 + "\nprocessor\t: 1\nmodel name\t: another\n") == f"AMD EPYC (cpu family 25, model 1, {isa})"
+    assert device_name(cpu, zen4) == f"AMD EPYC (cpu family 25, model 17, {isa})"
+    assert device_name(cpu, "").endswith(f"({isa})")  # no /proc/cpuinfo: the platform's name and the ISA
 
 
 def test_the_plain_mode_on_a_pipe_has_no_escape_codes(tmp_path):

@@ -177,15 +177,48 @@ def cpu_matmul_rates(a: torch.Tensor, b: torch.Tensor, repeats: int = 5) -> dict
     return rates
 
 
+def _cpuinfo(text: str) -> dict[str, str]:
+    """The first processor's fields of a /proc/cpuinfo text."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if out:
+                break
+            continue
+        key, _, value = line.partition(":")
+        out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def device_name(device: torch.device, cpuinfo: Optional[str] = None) -> str:
+    """What the device is, precisely enough to tell two machines' matmul peaks apart: a GPU's name; for
+    the CPU its model name with family and model numbers (a virtual machine may call a Zen 3 and a Zen 4
+    both "AMD EPYC") and the instruction set torch's kernels use (AVX2, AVX512, ...). ``cpuinfo``: the
+    text of /proc/cpuinfo (read here when None; on other systems, platform's processor name)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    import platform
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    info = _cpuinfo(cpuinfo)
+    name = info.get("model name") or info.get("Model") or platform.processor() or platform.machine() or "cpu"
+    ids = [f"{k} {info[k]}" for k in ("cpu family", "model") if info.get(k)]
+    return f"{name} ({', '.join([*ids, torch.backends.cpu.get_cpu_capability()])})"
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     """`measure_peak_flops`, measured once per (device name, dtype, threads) and kept in
     $VERIRL_CACHE/peak_flops.json."""
-    import platform
-
     from verirl.cache import cache_root
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type}:{platform.processor() or platform.machine()}"
-    key = f"{name}|{dtype}|threads={torch.get_num_threads()}|mm+onednn"  # earlier entries: torch.mm alone
+    # earlier entries (a CPU named by its architecture alone, "cpu:x86_64"; torch.mm alone) are left unread
+    key = f"{device.type}:{device_name(device)}|{dtype}|threads={torch.get_num_threads()}|mm+onednn"
     path = cache_root() / "peak_flops.json"
     try:
         known = json.loads(path.read_text())

@@ -23,7 +23,7 @@ from verirl.config import Config, DataConfig, scale_rewards
 from verirl.data import PromptSampler, TASKS, encode_prompts
 from verirl.data.dataset import load_prompts
 from verirl.errors import CheckpointError, ConfigError, DataError
-from verirl.metrics import FlopModel, peak_flops
+from verirl.metrics import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
 from verirl.plan import reward_workers_per_rank, threads_per_rank
@@ -186,6 +186,7 @@ class Run:
     nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
     nonfinite_in_a_row: int = 0
     watchdog: Optional[object] = None  # the hang watchdog (`verirl.train.watchdog`), set by the trainer
+    device: str = ""  # what the model computes on, named (`verirl.metrics.device_name`): the summary says it
 
 
 def seed_everything(seed: int) -> None:
@@ -255,7 +256,8 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
                            cfg.log.run_name), lock,
-               cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None)
+               cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None,
+               device=device_name(resolve_device(cfg.model.device)))
 
 
 def device_peak_flops(cfg: Config, model, dist: Dist) -> float:

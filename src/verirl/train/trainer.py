@@ -153,6 +153,7 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
         "final_model": str(run.run_dir / "final"),
         # this device's matmul peak behind perf/mfu: what a training time is scaled by between machines
         "peak_gflops": run.step.peak_flops / 1e9,
+        "device": run.device,  # and which device that is
     })
     if run.eval.at_end and run.eval.prompts:
         last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
@@ -513,6 +514,7 @@ def _print_summary(console, s: dict, n_val: int, n_samples: int) -> None:
             a, b = start[key], end[key]
             t.add_row(what, f"{a:.1%}", f"{b:.1%}", f"{(b - a) * 100:+.1f} pts")
     console.print(t)
-    peak = f" (matmul peak {s['peak_gflops']:.0f} GFLOP/s)" if s.get("peak_gflops") else ""
+    on = f" on {s['device']}" if s.get("device") else ""
+    peak = f" (matmul peak {s['peak_gflops']:.0f} GFLOP/s{on})" if s.get("peak_gflops") else ""
     console.print(f"trained {s['steps']} steps in {s['train_seconds']:.0f}s{peak}; metrics: {s['run_dir']}/metrics.jsonl; "
                   f"model: {s['final_model']}")
