@@ -64,6 +64,8 @@ def test_a_cpu_is_named_by_model_family_and_instruction_set():
     assert device_name(cpu, zen3 + "\nprocessor\t: 1\nmodel name\t: another\n") == f"AMD EPYC (cpu family 25, model 1, {isa})"
     assert device_name(cpu, zen4) == f"AMD EPYC (cpu family 25, model 17, {isa})"
     assert device_name(cpu, "").endswith(f"({isa})")  # no /proc/cpuinfo: the platform's name and the ISA
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd0c\n"
+    assert device_name(cpu, arm).endswith(f"(CPU implementer 0x41, CPU part 0xd0c, {isa})")  # no model name on Arm
 
 
 def test_the_plain_mode_on_a_pipe_has_no_escape_codes(tmp_path):

@@ -193,8 +193,9 @@ def _cpuinfo(text: str) -> dict[str, str]:
 def device_name(device: torch.device, cpuinfo: Optional[str] = None) -> str:
     """What the device is, precisely enough to tell two machines' matmul peaks apart: a GPU's name; for
     the CPU its model name with family and model numbers (a virtual machine may call a Zen 3 and a Zen 4
-    both "AMD EPYC") and the instruction set torch's kernels use (AVX2, AVX512, ...). ``cpuinfo``: the
-    text of /proc/cpuinfo (read here when None; on other systems, platform's processor name)."""
+    both "AMD EPYC"; an Arm core has no model name, its implementer and part numbers say it) and the
+    instruction set torch's kernels use (AVX2, AVX512, ...). ``cpuinfo``: the text of /proc/cpuinfo
+    (read here when None; on other systems, platform's processor name)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type != "cpu":
@@ -207,8 +208,8 @@ def device_name(device: torch.device, cpuinfo: Optional[str] = None) -> str:
         except OSError:
             cpuinfo = ""
     info = _cpuinfo(cpuinfo)
-    name = info.get("model name") or info.get("Model") or platform.processor() or platform.machine() or "cpu"
-    ids = [f"{k} {info[k]}" for k in ("cpu family", "model") if info.get(k)]
+    name = info.get("model name") or platform.processor() or platform.machine() or "cpu"
+    ids = [f"{k} {info[k]}" for k in ("cpu family", "model", "CPU implementer", "CPU part") if info.get(k)]
     return f"{name} ({', '.join([*ids, torch.backends.cpu.get_cpu_capability()])})"
 
 
