@@ -28,7 +28,7 @@ FG = "algorithm.filter_groups."
 
 # veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
 DEFAULTS: dict[str, Any] = {
-    "data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
+    "data.train_batch_size": 1024, "data.gen_batch_size": None, "data.max_prompt_length": 512, "data.max_response_length": 512,
     "data.shuffle": True, "data.seed": None, "data.filter_overlong_prompts": False, "data.truncation": "error",
     "data.prompt_key": "prompt", "data.reward_fn_key": "data_source",
     A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size": None, A + "ppo_micro_batch_size_per_gpu": None,
@@ -267,7 +267,13 @@ def _batches(t: Translation) -> None:
     """Step, mini-batch and micro-batch sizes, and token budgets."""
     prompts = t.get("data.train_batch_size")
     t.put("data.prompts_per_step", prompts, "data.train_batch_size", note="prompts per step in both")
-    if t.given("data.gen_batch_size") and t.get("data.gen_batch_size") != prompts:
+    if not t.given("data.gen_batch_size"):
+        pass
+    elif t.get("data.gen_batch_size") is None:
+        t.translated("data.gen_batch_size", "null: veRL draws train_batch_size prompts per batch (ray_trainer.py)")
+    elif t.get("data.gen_batch_size") == prompts:
+        t.translated("data.gen_batch_size", "= train_batch_size: one batch of prompts per step, as verirl draws")
+    else:
         t.decide("data.gen_batch_size", "veRL draws gen_batch_size prompts and trains on train_batch_size of them "
                                         "(DAPO's dynamic sampling): verirl draws and trains on data.prompts_per_step")
     mini = t.get(A + "ppo_mini_batch_size")
@@ -307,6 +313,12 @@ def _batches(t: Translation) -> None:
             t.put("actor.micro_batch_size", max(1, int(t.get(micro_keys[1])) // world), micro_keys[1],
                   "trainer.n_gpus_per_node", "trainer.nnodes",
                   note=f"the deprecated global micro-batch, divided by the {world} devices as veRL does")
+
+
+def _gen_batch(t: Translation) -> int:
+    """Prompts per generation batch: data.gen_batch_size, where null means train_batch_size (ray_trainer.py)."""
+    gen = t.get("data.gen_batch_size")
+    return int(t.get("data.train_batch_size") if gen is None else gen)
 
 
 def _kl(t: Translation) -> None:
@@ -643,7 +655,7 @@ def _filter_groups(t: Translation) -> None:
                    "reward.verifiers if the other run filtered on one")
     max_b = int(t.get(max_key, 0) or 0)
     train = int(t.get("data.train_batch_size"))
-    gen = int(t.get("data.gen_batch_size", train))
+    gen = _gen_batch(t)
     end = "; at the limit veRL stops the run with an error, verirl trains the step on the groups it has"
     if max_b <= 0:
         t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (veRL: non-positive)" + end)
@@ -763,7 +775,7 @@ def _optimizer(t: Translation) -> None:
 def _steps(t: Translation) -> Optional[int]:
     """trainer.total_steps: total_training_steps, else total_epochs x batches per epoch (needs the rows)."""
     steps_key, epochs_key = "trainer.total_training_steps", "trainer.total_epochs"
-    batch = int(t.get("data.gen_batch_size", t.get("data.train_batch_size")))
+    batch = _gen_batch(t)
     if t.get(steps_key) is not None:
         steps = int(t.get(steps_key))
         t.put("trainer.total_steps", steps, steps_key, note="GRPO steps, one rollout each, in both")
