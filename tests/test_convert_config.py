@@ -29,7 +29,8 @@ VERL_CONFIG = {
     "data.too_long": "filter", "data.seed": 1, "data.shuffle": "verl",
     "data.train_path": "/data/math_tasks/train.parquet", "data.prompt_type": "tokenizer",
     "data.handler_name": "VerlParquetHandler", "model.path": "/models/Qwen2.5-7B",
-    "rollout.engine": "native", "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+    "rollout.engine": "vllm", "rollout.tensor_parallel_size": 2, "rollout.gpu_memory_utilization": 0.6,
+    "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
     "rollout.top_k": 0,  # vLLM's -1
     "reward.verifiers": ["/workspace/reward/task_rules.py:compute_score"], "reward.weights": [1.0],
     "algo.adv_estimator": "grpo", "algo.scale_rewards": "group",  # norm_adv_by_std_in_grpo: true
@@ -49,6 +50,7 @@ VERL_CONFIG = {
     "trainer.total_steps": 500,  # total_training_steps wins over total_epochs
     "trainer.run_dir": "runs/grpo_math_tasks/qwen25_7b_8k4k", "trainer.save_freq": 100, "trainer.resume": "auto",
     "eval.data": "/data/math_tasks/test.parquet", "eval.n": 4, "eval.temperature": 0.6, "eval.greedy": False,
+    "eval.top_p": 0.95,  # val_kwargs.top_p
     "eval.before_train": True, "eval.every": 50, "eval.at_end": True,  # test_freq
 }
 
@@ -58,6 +60,7 @@ MSRL_CONFIG = {
     "data.too_long": "filter", "data.seed": 1, "data.shuffle": "megatron",
     "data.dataset_additional_keys": ["labels", "task"], "model.path": "./model_from_hf/qwen25-7b",
     "rollout.n": 8, "rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0,
+    "rollout.engine": "vllm", "rollout.tensor_parallel_size": 4, "rollout.gpu_memory_utilization": 0.6,
     "reward.verifiers": ["base_acc", "format"], "reward.weights": [1.0, 0.5], "reward.timeout": 120.0,
     "algo.adv_estimator": "grpo", "algo.kl_coef": 0.001, "algo.kl_type": "low_var_kl",
     "algo.clip_ratio_low": 0.2, "algo.clip_ratio_high": 0.2, "algo.entropy_coef": 0.0,
@@ -111,12 +114,12 @@ VERL_ROWS = {
     "actor_rollout_ref.ref.fsdp_config.param_offload": ("ignored", []),
     R + "name": ("translated", ["rollout.engine"]), R + "mode": ("ignored", []), R + "n": ("translated", ["rollout.n"]),
     R + "temperature": ("translated", ["rollout.temperature"]), R + "top_p": ("translated", ["rollout.top_p"]),
-    R + "top_k": ("translated", ["rollout.top_k"]), R + "tensor_model_parallel_size": ("ignored", []),
-    R + "gpu_memory_utilization": ("ignored", []), R + "enable_chunked_prefill": ("ignored", []),
+    R + "top_k": ("translated", ["rollout.top_k"]), R + "tensor_model_parallel_size": ("translated", ["rollout.tensor_parallel_size"]),
+    R + "gpu_memory_utilization": ("translated", ["rollout.gpu_memory_utilization"]), R + "enable_chunked_prefill": ("ignored", []),
     R + "max_num_batched_tokens": ("ignored", []), R + "log_prob_max_token_len_per_gpu": ("ignored", []),
     R + "val_kwargs.do_sample": ("translated", ["eval.n", "eval.greedy"]),
     R + "val_kwargs.n": ("translated", ["eval.n"]), R + "val_kwargs.temperature": ("translated", ["eval.temperature"]),
-    R + "val_kwargs.top_p": ("ignored", []),
+    R + "val_kwargs.top_p": ("translated", ["eval.top_p"]),
     "algorithm.adv_estimator": ("translated", ["algo.adv_estimator"]),
     "algorithm.norm_adv_by_std_in_grpo": ("translated", ["algo.scale_rewards"]),
     "algorithm.use_kl_in_reward": ("translated", []),
@@ -179,9 +182,11 @@ MSRL_ROWS = {
     RL + "verifier_timeout": ("translated", ["reward.timeout"]),
     **{GEN + k: ("ignored", []) for k in (
         "trust_remote_code", "offload_train_optimizer", "offload_train_grad", "offload_train_param",
-        "infer_tensor_parallel_size", "infer_pipeline_parallel_size", "infer_expert_parallel_size", "max_num_seqs",
-        "max_model_len", "max_num_batched_tokens", "dtype", "gpu_memory_utilization", "sampling_config.logprobs",
+        "infer_pipeline_parallel_size", "infer_expert_parallel_size", "max_num_seqs",
+        "max_model_len", "max_num_batched_tokens", "dtype", "sampling_config.logprobs",
         "sampling_config.min_p", "sampling_config.detokenize")},
+    GEN + "infer_tensor_parallel_size": ("translated", ["rollout.engine", "rollout.tensor_parallel_size"]),
+    GEN + "gpu_memory_utilization": ("translated", ["rollout.engine", "rollout.gpu_memory_utilization"]),
     GEN + "sampling_config.max_tokens": ("translated", ["rollout.max_new_tokens"]),
     GEN + "sampling_config.top_p": ("translated", ["rollout.top_p"]),
     GEN + "sampling_config.top_k": ("translated", ["rollout.top_k"]),
@@ -280,8 +285,9 @@ def test_the_two_examples_describe_one_run(verl, msrl):
     # MindSpeed-RL's loss averages per micro-batch (1 sequence: seq-mean-token-mean) and has no dual clip (veRL's
     # vanilla has); pre-2.0 MindSpeed-RL shuffled Megatron's way; the paths are each machine's; the GPU run scored
     # with its own function, the NPU run with rules
+    # with its own function, the NPU run with rules; the NPU run's vLLM spans 4 devices
     assert differ == {"algo.loss_agg_mode", "algo.policy_loss", "data.shuffle", "model.path", "reward.verifiers",
-                      "reward.weights"}
+                      "reward.weights", "rollout.tensor_parallel_size"}
     for key in ("data.prompts_per_step", "rollout.n", "actor.mini_batch_prompts", "actor.warmup_steps",
                 "trainer.total_steps", "algo.kl_coef", "data.max_prompt_length", "rollout.max_new_tokens"):
         assert v[key] == m[key], key
@@ -336,7 +342,7 @@ def test_verl_overrides_apply_before_translation():
     assert r.get("rollout.n") == 16 and r.get("data.prompts_per_step") == 128
     assert r.row(R + "n").origin == "override" and r.row(R + "n").value == 16
     assert r.get("actor.warmup_steps") == 25 * 4  # 128 / 32 = 4 optimizer steps per veRL step
-    assert r.row(R + "val_kwargs.top_k").status == "ignored"
+    assert r.row(R + "val_kwargs.top_k").status == "translated" and r.get("eval.top_k") == 20
     cli = main(["convert-config", "--from", "verl", VERL, R + "n=16", "--json"])
     assert cli == 0
 

@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-new-tokens", type=int, default=32)
     v.add_argument("--max-prompt-length", type=int, default=1024)
     v.add_argument("--temperature", type=float, default=1.0)
+    v.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
+    v.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
     v.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
     v.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
                    help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
@@ -260,6 +262,9 @@ def _eval(args) -> int:
     try:
         if args.n < 0 or (args.n == 0 and args.no_greedy):
             raise ConfigError(f"--n {args.n}: give at least one sample per prompt (or 0 with greedy decoding).")
+        if not 0 < args.top_p <= 1 or args.top_k < 0:
+            raise ConfigError(f"--top-p {args.top_p} --top-k {args.top_k}: top-p must be in (0, 1] and top-k 0 (off) "
+                              f"or a positive number of tokens.")
         rules = [r for r in args.verifiers.split(",") if r]
         check_rules(rules, {})
         if args.json and args.json != "-":  # before the work, not after it
@@ -299,13 +304,15 @@ def _eval(args) -> int:
         try:
             with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
                 res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, greedy=not args.no_greedy, seed=args.seed,
+                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                               greedy=not args.no_greedy, seed=args.seed,
                                progress=lambda k: status.update(f"evaluated {k}/{len(prompts)} prompts"))
         finally:
             scorer.close()
     except UserError as e:
         return _user_error("eval", e)
-    res.update({"model": args.model, "data": args.data, "temperature": args.temperature,
+    res.update({"model": args.model, "data": args.data, "temperature": args.temperature, "top_p": args.top_p,
+                "top_k": args.top_k,
                 "max_new_tokens": args.max_new_tokens, "verifiers": rules})
     keys = [k for k in res["overall"] if k != "prompts"]
     t = Table(title=f"verirl eval: {args.model} on {args.data}, n={args.n}, T={args.temperature}")

@@ -241,6 +241,8 @@ class EvalConfig:
     size: int = 200  # held-out problems of the built-in task (never trained on)
     n: int = 4  # sampled responses per problem (pass@k for k up to n, maj@n); 0 = greedy only
     temperature: float = 1.0  # temperature of the n samples
+    top_p: float = 1.0  # nucleus sampling of the n samples: keep the smallest set of tokens with this much mass
+    top_k: int = 0  # the n samples draw from the k most likely tokens; 0 = off
     greedy: bool = True  # also decode each problem greedily once (val/greedy_acc)
     before_train: bool = True  # evaluate before the first step (logged as step 0)
     every: int = 0  # evaluate every N steps (0 = never)
@@ -582,8 +584,11 @@ def validate(cfg: Config) -> None:
     if cfg.eval.n == 0 and not cfg.eval.greedy:
         raise ConfigError("eval.n=0 with eval.greedy=false evaluates nothing: give eval.n > 0 samples per problem, "
                           "or eval.greedy=true.")
-    if not 0 < rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={rollout.top_p} must be in (0, 1].")
+    for key, top_p, top_k in (("rollout", rollout.top_p, rollout.top_k), ("eval", cfg.eval.top_p, cfg.eval.top_k)):
+        if not 0 < top_p <= 1:
+            raise ConfigError(f"{key}.top_p={top_p} must be in (0, 1].")
+        if top_k < 0:
+            raise ConfigError(f"{key}.top_k={top_k} must be 0 (off) or a positive number of tokens.")
     if data.prompts_per_step % actor.mini_batch_prompts:
         raise ConfigError(
             f"data.prompts_per_step={data.prompts_per_step} is not divisible by actor.mini_batch_prompts="

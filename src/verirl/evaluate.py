@@ -67,11 +67,12 @@ def answer_right(result: RewardResult, i: int, response: str, label: str) -> boo
 
 
 def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n: int, max_new_tokens: int,
-             temperature: float = 1.0, greedy: bool = True, seed: int = 0, batch_prompts: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = True, seed: int = 0,
+             batch_prompts: int = 64,
              ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None,
              first_index: int = 0, gather: Optional[Callable[[list], list]] = None) -> dict:
-    """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature`` with
-    the given engine; score every response with ``scorer`` (the training rules, weights and routing).
+    """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature``,
+    ``top_p`` and ``top_k`` (0 = off) with the given engine; score every response with ``scorer`` (the training rules, weights and routing).
 
     Returns ``{"n", "overall", "groups"}``; overall and each group (``task/<task>``,
     ``data_source/<source>``) hold ``prompts``, ``greedy_acc`` (right with greedy decoding),
@@ -99,7 +100,7 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
             texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
         if n:
             texts += decode_responses(tokenizer, engine.generate(
-                ids, n, SamplingParams(max_new_tokens, temperature, seed=seed),
+                ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed),
                 prompt_index=range(first_index + b, first_index + b + len(chunk))))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         result = scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_text])

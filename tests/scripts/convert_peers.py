@@ -38,7 +38,7 @@ if "-m" in args and args[args.index("-m") + 1].startswith("verl."):
     sys.exit(0)
 sys.exit(1)
 """
-PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=", "eval.data=", "data.handler_name=instruction",
+PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1"]
 
 
@@ -90,6 +90,8 @@ def config_name(args: list[str]) -> tuple[str, list[str]]:
             skip = "=" not in a
         else:
             rest.append(a)
+    if "model_engine=megatron" in rest and name == "ppo_trainer":  # Hydra's group choice: the Megatron config
+        name = "ppo_megatron_trainer"
     return name.removesuffix(".yaml"), rest
 
 
@@ -114,11 +116,15 @@ def run_one(label: str, fmt: str, file: str, overrides: list[str], work: Path) -
 
 
 def plan_reward(table: dict) -> list[str]:
-    """A rule file of the other machine's stands in as verirl's acc for `plan` (the file is not here)."""
+    """What is the other machine's and not here: a rule file stands in as verirl's acc, and vLLM (not installed
+    here) as the native engine, on one rank."""
+    out = []
     verifiers = table["config"].get("reward", {}).get("verifiers")
     if verifiers and any(":" in str(v) for v in verifiers):
-        return ["reward.verifiers=[" + ",".join("acc" if ":" in str(v) else str(v) for v in verifiers) + "]"]
-    return []
+        out.append("reward.verifiers=[" + ",".join("acc" if ":" in str(v) else str(v) for v in verifiers) + "]")
+    if table["config"].get("rollout", {}).get("engine") == "vllm":
+        out += ["rollout.engine=native", "rollout.tensor_parallel_size=1"]
+    return out
 
 
 def mindspeed_file(git_dir: str, path: str, work: Path) -> str:
@@ -168,6 +174,7 @@ def main() -> int:
         ok = r["convert_rc"] == 0 and not r.get("unknown") and r.get("plan_rc") == 0
         failed += not ok
         print(("ok   " if ok else "FAIL ") + json.dumps(r), flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"{len(results) - failed} of {len(results)} configs: convert-config exit 0, no unknown row, plan accepts")
     return 1 if failed else 0
 

@@ -279,6 +279,8 @@ def _parse_value(key: str, raw: str) -> Any:
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
     except Exception as e:  # noqa: BLE001  (omegaconf/yaml raise several kinds)
+        if "\\" in raw:  # Hydra's escaped characters (\{ \* ...), which YAML does not read: kept as text
+            return raw
         raise ConfigError(f"Override '{key}={raw}': the value is not valid YAML ({' '.join(str(e).split())}). "
                           f"Quote it, e.g. {key}='{raw}'.") from None
 
@@ -303,7 +305,9 @@ def _apply_override(tree: dict, text: str) -> str:
     *parents, leaf = key.split(".")
     node = tree
     for i, p in enumerate(parents):
-        child = node.setdefault(p, {})
+        if node.get(p) is None:  # Hydra adds a key under a null section, making it one
+            node[p] = {}
+        child = node[p]
         if not isinstance(child, dict):
             raise ConfigError(f"Override '{text}': {'.'.join(parents[:i + 1])} holds a value, not a section, so it "
                               f"has no key {leaf}. Check the key's spelling.")

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     RL + "entropy_coeff": 0.0, RL + "kl_penalty": "low_var_kl", RL + "kl_ctrl_type": "fixed", RL + "init_kl_coef": 0.01,
     RL + "adv_estimator": "group_norm", RL + "verifier_function": ["base_acc"], RL + "verifier_weight": [1.0],
     RL + "rule_reward": True, RL + "use_dynamic_bsz": False, RL + "max_packing_token_size": 4096,
+    RL + "update_max_packing_token_size": 4096, RL + "ref_max_packing_token_size": 4096,
     RL + "token_level_loss": True, RL + "use_kl_in_reward": False, RL + "update_micro_batch_size": None,
     RL + "overlong_buffer_enable": False, RL + "overlong_buffer": 0, RL + "overlong_buffer_penalty_factor": 1.0,
     RL + "rollout_max_tokens": 2048, RL + "filter_groups_enable": False, RL + "filter_groups_metric": "acc",
@@ -50,21 +51,27 @@ PRE2_DEFAULTS: dict[str, Any] = {RL + "entropy_coeff": 0.001, RL + "kl_penalty":
 SAMPLING_DEFAULTS = {"max_tokens": 128, "top_p": 1.0, "top_k": 50, "min_p": 0.0, "temperature": 0.2}
 VLLM_DEFAULTS = {"max_tokens": 16, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "temperature": 1.0}
 
-# MindSpeed-RL's rule names (mindspeed_rl/models/rule_verifier.py) -> verirl's rule of the same meaning.
-RULES = {"acc": "acc", "format": "format", "step": "step", "strict_format": "strict_format", "base_acc": "base_acc"}
+# MindSpeed-RL's rule names (mindspeed_rl/models/rule_verifier.py): verirl's rules of the same names are written
+# after them (verirl.rewards.rules.RULES, docs/rewards.md); these have no verirl rule.
 NO_RULE = {
     "math_verify_reward": "1/0 by math-verify (verirl's acc also uses math-verify but scores 1 / -0.5 / -1)",
     "math_17k_acc": "1/0 on the math-17k labels", "acc_for_dapo": "DAPO's 1/-1 accuracy",
     "acc_for_ppo": "PPO's accuracy", "retool_reward": "a tool-use reward",
 }
-KL_TYPES = {"kl": "kl", "abs": "abs", "mse": "mse", "low_var_kl": "low_var_kl"}
-
-
 def _kl_type(v: str) -> str:
-    if v not in KL_TYPES:
-        raise NeedsDecision(f"kl_penalty {v!r} has no verirl estimator (verirl: kl, mse, low_var_kl, abs); "
+    from verirl.algo.kl import KL_ESTIMATORS
+
+    if v not in KL_ESTIMATORS:
+        raise NeedsDecision(f"kl_penalty {v!r} has no verirl estimator (verirl: {', '.join(KL_ESTIMATORS)}); "
                             f"low_var_kl is left")
-    return KL_TYPES[v]
+    return v
+
+
+def _is_rule(name: str) -> bool:
+    """Whether verirl has a rule of this name (its rule registry)."""
+    from verirl.rewards.rules import RULES
+
+    return name in RULES
 
 
 def _top_k(v: Optional[int]) -> int:
@@ -294,14 +301,7 @@ def _batches(t: Translation, version: str, why: str) -> None:
               note="sequences per forward/backward (per model replica in MindSpeed-RL, per rank in verirl)")
     _loss_agg(t, micro_key, micro, dynamic)
     if dynamic:
-        update = RL + "update_max_packing_token_size"
-        budget_key = update if t.given(update) else RL + "max_packing_token_size"
-        t.put("actor.max_token_len_per_device", int(t.get(budget_key)), RL + "use_dynamic_bsz", budget_key,
-              note="use_dynamic_bsz: micro-batches of at most this many tokens")
-        ref = RL + "ref_max_packing_token_size"
-        if t.given(ref):
-            t.put("ref.log_prob_max_token_len_per_device", int(t.get(ref)), ref,
-                  note="the reference pass's token budget")
+        _packing(t, version)
     else:
         t.translated(RL + "use_dynamic_bsz", "false: micro-batches of micro_batch_size sequences")
         for key in (RL + "max_packing_token_size", RL + "update_max_packing_token_size",
@@ -309,28 +309,59 @@ def _batches(t: Translation, version: str, why: str) -> None:
             t.ignore(key, "read only with use_dynamic_bsz=true")
 
 
+def _packing(t: Translation, version: str) -> None:
+    """use_dynamic_bsz's token budgets. Since commit dd73eb3 (2025-08) rl_config.py sets update_, actor_ and
+    ref_max_packing_token_size to 4096 before reading the YAML, so max_packing_token_size alone reaches only the
+    critic; before, they defaulted to max_packing_token_size."""
+    update, ref, common = (RL + "update_max_packing_token_size", RL + "ref_max_packing_token_size",
+                           RL + "max_packing_token_size")
+    old = version == "pre-2.0"
+    if old:
+        t.defaults[update] = t.defaults[ref] = t.get(common)
+    budget = int(t.get(update))
+    t.put("actor.max_token_len_per_device", budget, RL + "use_dynamic_bsz", update,
+          *([common] if old and not t.given(update) else []),
+          note="use_dynamic_bsz: micro-batches of at most this many tokens"
+          + ("" if t.given(update) else "; update_max_packing_token_size is not set: "
+             + ("max_packing_token_size (MindSpeed-RL before 2.0)" if old else
+                "MindSpeed-RL's 4096 (since 2025-08 max_packing_token_size does not reach the actor)")))
+    if not old and t.given(common):
+        t.ignore(common, "the critic's token budget since MindSpeed-RL commit dd73eb3 (2025-08): the actor's is "
+                         "update_max_packing_token_size (a release between May and August 2025 gave it to the actor too)")
+    if int(t.get(ref)) != budget:
+        t.put("ref.log_prob_max_token_len_per_device", int(t.get(ref)), ref, note="the reference pass's token budget")
+    else:
+        t.translated(ref, "the actor's budget, as verirl's ref.log_prob_max_token_len_per_device=0 takes it")
+
+
 def _loss_agg(t: Translation, micro_key: str, micro: Optional[int], dynamic: bool) -> None:
     """How MindSpeed-RL's loss averages tokens: its GRPO loss is the token mean of each micro-batch
     (masked_mean in grpo_actor_loss_func.py), averaged over the micro-batches by Megatron; its DAPO
     loss is token-level or sequence-level by rl_config.token_level_loss."""
-    if t.get(MT + "stage") == "ray_dapo" or t.get(AC + "stage", None) == "ray_dapo":
-        key = RL + "token_level_loss"
-        mode = "token-mean" if t.get(key) else "seq-mean-token-mean"
-        t.put("algo.loss_agg_mode", mode, key, note="the DAPO loss's aggregation")
-        return
-    t.ignore(RL + "token_level_loss", "read by MindSpeed-RL's DAPO loss only (stage ray_dapo)")
-    if dynamic:
-        t.put("algo.loss_agg_mode", "token-mean", RL + "use_dynamic_bsz")
-        t.decide(RL + "use_dynamic_bsz", "MindSpeed-RL's GRPO loss takes the token mean of each dynamic micro-batch, "
-                                         "scaled by its share of sequences: neither of verirl's modes exactly "
-                                         "(token-mean written)")
-    elif micro is not None and int(micro) == 1:
-        t.put("algo.loss_agg_mode", "seq-mean-token-mean", micro_key,
-              note="MindSpeed-RL's GRPO loss is the token mean of each micro-batch, averaged over micro-batches: with "
-                   "one sequence per micro-batch, verirl's seq-mean-token-mean")
+    key = RL + "token_level_loss"
+    if _stage(t) == "ray_dapo":
+        loss = "DAPO loss (token_level_loss: true)"
+        if not t.get(key):
+            t.put("algo.loss_agg_mode", "seq-mean-token-mean", key,
+                  note="token_level_loss false: the DAPO loss is the mean over sequences of each one's token mean "
+                       "(dapo_actor_loss_func.py), verirl's seq-mean-token-mean")
+            return
+        sources = [key]
     else:
-        t.put("algo.loss_agg_mode", "token-mean", micro_key)
-        t.decide(micro_key, f"MindSpeed-RL's GRPO loss is the token mean of each micro-batch of {micro} sequences, "
+        t.ignore(key, "read by MindSpeed-RL's DAPO loss only (stage ray_dapo)")
+        loss, sources = "GRPO loss", []
+    if dynamic:
+        t.put("algo.loss_agg_mode", "token-mean", RL + "use_dynamic_bsz", *sources)
+        t.decide(RL + "use_dynamic_bsz", f"MindSpeed-RL's {loss} takes the token mean of each dynamic micro-batch, "
+                                         f"scaled by its share of sequences: neither of verirl's modes exactly "
+                                         f"(token-mean written)")
+    elif micro is not None and int(micro) == 1:
+        t.put("algo.loss_agg_mode", "seq-mean-token-mean", micro_key, *sources,
+              note=f"MindSpeed-RL's {loss} is the token mean of each micro-batch, averaged over micro-batches by "
+                   f"Megatron: with one sequence per micro-batch, verirl's seq-mean-token-mean")
+    else:
+        t.put("algo.loss_agg_mode", "token-mean", micro_key, *sources)
+        t.decide(micro_key, f"MindSpeed-RL's {loss} is the token mean of each micro-batch of {micro} sequences, "
                             f"averaged over micro-batches: between verirl's token-mean (written) and "
                             f"seq-mean-token-mean (exact with micro_batch_size 1)")
 
@@ -483,9 +514,10 @@ def _algo(t: Translation, stage: str, version: str) -> None:
                        f"used k3, so algo.kl_type=low_var_kl is written")
         else:
             try:
-                t.put("algo.kl_type", _kl_type(t.get(RL + "kl_penalty")), RL + "kl_penalty",
-                      note="the same estimator; low_var_kl: MindSpeed-RL also clamps the log-ratio at +-20 before "
-                           "the KL's +-10")
+                kind = _kl_type(t.get(RL + "kl_penalty"))
+                t.put("algo.kl_type", kind, RL + "kl_penalty",
+                      note="the same estimator" + ("; MindSpeed-RL also clamps the log-ratio at +-20 before the KL's "
+                                                   "+-10, as verirl" if kind == "low_var_kl" else ""))
             except NeedsDecision as e:
                 t.decide(RL + "kl_penalty", str(e))
         ctrl = t.get(RL + "kl_ctrl_type")
@@ -507,6 +539,9 @@ def _algo(t: Translation, stage: str, version: str) -> None:
     _overlong(t)
     if t.get(RL + "multi_turn_enable", False):
         t.decide(RL + "multi_turn_enable", "multi-turn rollouts with tools: not available in verirl")
+        for key in [k for k in t.values if k.startswith((RL + "tool_", RL + "max_tool_")) or k in (
+                RL + "max_parallel_calls", RL + "max_total_response_length")]:
+            t.ignore(key, "part of the multi-turn tool setup, which needs a decision (multi_turn_enable)")
     if t.given(RL + "shuffle_mini_batch") and t.get(RL + "shuffle_mini_batch"):
         t.decide(RL + "shuffle_mini_batch", "MindSpeed-RL shuffles each step's mini-batches: verirl keeps their order")
 
@@ -541,7 +576,7 @@ def _dynamic_sampling(t: Translation, stage: str) -> None:
                "generated")
     metric, names = str(t.get(metric_key)), [str(n) for n in t.get(RL + "verifier_function")]
     if metric in names:
-        t.put("algo.filter_groups.metric", RULES.get(metric, metric), metric_key,
+        t.put("algo.filter_groups.metric", metric, metric_key,
               note="the rule's own score per sample (MindSpeed-RL's <rule>_rewards/mean, unweighted), as verirl's "
                    "metric by rule name")
     else:
@@ -598,11 +633,11 @@ def _reward(t: Translation, version: str) -> None:
     else:
         t.translated(RL + "rule_reward", "rule rewards, as verirl's")
     names = [str(n) for n in t.get(fn_key)]
-    t.put("reward.verifiers", [RULES.get(n, n) for n in names], fn_key,
+    t.put("reward.verifiers", names, fn_key,
           note="verirl's rules of the same names, written after MindSpeed-RL's (docs/rewards.md)")
     t.put("reward.weights", [float(w) for w in t.get(w_key)], w_key, note="one per rule, same order")
     for name in names:
-        if name not in RULES:
+        if not _is_rule(name):
             hint = NO_RULE.get(name, "a rule of the other run's own")
             skipped = " (MindSpeed-RL before 2.0 skipped a name it did not know, silently)" if version == "pre-2.0" \
                 else ""
@@ -648,10 +683,14 @@ def _data_and_model(t: Translation, version: str) -> None:
         t.check(f"rms_norm_eps: MindSpeed-RL's configs/model/{name}.yaml norm_epsilon (Megatron's default 1e-5 if "
                 f"unset) must equal the Hugging Face config.json's rms_norm_eps the other run used (seed 000: 1e-6 vs "
                 f"1e-7 made the reward drift down after 1,500 steps); likewise rotary_base = rope_theta")
-        model_keys = [k for k in t.under(str(name)) if not k.startswith(("megatron_training.", "actor_config."))]
-        for key in model_keys:  # the model yaml's section, when the file holds it
+        # the model yaml's section, at the top level or under model: (as Hydra composes the defaults list)
+        model_keys = [k for k in t.under(str(name)) + t.under(f"model.{name}")
+                      if not k.startswith(("megatron_training.", "actor_config."))]
+        for key in model_keys:
             if key.rsplit(".", 1)[1] not in NUMERICS:
                 t.ignore(key, "the architecture: verirl reads it from model.path's config.json")
+        for key in t.under("model"):
+            t.ignore(key, f"a model YAML this config does not use (megatron_training.model is {name})")
     else:
         model_keys = []
     numerics, sources = {}, []
@@ -667,6 +706,8 @@ def _data_and_model(t: Translation, version: str) -> None:
     if numerics:  # what the MindSpeed-RL run computed with, whatever config.json says (seed 000's rms_norm_eps)
         t.put("model.override_config", numerics, *sources,
               note="the run's own numerics; compare with config.json (`verirl doctor`)")
+    _lora(t)
+    _engine(t)
     for name_ in ("attention_dropout", "hidden_dropout"):
         key = _actor_key(t, name_)
         value = float(t.get(key))
@@ -718,6 +759,36 @@ def _data_and_model(t: Translation, version: str) -> None:
         t.translated(stage_key, "GRPO" if stage == "ray_grpo" else "GRPO with DAPO's loss")
     else:
         t.decide(stage_key, f"stage {stage!r}: verirl runs GRPO (ray_grpo)")
+
+
+def _engine(t: Translation) -> None:
+    """MindSpeed-RL generates with vLLM (vllm-ascend on NPUs): verirl's vllm engine, with the same tensor
+    parallelism and memory share."""
+    tp, mem = GEN + "infer_tensor_parallel_size", GEN + "gpu_memory_utilization"
+    t.put("rollout.engine", "vllm", *[k for k in (tp, mem) if t.given(k)],
+          note="MindSpeed-RL generates with vLLM (vllm-ascend): verirl's vllm engine; on a machine without vLLM (a "
+               "CPU) use rollout.engine=native (docs/vllm.md)")
+    if t.given(tp):
+        t.put("rollout.tensor_parallel_size", int(t.get(tp)), tp, note="ranks per vLLM engine, the same setting")
+    if t.given(mem):
+        t.put("rollout.gpu_memory_utilization", float(t.get(mem)), mem, note="the same vLLM setting")
+
+
+def _lora(t: Translation) -> None:
+    """MindSpeed-RL trains LoRA adapters when lora_target_modules names modules (with lora_r, lora_alpha)."""
+    modules_key = _actor_key(t, "lora_target_modules")
+    if not t.get(modules_key, None):
+        return
+    r_key, alpha_key = _actor_key(t, "lora_r"), _actor_key(t, "lora_alpha")
+    what = (f"LoRA (rank {t.get(r_key, 16)}, alpha {t.get(alpha_key, 32)}, on {t.get(modules_key)}): verirl trains "
+            f"every weight, and at a LoRA learning rate (actor.lr) a full fine-tune moves the model far more: train "
+            f"without LoRA at a full fine-tune's learning rate, or wait for verirl's LoRA")
+    for key in (modules_key, r_key, alpha_key):
+        if t.given(key):
+            t.decide(key, what)
+    for key in t.values:
+        if key.startswith((MT + "lora_", AC + "lora_")) and key not in (modules_key, r_key, alpha_key):
+            t.ignore(key, "part of the LoRA setup (see lora_target_modules)")
 
 
 def _sampling_defaults(t: Translation) -> None:

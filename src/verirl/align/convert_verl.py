@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     RC + "bypass_mode": False, RC + "rollout_is_batch_normalize": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "do_sample": True,
     R + "val_kwargs.n": 1, R + "val_kwargs.do_sample": False, R + "val_kwargs.temperature": 0.0,
+    R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
     M + "use_remove_padding": True,
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
     "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.save_freq": -1,
@@ -56,13 +57,11 @@ DEFAULTS: dict[str, Any] = {
     "reward_model.enable": False,
 }
 
-KL_TYPES = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var_kl": "low_var_kl",
-            "k3": "low_var_kl"}
-LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-ADV = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"}
-# veRL's policy_loss.loss_mode -> verirl's algo.policy_loss. veRL's vanilla applies the dual clip
+# veRL's KL types, loss aggregations, advantage estimators and loss modes carry the names verirl's registries
+# use (verirl.algo: KL_ESTIMATORS, AGGREGATIONS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES): a name in the registry is
+# verirl's of the same meaning, except these loss modes. veRL's vanilla applies the dual clip
 # (compute_policy_loss_vanilla), which is verirl's dual_clip; verirl's vanilla has none.
-LOSS_MODES = {"vanilla": "dual_clip", "gspo": "gspo", "cispo": "cispo", "clip_cov": "clip_cov", "kl_cov": "kl_cov"}
+RENAMED_LOSS_MODES = {"vanilla": "dual_clip"}
 NO_LOSS_MODE = {
     "gpg": "GPG's loss (no ratio, no clip)", "sapo": "SAPO's soft gate (tau_pos / tau_neg)",
     "geo_mean": "GMPO's geometric-mean ratio", "bypass_mode": "the rollout-correction bypass loss",
@@ -70,16 +69,20 @@ NO_LOSS_MODE = {
 
 
 def _kl_type(v: str) -> str:
-    if v not in KL_TYPES:
-        raise NeedsDecision(f"kl_loss_type {v!r} has no verirl estimator (verirl: kl/k1, mse/k2, low_var_kl/k3, abs; "
+    from verirl.algo.kl import KL_ESTIMATORS
+
+    if v not in KL_ESTIMATORS:
+        raise NeedsDecision(f"kl_loss_type {v!r} has no verirl estimator (verirl: {', '.join(KL_ESTIMATORS)}; "
                             f"'full' and the straight-through '+' variants are not available); verirl's default "
                             f"low_var_kl is left")
-    return KL_TYPES[v]
+    return v
 
 
 def _loss_agg(v: str) -> str:
-    if v not in LOSS_AGG:
-        raise NeedsDecision(f"loss_agg_mode {v!r} is not one of verirl's ({', '.join(LOSS_AGG)}); verirl's "
+    from verirl.algo.loss import AGGREGATIONS
+
+    if v not in AGGREGATIONS:
+        raise NeedsDecision(f"loss_agg_mode {v!r} is not one of verirl's ({', '.join(AGGREGATIONS)}); verirl's "
                             f"token-mean is left")
     return v
 
@@ -89,10 +92,20 @@ def _top_k(v: Optional[int]) -> int:
 
 
 def _adv(v: str) -> str:
-    if v not in ADV:
-        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has {', '.join(ADV)} (no critic, so no GAE); "
-                            f"grpo (verirl's default) is left")
-    return ADV[v]
+    from verirl.algo.advantages import ADVANTAGE_ESTIMATORS
+
+    if v not in ADVANTAGE_ESTIMATORS:
+        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has {', '.join(ADVANTAGE_ESTIMATORS)} (no critic, "
+                            f"so no GAE); grpo (verirl's default) is left")
+    return v
+
+
+def _loss_mode(mode: str) -> Optional[str]:
+    """verirl's algo.policy_loss for veRL's loss_mode, None where verirl has no such loss."""
+    from verirl.algo.loss import POLICY_LOSSES
+
+    target = RENAMED_LOSS_MODES.get(mode, mode)
+    return target if target in POLICY_LOSSES else None
 
 
 DIRECT = [
@@ -133,6 +146,31 @@ IGNORED: list[tuple[str, str]] = [
     ("*profiler*", _OBS), ("global_profiler.*", _OBS), ("*.prometheus.*", _OBS), ("*.trace.*", _OBS),
     ("critic.*", "GRPO has no critic (veRL only uses it for GAE); verirl has none"),
     ("reward_model.*", "reward_model.enable is false: rewards come from the reward function"),
+    ("reward.reward_model.*", "reward.reward_model.enable is false: rewards come from the reward function"),
+    ("reward.num_workers", "scoring processes: verirl's reward.workers is sized for this machine"),
+    ("*sandbox_fusion.*", "veRL's code-execution sandbox for code rewards: verirl's rules run no code"),
+    ("model_engine", "Hydra's choice of veRL's training engine (fsdp, megatron, ...): verirl's is FSDP2"),
+    ("*@*", "a Hydra config-group choice: veRL's engine layout"),
+    (A + "optim.zero_indexed_step", "where veRL's cosine schedule starts counting: the schedule here is constant"),
+    (A + "optim.muon_*", "a parameter of the Muon optimizer: read only with optimizer muon"),
+    (A + "optim.*_dtype", "the precision of Megatron's precision-aware optimizer state (off)"),
+    (A + "optim.use_precision_aware_optimizer", "Megatron's precision-aware optimizer: off, fp32 state as verirl's"),
+    (A + "optim.use_layer_wise_distributed_optimizer", "how Megatron shards the optimizer state: the same maths"),
+    (A + "optim.override_optimizer_config.*", _MEMORY + " (Megatron's optimizer offload)"),
+    (A + "veomni.*", _MEMORY + "; veOmni's parallel layout, replaced by verirl's FSDP2"),
+    (REF + "veomni.*", _MEMORY + "; veOmni's parallel layout"),
+    (A + "engine.*", "the training engine's parallel layout and offload: verirl's FSDP2 data parallelism"),
+    ("*entropy_from_logits_chunk_size", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
+    ("*pad_to_length*", "padding to fixed lengths for compiled kernels: verirl packs sequences"),
+    (R + "seed", "vLLM's sampling seed: verirl seeds its sampling with trainer.seed"),
+    (R + "full_determinism", _VLLM), (R + "moe_*", _VLLM), (R + "disaggregation.*", _VLLM + " (prefill/decode on "
+                                                                                         "separate devices)"),
+    (R + "qat", "the rollout's copy of actor.qat (quantization-aware training)"),
+    (R + "n_gpus_per_node", _LAYOUT), (R + "nnodes", _LAYOUT),
+    (FG + "max_inflight_gen_batches", "how many generation batches veRL's DAPO trainer keeps in flight: the same "
+                                      "prompts, drawn ahead"),
+    ("data.audio_key", "audio models only"), ("data.mm_processor_kwargs", "vision and audio models only"),
+    ("data.function_tool_path", "tools are off"),
     ("reward_manager.*", "veRL's reward manager gathers the scores; verirl's rules are reward.verifiers"),
     ("ray_kwargs.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
     ("ray_init.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
@@ -194,17 +232,14 @@ IGNORED: list[tuple[str, str]] = [
     (REF + "log_prob_use_dynamic_bsz", "follows actor.use_dynamic_bsz, as here"),
     (R + "log_prob_*", "the old-log-prob pass: verirl runs it in the actor's micro-batches or token budget, and "
                        "skips it when the update is on-policy"),
-    (R + "val_kwargs.top_p", "verirl's evaluation samples at eval.temperature without top-p"),
-    (R + "val_kwargs.top_k", "verirl's evaluation samples at eval.temperature without top-k"),
     (R + "val_kwargs.*", "evaluation sampling"),
     (R + "prompt_length", "interpolated from data.max_prompt_length"),
-    (R + "response_length", "interpolated from data.max_response_length"),
-    (R + "tensor_model_parallel_size", "the rollout engine's tensor parallelism: verirl's rollout runs on each "
-                                       "data-parallel rank"),
+    (R + "tensor_model_parallel_size", "the rollout engine's tensor parallelism: translated with the vllm engine "
+                                       "only (rollout.tensor_parallel_size)"),
     (R + "data_parallel_size", _VLLM), (R + "expert_parallel_size", _VLLM), (R + "pipeline_model_parallel_size", _VLLM),
     (R + "mode", "sync or async rollout server: verirl generates in the training processes"),
     (R + "dtype", _VLLM + "; the rollout uses the model's weights as trained (model.dtype)"),
-    (R + "gpu_memory_utilization", _VLLM), (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
+    (R + "gpu_memory_utilization", _VLLM + "; translated with the vllm engine (rollout.gpu_memory_utilization)"), (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
     (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
     (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
     (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
@@ -327,8 +362,9 @@ def _kl(t: Translation) -> None:
         t.put("algo.kl_coef", float(t.get(A + "kl_loss_coef")), A + "use_kl_loss", A + "kl_loss_coef",
               note="the KL-to-reference term of the loss")
         try:
-            t.put("algo.kl_type", _kl_type(t.get(A + "kl_loss_type")), A + "kl_loss_type",
-                  note="the same estimator (low_var_kl: k3, clamped to [-10, 10] in both)")
+            kind = _kl_type(t.get(A + "kl_loss_type"))
+            t.put("algo.kl_type", kind, A + "kl_loss_type",
+                  note="the same estimator" + (" (k3, clamped to [-10, 10] in both)" if kind == "low_var_kl" else ""))
         except NeedsDecision as e:
             t.decide(A + "kl_loss_type", str(e))
     else:
@@ -377,13 +413,15 @@ def _policy_loss(t: Translation) -> None:
     mode = t.get(mode_key)
     if mode != "vanilla":
         t.ignore(c_key, "the dual-clip bound: read by veRL's vanilla loss only")
-    if mode not in LOSS_MODES:
+    target = _loss_mode(mode)
+    if target is None:
+        from verirl.algo.loss import POLICY_LOSSES
+
         what = NO_LOSS_MODE.get(mode, "a policy loss verirl does not have")
         t.decide(mode_key, f"loss_mode {mode!r} ({what}) is not available in verirl (algo.policy_loss: "
-                           f"{', '.join(sorted(set(LOSS_MODES.values()) | {'vanilla'}))}); verirl's vanilla "
+                           f"{', '.join(POLICY_LOSSES)}); verirl's vanilla "
                            f"(the clipped loss without dual clip) is left")
         return
-    target = LOSS_MODES[mode]
     if mode == "vanilla":
         c = float(t.get(c_key))
         t.put("algo.policy_loss", target, mode_key,
@@ -557,7 +595,11 @@ def _rollout_is(t: Translation, mode: Optional[str]) -> None:
         t.put("algo.rollout_correction.rollout_is", mode, key,
               note="truncated importance weights exp(old - rollout log-prob), per token or per sequence, on the "
                    "policy loss, as veRL")
-        t.put("algo.rollout_correction.rollout_is_threshold", float(threshold), thr_key, note="the weights' cap")
+        lower, _, upper = str(threshold).strip().rpartition("_")
+        t.put("algo.rollout_correction.rollout_is_threshold", float(upper), thr_key, note="the weights' cap")
+        if lower:
+            t.decide(thr_key, f"'{threshold}' is veRL's lower_upper form: veRL also raises a weight under {lower} to "
+                              f"{lower}, verirl caps the weights above only (cap {upper} written)")
     else:
         t.put("algo.rollout_correction.rollout_is", None, key)
         t.decide(key, f"rollout_is {mode!r}: verirl has token and sequence; none written")
@@ -589,7 +631,8 @@ def _rollout_rs(t: Translation, mode: Optional[str]) -> None:
         target, how = mode, (f"rollout_rs_threshold_lower is null: veRL's lower bound is 1 / upper = {lower:g}, "
                              f"verirl's 0 would mean none; {lower:g} written" if t.get(low_key, None) is None
                              else "the ratio's lower bound")
-        sources = [thr_key] + ([low_key] if t.given(low_key) else [])
+        sources = [low_key] if t.given(low_key) else [thr_key]
+        t.put("algo.rollout_correction.rollout_rs_threshold", upper, thr_key, note="the ratio's upper bound")
     elif mode in RS_K1:
         try:
             lo, hi = _k1_bounds(spec)
@@ -616,7 +659,8 @@ def _rollout_rs(t: Translation, mode: Optional[str]) -> None:
     t.put("algo.rollout_correction.rollout_rs", target, key,
           note=f"reject by the ratio exp(old - rollout log-prob) of a token / sequence / its geometric mean "
                f"({mode} -> {target})")
-    t.put("algo.rollout_correction.rollout_rs_threshold", upper, *sources, note=how)
+    if mode in RS_K1:
+        t.put("algo.rollout_correction.rollout_rs_threshold", upper, *sources, note=how)
     t.put("algo.rollout_correction.rollout_rs_threshold_lower", lower, *sources, note=how)
     t.warn("rollout rejection: veRL removes a rejected token from the response mask, so it leaves the loss's token "
            "and sequence counts; verirl gives it weight 0 and keeps it in them (as TRL): the same tokens are "
@@ -722,16 +766,36 @@ def _overlong(t: Translation) -> None:
         else:
             t.translated(max_key, "= data.max_response_length: the buffer is measured from rollout.max_new_tokens, as "
                                   "verirl's", ["reward.overlong_buffer.len"])
-    manager_keys = ("reward.reward_manager.name", "reward_model.reward_manager", "reward_manager.name")
-    given = [k for k in manager_keys if t.given(k)]
-    if given:
-        name = t.get(given[0])
-        if name == "dapo":
-            t.translated(given[0], "dapo: the reward manager that adds the overlong penalty (otherwise it scores as "
-                                   "the naive one)")
-        else:
-            t.decide(given[0], f"reward manager {name!r}: only veRL's dapo manager applies the overlong penalty "
-                               f"(written enabled, as the config asks)")
+    key = _reward_manager_key(t)
+    if key is not None and t.get(key) != "dapo":
+        t.decide(key, f"reward manager {t.get(key)!r}: only veRL's dapo manager applies the overlong penalty "
+                      f"(written enabled, as the config asks)")
+
+
+def _reward_manager_key(t: Translation) -> Optional[str]:
+    """The reward-manager key veRL reads: reward_model.reward_manager where set (veRL copies it over
+    reward.reward_manager.name, reward_loop.py), else reward.reward_manager.name, else the old reward_manager.name."""
+    keys = [k for k in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name")
+            if t.values.get(k) is not None]
+    return keys[0] if keys else None
+
+
+def _reward_manager(t: Translation) -> None:
+    key = _reward_manager_key(t)
+    if key is None:
+        return
+    for other in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name"):
+        if other != key:
+            t.ignore(other, f"{key} is the reward manager veRL uses")
+    name = t.get(key)
+    if name == "dapo":
+        t.translated(key, "dapo: the reward function's score plus the overlong penalty of overlong_buffer_cfg "
+                          "(reward.overlong_buffer)")
+    elif name == "naive":
+        t.translated(key, "naive: the reward function's score per response, as verirl's rules")
+    else:
+        t.decide(key, f"reward manager {name!r}: verirl scores each response with reward.verifiers, as veRL's naive "
+                      f"manager; check what {name!r} adds")
 
 
 def _optimizer(t: Translation) -> None:
@@ -863,10 +927,14 @@ def _data(t: Translation) -> None:
         t.put("data.map_keys", {"prompt": key}, "data.prompt_key", note="the column holding the prompt")
     else:
         t.translated("data.prompt_key", "'prompt', the VerlParquetHandler's default")
-    t.put("data.shuffle", "verl" if t.get("data.shuffle") else "sequential", "data.shuffle",
-          note="verl: torch RandomSampler with a seeded generator, veRL's order")
+    shuffle = bool(t.get("data.shuffle"))
+    t.put("data.shuffle", "verl" if shuffle else "sequential", "data.shuffle",
+          note="verl: torch RandomSampler with a seeded generator, veRL's order" if shuffle else
+          "false: the file's order (veRL's SequentialSampler)")
     seed = t.get("data.seed")
-    if seed is None:
+    if not shuffle:
+        t.ignore("data.seed", "data.shuffle is false: no seed orders the prompts")
+    elif seed is None:
         t.put("data.seed", 1, "data.seed")
         t.decide("data.seed", "veRL before October 2025 seeded the order with 1 when data.seed was absent "
                               "(written: 1); "
@@ -886,8 +954,9 @@ def _data(t: Translation) -> None:
         if t.get(key, None) is not None:
             t.decide(key, f"{key} is set ({t.get(key)}): verirl has no such hook; make the data and order match "
                           f"by hand")
-    if t.get("data.apply_chat_template_kwargs", None):
-        t.decide("data.apply_chat_template_kwargs", "extra chat-template arguments (e.g. enable_thinking): check that "
+    for key in [k for k in ["data.apply_chat_template_kwargs", *t.under("data.apply_chat_template_kwargs")]
+                if t.values.get(k) not in (None, {})]:
+        t.decide(key, "extra chat-template arguments (e.g. enable_thinking): check that "
                                                     "verirl's template gives the same prompt ids")
     if int(t.get("data.train_max_samples", -1) or -1) > 0:
         t.decide("data.train_max_samples", "veRL trains on the first N rows: cut the file to them")
@@ -930,28 +999,91 @@ def _model(t: Translation) -> None:
 
 def _engine(t: Translation) -> None:
     name = t.get(R + "name", None)
-    if name is not None:
-        t.put("rollout.engine", "hf" if name == "hf" else "native", R + "name",
-              note=f"veRL's {name} engine; verirl's engines sample with the same temperature / top_p / top_k")
+    if name in ("vllm", "hf"):
+        t.put("rollout.engine", name, R + "name", note=f"veRL's {name} engine, verirl's {name} engine"
+              + ("; on a machine without vLLM (a CPU) use rollout.engine=native (docs/vllm.md)" if name == "vllm"
+                 else ""))
+        _vllm_layout(t, name)
+    elif name is not None:
+        t.put("rollout.engine", "native", R + "name",
+              note=f"veRL's {name} engine: verirl has none; its native engine (or vllm on a GPU) samples with the same "
+                   f"temperature / top_p / top_k")
     else:
         t.ignore(R + "name", "unset (???): the run script names veRL's engine; verirl's default (native) stands")
+    response = t.get(R + "response_length", None)
+    if response is not None and response != t.get("data.max_response_length"):
+        t.put("rollout.max_new_tokens", int(response), R + "response_length",
+              note="veRL caps generation at rollout.response_length (data.max_response_length is its default)")
+    elif response is not None:
+        t.translated(R + "response_length", "= data.max_response_length: the generation cap, rollout.max_new_tokens",
+                     ["rollout.max_new_tokens"])
     if not t.get(R + "do_sample"):
         t.put("rollout.temperature", 0.0, R + "do_sample", note="do_sample=false: greedy decoding")
     elif t.given(R + "do_sample"):
         t.translated(R + "do_sample", "sampling, as verirl's")
     if t.get(R + "multi_turn.enable", False):
         t.decide(R + "multi_turn.enable", "multi-turn rollouts: not available in verirl")
+        for key in [*t.under(R + "multi_turn"), "data.tool_config_path", "data.function_tool_path"]:
+            t.ignore(key, "part of the multi-turn setup, which needs a decision (multi_turn.enable)")
     if t.get(R + "ignore_eos", False):
         t.decide(R + "ignore_eos", "veRL ignores EOS while sampling: verirl always stops at it")
 
 
+def _vllm_layout(t: Translation, name: str) -> None:
+    """vLLM's tensor parallelism and memory share, which verirl's vllm engine takes too."""
+    if name != "vllm":
+        return
+    for key, target, kind in ((R + "tensor_model_parallel_size", "rollout.tensor_parallel_size", int),
+                              (R + "gpu_memory_utilization", "rollout.gpu_memory_utilization", float)):
+        if t.get(key, None) is not None:
+            t.put(target, kind(t.get(key)), key, note="the same vLLM setting")
+
+
+# (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
+SWITCHES = [
+    ("trainer.use_v1", "veRL's v1 trainer (its asynchronous modes, trainer.v1): verirl trains synchronously, one "
+                       "rollout then its update", "trainer.v1"),
+    ("distillation.enabled", "distillation from teacher models: not available in verirl", "distillation"),
+    (A + "qat.enable", "quantization-aware training: not available in verirl", A + "qat"),
+    *[(f"skip.{name}.enable", "veRL reuses rollouts cached in dump_dir: verirl's rollout.engine=replay replays a "
+                              "rollouts.jsonl (docs/alignment.md)", f"skip.{name}")
+      for name in ("rollout", "rollout_tq", "async_rollout")],
+]
+
+
+def _switches(t: Translation) -> None:
+    for key, what, section in SWITCHES:
+        if t.get(key, False):
+            t.decide(key, what)
+        else:
+            t.ignore(key, "false: off")
+            for other in t.under(section):
+                t.ignore(other, f"read only with {key}, which is off")
+
+
+def _reward_function_keys(t: Translation) -> tuple[str, str]:
+    """(path key, name key) veRL reads: the top-level custom_reward_function where any of its values is set (veRL
+    copies it over reward.custom_reward_function, reward_loop.py), else reward.custom_reward_function."""
+    legacy, new = ("custom_reward_function.path", "custom_reward_function.name"), (
+        "reward.custom_reward_function.path", "reward.custom_reward_function.name")
+    if any(t.values.get(k) is not None for k in legacy) or not any(t.given(k) for k in new):
+        for key in new:
+            t.ignore(key, "the top-level custom_reward_function is set: veRL copies it over this section")
+        return legacy
+    for key in legacy:
+        t.ignore(key, "null: veRL reads reward.custom_reward_function")
+    return new
+
+
 def _reward(t: Translation) -> None:
-    path = t.get("custom_reward_function.path")
+    path_key, name_key = _reward_function_keys(t)
+    path = t.get(path_key, None)
+    _reward_manager(t)
     if path is not None:
-        name = t.get("custom_reward_function.name")
-        t.put("reward.verifiers", [f"{path}:{name}"], "custom_reward_function.path", "custom_reward_function.name")
-        t.put("reward.weights", [1.0], "custom_reward_function.path")
-        t.decide("custom_reward_function.path",
+        name = t.get(name_key, None) or "compute_score"
+        t.put("reward.verifiers", [f"{path}:{name}"], path_key, name_key)
+        t.put("reward.weights", [1.0], path_key)
+        t.decide(path_key,
                  f"veRL calls {name}(data_source, solution_str, ground_truth, extra_info); verirl passes the response "
                  f"first and the rest by name (label or ground_truth, data_source, task): wrap it, e.g. "
                  f"def rule(response, ground_truth, data_source): return {name}(data_source, response, ground_truth), "
@@ -960,14 +1092,17 @@ def _reward(t: Translation) -> None:
         t.ignore("data.reward_fn_key", "the column veRL hands the reward function as data_source: verirl passes "
                                        "data_source by name to a rule that takes it")
     else:
-        t.ignore("custom_reward_function.path", "null: veRL's default reward, by data_source")
+        t.ignore(path_key, "null: veRL's default reward, by data_source")
+        t.ignore(name_key, f"{path_key} is null: the name is unused")
         t.decide("data.reward_fn_key",
                  "veRL's default reward picks a scorer by each row's data_source (gsm8k: 1/0 on the number after "
                  "####, as verirl's gsm8k rule; MATH sets: 1/0 on the boxed answer, nearest verirl rule exact); "
                  "name verirl's rules in reward.verifiers (verirl's defaults [acc, format] are left)")
-    if t.get("reward_model.enable"):
-        t.decide("reward_model.enable", "a reward model: verirl scores with rules only")
-        for key in t.under("reward_model"):
+    enable_key = "reward_model.enable" if t.values.get("reward_model.enable") is not None or not t.given(
+        "reward.reward_model.enable") else "reward.reward_model.enable"
+    if t.get(enable_key, False):
+        t.decide(enable_key, "a reward model: verirl scores with rules only")
+        for key in t.under("reward_model") + t.under("reward.reward_model"):
             t.ignore(key, "part of the reward model, which verirl does not run")
 
 
@@ -985,11 +1120,18 @@ def _trainer(t: Translation) -> None:
                   note="sampled responses per problem")
             t.put("eval.temperature", float(t.get(R + "val_kwargs.temperature")), R + "val_kwargs.temperature")
             t.put("eval.greedy", False, R + "val_kwargs.do_sample")
+            if t.given(R + "val_kwargs.top_p"):
+                t.put("eval.top_p", float(t.get(R + "val_kwargs.top_p")), R + "val_kwargs.top_p")
+            if t.given(R + "val_kwargs.top_k"):
+                t.put("eval.top_k", _top_k(t.get(R + "val_kwargs.top_k")), R + "val_kwargs.top_k",
+                      note="vLLM's -1 (off) is verirl's 0")
         else:
             t.put("eval.n", 0, R + "val_kwargs.do_sample", note="do_sample=false: veRL validates greedily, once")
             t.put("eval.greedy", True, R + "val_kwargs.do_sample")
             t.ignore(R + "val_kwargs.n", "do_sample=false: one greedy response")
             t.ignore(R + "val_kwargs.temperature", "do_sample=false: greedy")
+            t.ignore(R + "val_kwargs.top_p", "do_sample=false: greedy")
+            t.ignore(R + "val_kwargs.top_k", "do_sample=false: greedy")
     if t.given("trainer.experiment_name") or t.given("trainer.project_name"):
         run_dir = f"runs/{t.get('trainer.project_name')}/{t.get('trainer.experiment_name')}"
         t.put("trainer.run_dir", run_dir, "trainer.project_name", "trainer.experiment_name",
@@ -1041,3 +1183,4 @@ def translate(t: Translation) -> None:
     _filter_groups(t)
     _overlong(t)
     _trainer(t)
+    _switches(t)

@@ -129,6 +129,8 @@ class EvalSettings:
     before_train: bool
     every: int
     at_end: bool
+    top_p: float = 1.0
+    top_k: int = 0
 
     def due(self, step: int, last: int) -> bool:
         """Whether to evaluate after ``step``: every ``every`` steps, and after the last one."""
@@ -248,7 +250,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                     max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score)
     evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
-                              cfg.eval.every, cfg.eval.at_end)
+                              cfg.eval.every, cfg.eval.at_end, cfg.eval.top_p, cfg.eval.top_k)
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
     return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
                PromptSampler(len(train), cfg.data.seed, order),
