@@ -133,7 +133,12 @@ def _align_commands():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # KEY=VALUE overrides after an option (e.g. FILE -o OUT KEY=VALUE) join the others, in order
+        if not hasattr(args, "overrides") or any(a.startswith("-") for a in extra):
+            parser.parse_args(argv)  # argparse's own message for what is not an override, exit 2
+        args.overrides = [*args.overrides, *extra]
     try:
         return _run(args)
     except KeyboardInterrupt:  # Ctrl-C at any point, start-up included: no traceback

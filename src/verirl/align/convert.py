@@ -328,15 +328,35 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _resolve(tree: dict, flat: dict[str, Any]) -> dict[str, Any]:
-    """OmegaConf interpolations (``${oc.select:...}``, as in veRL's generated config) resolved where they
+def _under_defaults(tree: dict, defaults: dict[str, Any]):
+    """``tree`` merged over the source system's defaults (dotted), as Hydra merges a file over the configs
+    its defaults list names; ``tree`` alone where the two do not merge."""
+    from omegaconf import OmegaConf
+
+    base: dict[str, Any] = {}
+    for dotted, value in defaults.items():
+        *parents, leaf = dotted.split(".")
+        node = base
+        for p in parents:
+            child = node.setdefault(p, {})
+            node = child if isinstance(child, dict) else {}  # a default both a value and a section: the value stays
+        node[leaf] = value
+    try:
+        return OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(tree))
+    except Exception:  # noqa: BLE001  (a section of the file where a default is a value)
+        return OmegaConf.create(tree)
+
+
+def _resolve(tree: dict, flat: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """OmegaConf interpolations (``${oc.select:...}``, as in veRL's generated config, or ``${data.train_batch_size}``
+    in a file over veRL's defaults) resolved against the file merged over the source system's defaults, where they
     can be; a value that cannot be resolved stays as written, and ``???`` (unset) becomes None."""
     from omegaconf import OmegaConf
 
     if not any(isinstance(v, str) and "${" in v or v == "???" for v in flat.values()):
         return flat
     try:
-        cfg = OmegaConf.create(tree)
+        cfg = _under_defaults(tree, defaults)
     except Exception:  # noqa: BLE001
         return flat
     out = dict(flat)
@@ -352,11 +372,13 @@ def _resolve(tree: dict, flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_source(path: Optional[str], overrides: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """(dotted key -> value, dotted key -> origin) of a source file plus its overrides."""
+def read_source(path: Optional[str], overrides: Sequence[str],
+                defaults: Optional[dict[str, Any]] = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(dotted key -> value, dotted key -> origin) of a source file plus its overrides; interpolations resolve
+    against ``defaults`` (the source system's, dotted) where the file lacks the key."""
     tree = _load_tree(path) if path else {}
     touched = [_apply_override(tree, text) for text in overrides]
-    flat = _resolve(tree, flatten(tree))
+    flat = _resolve(tree, flatten(tree), defaults or {})
     origins = {k: "file" for k in flat}
     for key in touched:
         for k in flat:
@@ -411,7 +433,7 @@ def convert(source_format: str, file: Optional[str], overrides: Sequence[str] = 
     if train_rows is not None and train_rows < 1:
         raise ConfigError(f"--train-rows {train_rows}: give the number of training rows, a positive integer.")
     module = importlib.import_module(FORMATS[source_format])
-    values, origins = read_source(file, overrides)
+    values, origins = read_source(file, overrides, dict(module.DEFAULTS))
     t = Translation(values, origins, dict(module.DEFAULTS), Options(train_rows, mindspeed_rl_version))
     try:
         module.translate(t)
@@ -424,12 +446,26 @@ def convert(source_format: str, file: Optional[str], overrides: Sequence[str] = 
                           f"({e}). Fix the value (an override on the command line will do).") from None
     _fit_budgets(t)
     t.finish(module.IGNORED)
+    _check_format(t, source_format, file)
     config = nest(t.out)
     order = list(t.rows)  # the source's order, then the defaults the translation used
     result = Result(source_format, file or "", list(overrides), [t.rows[k] for k in order], config, t.out_from,
                     t.checks, t.warnings)
     _validate(result)
     return result
+
+
+def _check_format(t: Translation, source_format: str, file: Optional[str]) -> None:
+    """A file none of whose keys the format knows is not that format's: say so, before verirl's checks talk about
+    the defaults that stood in for it."""
+    if not file or any(r.status != "unknown" for r in t.rows.values() if r.origin != "default"):
+        return
+    top = sorted({k.split(".", 1)[0] for k in t.values})
+    other = [f for f in FORMATS if f != source_format]
+    raise ConfigError(f"'{file}' is not a {source_format} config: none of its keys is one {source_format} has "
+                      + (f"(its top-level keys: {', '.join(top)})" if top else "(it holds no keys)")
+                      + f". Give a {source_format} config, or --from {' or '.join(other)} if it is that system's; a "
+                        f"verirl config needs no conversion (verirl train --config FILE).")
 
 
 def _fit_budgets(t: Translation) -> None:

@@ -789,8 +789,8 @@ def _reward_manager(t: Translation) -> None:
             t.ignore(other, f"{key} is the reward manager veRL uses")
     name = t.get(key)
     if name == "dapo":
-        t.translated(key, "dapo: the reward function's score plus the overlong penalty of overlong_buffer_cfg "
-                          "(reward.overlong_buffer)")
+        t.translated(key, "dapo: the reward function's score, plus the overlong penalty where overlong_buffer_cfg "
+                          "enables it (reward.overlong_buffer)")
     elif name == "naive":
         t.translated(key, "naive: the reward function's score per response, as verirl's rules")
     else:
