@@ -1041,14 +1041,35 @@ def _vllm_layout(t: Translation, name: str) -> None:
 
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
 SWITCHES = [
-    ("trainer.use_v1", "veRL's v1 trainer (its asynchronous modes, trainer.v1): verirl trains synchronously, one "
-                       "rollout then its update", "trainer.v1"),
     ("distillation.enabled", "distillation from teacher models: not available in verirl", "distillation"),
     (A + "qat.enable", "quantization-aware training: not available in verirl", A + "qat"),
     *[(f"skip.{name}.enable", "veRL reuses rollouts cached in dump_dir: verirl's rollout.engine=replay replays a "
                               "rollouts.jsonl (docs/alignment.md)", f"skip.{name}")
       for name in ("rollout", "rollout_tq", "async_rollout")],
 ]
+
+
+def _v1_trainer(t: Translation) -> None:
+    """trainer.use_v1 (true at veRL's head): the v1 trainer, whose sync mode is one rollout then its update, as verirl
+    trains; its asynchronous modes train on rollouts of older weights."""
+    mode_key = "trainer.v1.trainer_mode"
+    mode = t.get(mode_key, "sync")
+    if not t.get("trainer.use_v1", False):
+        t.ignore("trainer.use_v1", "false: veRL's classic trainer, one rollout then its update, as verirl")
+        for key in t.under("trainer.v1"):
+            t.ignore(key, "read only with trainer.use_v1, which is off")
+        return
+    if mode == "sync":
+        t.translated("trainer.use_v1", "veRL's v1 trainer, here in sync mode: one rollout then its update, as verirl")
+        t.translated(mode_key, "sync: on-policy rollouts, as verirl's")
+    else:
+        t.decide(mode_key, f"veRL's v1 trainer in {mode} mode trains on rollouts of older weights: verirl trains "
+                           f"synchronously, one rollout then its update")
+        t.translated("trainer.use_v1", "veRL's v1 trainer (see trainer.v1.trainer_mode)")
+    for key in t.under("trainer.v1"):
+        if key != mode_key:
+            t.ignore(key, f"a setting of the v1 trainer's {key.split('.')[2]} mode or sampler"
+                          + (", not used in sync mode" if mode == "sync" else "; see trainer_mode"))
 
 
 def _switches(t: Translation) -> None:
@@ -1184,3 +1205,4 @@ def translate(t: Translation) -> None:
     _overlong(t)
     _trainer(t)
     _switches(t)
+    _v1_trainer(t)

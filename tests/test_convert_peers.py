@@ -1,0 +1,226 @@
+"""`verirl convert-config` on the peers' own files (tests/fixtures/convert/: excerpts of veRL at 1dda039b,
+verl-recipe at 48ea0a79 and MindSpeed-RL at 05a90d77, cited at the top of each): every key classified, none
+unknown, the values the peers compute with, and the notes true to the file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from verirl.align.convert import convert
+from verirl.cli import main
+from verirl.config import load_config_dict
+from verirl.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "convert"
+VERL_HEAD = str(FIXTURES / "verl_generated_ppo_trainer_head.yaml")
+DAPO_RECIPE = str(FIXTURES / "verl_recipe_dapo_trainer.yaml")
+MS_LORA = str(FIXTURES / "mindspeed_grpo_lora_qwen25_32b_A2.yaml")
+MS_DAPO = str(FIXTURES / "mindspeed_dapo_qwen25_32b_A3.yaml")
+MS_R1 = str(FIXTURES / "mindspeed_grpo_deepseek_r1_671b_A2.yaml")
+MS_MULTI_TURN = str(FIXTURES / "mindspeed_dapo_qwen25_7b_A2_multi_turn.yaml")
+MS_COMPOSED = str(FIXTURES / "mindspeed_grpo_qwen25_7b_A3_composed.yaml")
+A, R, RL = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "rl_config."
+# what veRL's generated config leaves to the run script (its example scripts set these for GRPO)
+GRPO = ["algorithm.adv_estimator=grpo", R + "n=4", "trainer.total_training_steps=10"]
+
+
+def _verl_head(*overrides: str):
+    return convert("verl", VERL_HEAD, [*GRPO, *overrides])
+
+
+@pytest.mark.parametrize("fmt,path,overrides", [
+    ("verl", VERL_HEAD, GRPO), ("verl", DAPO_RECIPE, GRPO),
+    ("mindspeed-rl", MS_LORA, []), ("mindspeed-rl", MS_DAPO, []), ("mindspeed-rl", MS_R1, []),
+    ("mindspeed-rl", MS_MULTI_TURN, []), ("mindspeed-rl", MS_COMPOSED, [])])
+def test_peer_files_convert_with_no_unknown_key(fmt, path, overrides):
+    result = convert(fmt, path, overrides)
+    assert [r.key for r in result.by_status("unknown")] == []
+    load_config_dict(result.config)
+
+
+def test_verl_null_gen_batch_size_is_train_batch_size():
+    result = _verl_head()
+    row = result.row("data.gen_batch_size")
+    assert row.value is None and row.status == "translated" and "train_batch_size" in row.note
+    assert result.get("data.prompts_per_step") == 1024
+
+
+def test_verl_dapo_recipe_interpolation_resolves_over_verl_defaults():
+    result = convert("verl", DAPO_RECIPE, GRPO)
+    assert result.row("data.gen_batch_size").value == 1024  # ${data.train_batch_size}: veRL's default
+    result = convert("verl", DAPO_RECIPE, [*GRPO, "data.train_batch_size=64", A + "ppo_mini_batch_size=32"])
+    assert result.row("data.gen_batch_size").value == 64
+    assert result.row("data.gen_batch_size").status == "translated"
+
+
+def test_verl_reward_section_of_veRL_head():
+    result = _verl_head("reward.custom_reward_function.path=/rules/score.py",
+                        "reward.custom_reward_function.name=my_score")
+    assert result.get("reward.verifiers") == ["/rules/score.py:my_score"]
+    assert result.row("reward.custom_reward_function.path").status == "decide"
+    assert result.row("custom_reward_function.path").status == "ignored"  # the top-level section is null
+    legacy = _verl_head("custom_reward_function.path=/old/score.py")  # veRL copies a set top-level section over
+    assert legacy.get("reward.verifiers") == ["/old/score.py:compute_score"]
+    assert legacy.row("reward.custom_reward_function.path").status == "ignored"
+
+
+@pytest.mark.parametrize("key", ["trainer.v1.separate_async.num_warmup_batches", "distillation.enabled",
+                                 "distillation.distillation_loss.loss_mode", R + "seed", R + "mtp", R + "qat",
+                                 R + "disaggregation.enabled", A + "optim.zero_indexed_step", "skip.rollout.enable",
+                                 A + "qat.enable", "reward.reward_model.enable", "reward.num_workers"])
+def test_verl_head_keys_have_their_row(key):
+    row = _verl_head().row(key)
+    assert row.status == "ignored" and row.note
+
+
+@pytest.mark.parametrize("switch", ["distillation.enabled", "skip.rollout.enable", A + "qat.enable"])
+def test_verl_switch_on_needs_a_decision(switch):
+    assert _verl_head(f"{switch}=true").row(switch).status == "decide"
+
+
+def test_verl_v1_trainer_sync_is_verirls_and_async_needs_a_decision():
+    assert _verl_head().row("trainer.use_v1").status == "translated"  # veRL's head: use_v1 true, sync mode
+    assert _verl_head("trainer.v1.trainer_mode=separate_async").row("trainer.v1.trainer_mode").status == "decide"
+
+
+def test_verl_rollout_response_length_caps_generation():
+    result = _verl_head(R + "response_length=256")
+    assert result.get("rollout.max_new_tokens") == 256
+    assert _verl_head().row(R + "response_length").status == "translated"
+
+
+def test_verl_vllm_engine_and_its_settings():
+    result = _verl_head(R + "name=vllm", R + "tensor_model_parallel_size=2", R + "gpu_memory_utilization=0.4")
+    assert (result.get("rollout.engine"), result.get("rollout.tensor_parallel_size"),
+            result.get("rollout.gpu_memory_utilization")) == ("vllm", 2, 0.4)
+    assert "native" in result.row(R + "name").note  # how to run it on a CPU
+    assert _verl_head(R + "name=sglang").get("rollout.engine") == "native"
+
+
+def test_verl_validation_top_p_and_top_k():
+    result = _verl_head(R + "val_kwargs.do_sample=true", R + "val_kwargs.n=4", R + "val_kwargs.top_p=0.9",
+                        R + "val_kwargs.top_k=20")
+    assert (result.get("eval.top_p"), result.get("eval.top_k")) == (0.9, 20)
+    cfg = load_config_dict(result.config)
+    assert (cfg.eval.top_p, cfg.eval.top_k) == (0.9, 20)
+
+
+def test_evaluation_samples_with_top_k():
+    """top_k=1: every sample is the greedy decode, so pass@1 (the mean over samples) is greedy_acc."""
+    from verirl.data import arith_split, encode_prompts
+    from verirl.evaluate import evaluate
+    from verirl.models import load_model
+    from verirl.rewards import Scorer
+    from verirl.rollout import build_engine
+
+    lm = load_model("tiny", device="cpu")
+    prompts = encode_prompts(arith_split(0, 0, 20)[1], lm.tokenizer, 1024, "arith val", "filter")
+    engine = build_engine("native", lm.model, lm.pad_id, lm.stop_ids)
+    scorer = Scorer(["acc"], [1.0], workers=0)
+    overall = evaluate(engine, lm.tokenizer, prompts, scorer, n=2, max_new_tokens=32, temperature=1.0, top_k=1,
+                       seed=3)["overall"]
+    assert overall["pass@1"] == overall["greedy_acc"] > 0
+
+
+def test_eval_top_p_out_of_range_is_one_paragraph(capsys):
+    assert main(["eval", "--top-p", "0", "--top-k", "-1"]) == 2
+    assert "--top-p 0.0 --top-k -1" in capsys.readouterr().err
+
+
+def test_verl_notes_follow_the_file():
+    result = _verl_head("data.shuffle=false", A + "use_kl_loss=true", A + "kl_loss_type=kl")
+    assert result.get("data.shuffle") == "sequential"
+    assert "RandomSampler" not in result.row("data.shuffle").note
+    assert result.row("data.seed").status == "ignored"  # nothing is shuffled
+    assert "clamp" not in result.row(A + "kl_loss_type").note
+    rs = _verl_head(R + "calculate_log_probs=true", "algorithm.rollout_correction.rollout_rs=token",
+                    "algorithm.rollout_correction.rollout_rs_threshold=1.01",
+                    "+algorithm.rollout_correction.rollout_rs_threshold_lower=0.99")
+    assert "upper" in rs.row("algorithm.rollout_correction.rollout_rs_threshold").note
+    assert "lower bound" not in rs.row("algorithm.rollout_correction.rollout_rs_threshold").note
+    assert rs.get("algo.rollout_correction.rollout_rs_threshold_lower") == 0.99
+
+
+def test_verl_legacy_reward_manager_wins_without_a_spurious_decision():
+    result = _verl_head("reward_model.reward_manager=dapo")
+    assert result.row("reward_model.reward_manager").status == "translated"
+    assert result.row("reward.reward_manager.name").status == "ignored"  # naive there; veRL copies dapo over it
+    assert not [r.key for r in result.by_status("decide") if "reward_manager" in r.key]
+
+
+def test_verl_multi_turn_keys_are_not_off_when_it_is_on():
+    result = _verl_head(f"+{R}multi_turn.enable=true", f"+{R}multi_turn.max_user_turns=3",
+                        "+data.tool_config_path=tools.yaml")
+    assert result.row(R + "multi_turn.enable").status == "decide"
+    for key in (R + "multi_turn.max_user_turns", "data.tool_config_path"):
+        assert "off" not in result.row(key).note
+
+
+def test_mindspeed_lora_needs_a_decision():
+    result = convert("mindspeed-rl", MS_LORA)
+    for key in ("lora_r", "lora_alpha", "lora_target_modules"):
+        row = result.row("megatron_training." + key)
+        assert row.status == "decide" and "LoRA" in row.note
+    assert result.row("megatron_training.lora_fusion").status == "ignored"
+
+
+def test_mindspeed_dapo_token_level_loss_is_per_micro_batch():
+    result = convert("mindspeed-rl", MS_DAPO)  # token_level_loss: true, micro_batch_size: 1
+    assert result.get("algo.loss_agg_mode") == "seq-mean-token-mean"
+    dynamic = convert("mindspeed-rl", MS_DAPO, [RL + "use_dynamic_bsz=true"])
+    assert dynamic.row(RL + "use_dynamic_bsz").status == "decide"
+    off = convert("mindspeed-rl", MS_DAPO, [RL + "token_level_loss=false", "megatron_training.micro_batch_size=4"])
+    assert off.get("algo.loss_agg_mode") == "seq-mean-token-mean"
+
+
+def test_mindspeed_max_packing_token_size_reaches_the_critic_only():
+    result = convert("mindspeed-rl", MS_R1, [RL + "max_packing_token_size=40000"])
+    row = result.row(RL + "max_packing_token_size")
+    assert row.status == "ignored" and "critic" in row.note
+    assert result.get("actor.max_token_len_per_device") == 8196 + 2048  # 4096, raised to the longest sequence
+    given = convert("mindspeed-rl", MS_R1, [f"+{RL}update_max_packing_token_size=40000"])
+    assert given.get("actor.max_token_len_per_device") == 40000
+
+
+def test_mindspeed_composed_model_numerics_are_carried():
+    result = convert("mindspeed-rl", MS_COMPOSED)
+    assert result.get("model.override_config") == {"rms_norm_eps": 1e-6, "rope_theta": 1000000}
+    assert result.row("model.qwen25_7b.num_layers").status == "ignored"
+
+
+def test_mindspeed_kl_and_multi_turn_notes_follow_the_file():
+    assert "clamp" not in convert("mindspeed-rl", MS_R1).row(RL + "kl_penalty").note  # kl_penalty: kl
+    result = convert("mindspeed-rl", MS_MULTI_TURN)  # multi_turn_enable: true
+    assert result.row(RL + "multi_turn_enable").status == "decide"
+    for key in (RL + "tool_config_path", RL + "max_tool_calls"):
+        assert "off" not in result.row(key).note
+
+
+def test_overrides_after_the_options(tmp_path):
+    out = tmp_path / "out.yaml"
+    assert main(["convert-config", "--from", "verl", VERL_HEAD, "-o", str(out), *GRPO, R + "n=6"]) == 0
+    assert yaml.safe_load(out.read_text())["rollout"]["n"] == 6
+
+
+def test_names_come_from_the_registries():
+    """A new estimator or rule is known to the converter the day it is registered."""
+    from verirl.algo.advantages import ADVANTAGE_ESTIMATORS, grpo_advantages
+    from verirl.rewards.rules import RULES, acc
+
+    ADVANTAGE_ESTIMATORS["grpo_twin"], RULES["acc_twin"] = grpo_advantages, acc
+    try:
+        assert _verl_head("algorithm.adv_estimator=grpo_twin").get("algo.adv_estimator") == "grpo_twin"
+        result = convert("mindspeed-rl", MS_COMPOSED, [f"{RL}verifier_function=[acc_twin]", f"{RL}verifier_weight=[1.0]"])
+        assert result.row(RL + "verifier_function").status == "translated"
+    finally:
+        del ADVANTAGE_ESTIMATORS["grpo_twin"], RULES["acc_twin"]
+
+
+@pytest.mark.parametrize("fmt", ["verl", "mindspeed-rl"])
+def test_a_file_in_neither_format_is_named_so(fmt, tmp_path):
+    path = tmp_path / "other.yaml"
+    path.write_text("model:\n  path: tiny\nrollout:\n  n: 4\n")
+    with pytest.raises(ConfigError, match=f"is not a {fmt} config.*model, rollout"):
+        convert(fmt, str(path))
