@@ -14,6 +14,7 @@ from verirl.config import load_config_dict
 from verirl.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "convert"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 VERL_HEAD = str(FIXTURES / "verl_generated_ppo_trainer_head.yaml")
 DAPO_RECIPE = str(FIXTURES / "verl_recipe_dapo_trainer.yaml")
 MS_LORA = str(FIXTURES / "mindspeed_grpo_lora_qwen25_32b_A2.yaml")
@@ -211,8 +212,10 @@ def test_names_come_from_the_registries():
 
     ADVANTAGE_ESTIMATORS["grpo_twin"], RULES["acc_twin"] = grpo_advantages, acc
     try:
-        assert _verl_head("algorithm.adv_estimator=grpo_twin").get("algo.adv_estimator") == "grpo_twin"
-        result = convert("mindspeed-rl", MS_COMPOSED, [f"{RL}verifier_function=[acc_twin]", f"{RL}verifier_weight=[1.0]"])
+        verl = convert("verl", str(EXAMPLES / "verl_ppo_trainer_grpo.yaml"), ["algorithm.adv_estimator=grpo_twin"])
+        assert verl.get("algo.adv_estimator") == "grpo_twin"
+        result = convert("mindspeed-rl", str(EXAMPLES / "mindspeed_rl_grpo_qwen25_7b.yaml"),
+                         [f"{RL}verifier_function=[acc_twin]", f"{RL}verifier_weight=[1.0]"])
         assert result.row(RL + "verifier_function").status == "translated"
     finally:
         del ADVANTAGE_ESTIMATORS["grpo_twin"], RULES["acc_twin"]
