@@ -20,6 +20,8 @@ machine's). Prints one line per config and a summary; exits 1 when any check fai
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -95,23 +97,34 @@ def config_name(args: list[str]) -> tuple[str, list[str]]:
     return name.removesuffix(".yaml"), rest
 
 
+def verirl(argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, standard output, standard error) of `verirl ARGV`, run in this process (one import of verirl
+    for every config: the same code as the command line)."""
+    from verirl.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+    return rc, out.getvalue(), err.getvalue()
+
+
 def run_one(label: str, fmt: str, file: str, overrides: list[str], work: Path) -> dict:
-    out = work / (label.replace("/", "_") + ".verirl.yaml")
-    cmd = [sys.executable, "-m", "verirl.cli", "convert-config", "--from", fmt, file, *overrides, "-o", str(out),
-           "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    result = {"config": label, "convert_rc": proc.returncode}
-    if proc.returncode != 0:
-        result["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+    out = work / (label.replace("/", "_").replace(" ", "_") + ".verirl.yaml")
+    rc, stdout, stderr = verirl(["convert-config", "--from", fmt, file, *overrides, "-o", str(out), "--json"])
+    result = {"config": label, "convert_rc": rc}
+    if rc != 0:
+        result["error"] = (stderr or stdout).strip().splitlines()[-1:]
         return result
-    table = json.loads(proc.stdout)
+    table = json.loads(stdout)
     result["counts"] = table["counts"]
     result["unknown"] = [r["key"] for r in table["rows"] if r["status"] == "unknown"]
-    plan = subprocess.run([sys.executable, "-m", "verirl.cli", "plan", "-c", str(out), *PLAN_OVERRIDES,
-                           *plan_reward(table)], capture_output=True, text=True, timeout=300)
-    result["plan_rc"] = plan.returncode
-    if plan.returncode != 0:
-        result["plan_error"] = (plan.stderr or plan.stdout).strip().splitlines()[-1:]
+    rc, stdout, stderr = verirl(["plan", "-c", str(out), *PLAN_OVERRIDES, *plan_reward(table)])
+    result["plan_rc"] = rc
+    if rc != 0:
+        result["plan_error"] = (stderr or stdout).strip().splitlines()[-1:]
     return result
 
 
