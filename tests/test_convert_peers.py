@@ -227,3 +227,10 @@ def test_a_file_in_neither_format_is_named_so(fmt, tmp_path):
     path.write_text("model:\n  path: tiny\nrollout:\n  n: 4\n")
     with pytest.raises(ConfigError, match=f"is not a {fmt} config.*model, rollout"):
         convert(fmt, str(path))
+
+
+def test_verl_script_overrides_under_a_null_section():
+    """`+...override_optimizer_config.optimizer_offload_fraction=1.0` (veRL's run_qwen3_5_35b_megatron.sh): Hydra adds
+    the key under veRL's null section."""
+    result = _verl_head(f"+{A}optim.override_optimizer_config.optimizer_offload_fraction=1.0")
+    assert result.row(f"{A}optim.override_optimizer_config.optimizer_offload_fraction").status == "ignored"

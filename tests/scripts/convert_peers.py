@@ -40,6 +40,8 @@ if "-m" in args and args[args.index("-m") + 1].startswith("verl."):
     sys.exit(0)
 sys.exit(1)
 """
+# What some scripts take from the user's environment (paths of the other machine, the engine).
+SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "INFER_BACKEND": "vllm", "MODEL_PATH": "/models/model"}
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1"]
 
@@ -67,11 +69,14 @@ def script_overrides(text: str, work: Path) -> list[str]:
     for name in ("python3", "python", "uv"):
         (stubs / name).write_text(STUB.replace("/usr/bin/env python3", sys.executable))
         (stubs / name).chmod(0o755)
+    for name in ("hf", "huggingface-cli"):  # model downloads: the model is the other machine's
+        (stubs / name).write_text("#!/bin/sh\nexit 0\n")
+        (stubs / name).chmod(0o755)
     dump = work / "args"
     dump.unlink(missing_ok=True)
     (work / "run.sh").write_text(text)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(work / "home"), "DEVICE": "gpu",
-           "CONVERT_PEERS_DUMP": str(dump)}
+           "CONVERT_PEERS_DUMP": str(dump), **SCRIPT_ENV}
     subprocess.run(["bash", str(work / "run.sh")], cwd=work, env=env, capture_output=True, timeout=30)
     if not dump.exists():
         raise RuntimeError("the script did not reach `python3 -m verl.trainer.main_ppo`")
@@ -129,12 +134,14 @@ def run_one(label: str, fmt: str, file: str, overrides: list[str], work: Path) -
 
 
 def plan_reward(table: dict) -> list[str]:
-    """What is the other machine's and not here: a rule file stands in as verirl's acc, and vLLM (not installed
-    here) as the native engine, on one rank."""
+    """What is not here: the other machine's rule file, or a peer's rule verirl has not (a decide row: write it
+    for verirl), stands in as verirl's acc; vLLM (not installed here) as the native engine, on one rank."""
+    from verirl.rewards.rules import RULES
+
     out = []
     verifiers = table["config"].get("reward", {}).get("verifiers")
-    if verifiers and any(":" in str(v) for v in verifiers):
-        out.append("reward.verifiers=[" + ",".join("acc" if ":" in str(v) else str(v) for v in verifiers) + "]")
+    if verifiers and any(str(v) not in RULES for v in verifiers):
+        out.append("reward.verifiers=[" + ",".join(str(v) if str(v) in RULES else "acc" for v in verifiers) + "]")
     if table["config"].get("rollout", {}).get("engine") == "vllm":
         out += ["rollout.engine=native", "rollout.tensor_parallel_size=1"]
     return out

@@ -307,6 +307,8 @@ def _apply_override(tree: dict, text: str) -> str:
     for i, p in enumerate(parents):
         if node.get(p) is None:  # Hydra adds a key under a null section, making it one
             node[p] = {}
+        elif isinstance(node[p], str) and node[p].startswith("${"):  # under an interpolated section: its copy
+            node[p] = _interpolated_section(tree, ".".join(parents[:i + 1]))
         child = node[p]
         if not isinstance(child, dict):
             raise ConfigError(f"Override '{text}': {'.'.join(parents[:i + 1])} holds a value, not a section, so it "
@@ -314,6 +316,18 @@ def _apply_override(tree: dict, text: str) -> str:
         node = child
     node[leaf] = _parse_value(key, raw)
     return key
+
+
+def _interpolated_section(tree: dict, key: str) -> Any:
+    """The section an interpolation at ``key`` resolves to (a copy to add keys to), else an empty one."""
+    from omegaconf import OmegaConf
+
+    try:
+        node = OmegaConf.select(OmegaConf.create(tree), key, throw_on_missing=False)
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    except Exception:  # noqa: BLE001  (an interpolation to a key the file lacks)
+        value = None
+    return value if isinstance(value, dict) else {}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
