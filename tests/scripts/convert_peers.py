@@ -41,7 +41,7 @@ if "-m" in args and args[args.index("-m") + 1].startswith("verl."):
 sys.exit(1)
 """
 # What some scripts take from the user's environment (paths of the other machine, the engine).
-SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "INFER_BACKEND": "vllm", "MODEL_PATH": "/models/model"}
+SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/data", "INFER_BACKEND": "vllm", "MODEL_PATH": "/models/model"}
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1"]
 
@@ -142,6 +142,9 @@ def plan_reward(table: dict) -> list[str]:
     verifiers = table["config"].get("reward", {}).get("verifiers")
     if verifiers and any(str(v) not in RULES for v in verifiers):
         out.append("reward.verifiers=[" + ",".join(str(v) if str(v) in RULES else "acc" for v in verifiers) + "]")
+        metric = table["config"].get("algo", {}).get("filter_groups", {}).get("metric")
+        if metric in verifiers and metric not in RULES:
+            out.append("algo.filter_groups.metric=acc")
     if table["config"].get("rollout", {}).get("engine") == "vllm":
         out += ["rollout.engine=native", "rollout.tensor_parallel_size=1"]
     return out

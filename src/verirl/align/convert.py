@@ -6,8 +6,9 @@
 
 --from verl reads a veRL `ppo_trainer` config (a YAML of its keys, e.g. one with
 `defaults: [ppo_trainer, _self_]`) and the dotted command-line overrides of a run script
-(`key=value`, `+key=value`, `++key=value`, `~key`), applied before anything is translated;
-the file may be left out, leaving only the overrides on top of veRL's defaults.
+(`key=value`, `+key=value`, `++key=value`, `~key`, anywhere on the line), applied before anything
+is translated; the file may be left out, leaving only the overrides on top of veRL's defaults.
+Interpolations resolve against the file merged over veRL's defaults, as Hydra's would.
 --from mindspeed-rl reads a MindSpeed-RL GRPO YAML (megatron_training / actor_config /
 rl_config / generate_config; actor_config overrides megatron_training, as MindSpeed-RL merges
 them).
@@ -59,7 +60,8 @@ def add_arguments(parser) -> None:
                              "veRL's defaults)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="the source system's dotted overrides (key=value, +key=value, ~key), applied to "
-                             "FILE before translating, as on that system's command line")
+                             "FILE before translating, as on that system's command line; anywhere on the line, "
+                             "before or after the options")
     parser.add_argument("-o", "--output", default="", metavar="OUT.yaml",
                         help="write the verirl YAML here (default: standard output, the table on standard error)")
     parser.add_argument("--train-rows", type=int, default=None, metavar="N",

@@ -1,6 +1,7 @@
 """MindSpeed-RL's GRPO YAML -> verirl: the tables `verirl convert-config --from mindspeed-rl` reads.
 
-Keys, defaults and meanings as of Ascend/MindSpeed-RL master (2026) and its 2.x branches
+Keys, defaults and meanings as of Ascend/MindSpeed-RL master (2026; checked against 05a90d77, 2026-04-22, on
+every grpo_*, dapo_* and ppo_* file of its configs/, tests/scripts/convert_peers.py) and its 2.x branches
 (mindspeed_rl/config_cls/{megatron_config,rl_config,generate_config,validate_config}.py,
 cli/train_grpo.py, cli/train_dapo.py, mindspeed_rl/models/loss/{grpo,dapo}_actor_loss_func.py,
 mindspeed_rl/models/rule_verifier.py, mindspeed_rl/trainer/dapo_trainer_hybrid.py,

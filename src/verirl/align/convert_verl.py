@@ -1,6 +1,9 @@
 """veRL's `ppo_trainer` config -> verirl: the tables `verirl convert-config --from verl` reads.
 
-Keys, defaults and meanings as of volcengine/verl main, January 2026
+Keys, defaults and meanings as of volcengine/verl main, January 2026, checked against verl-project/verl
+at 1dda039b (2026-08-22: its _generated_ppo_trainer.yaml and _generated_ppo_megatron_trainer.yaml with the
+overrides of examples/grpo_trainer/*.sh, tests/scripts/convert_peers.py; the reward section and
+experimental/reward_loop/reward_loop.py's migration of the old one, the v1 trainer, distillation, skip)
 (verl/trainer/config/ppo_trainer.yaml and its flattened _generated_ppo_trainer.yaml; the code paths
 named in the notes: verl/trainer/ppo/ray_trainer.py, verl/trainer/main_ppo.py,
 verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py, verl/trainer/ppo/core_algos.py,
