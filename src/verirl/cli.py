@@ -106,8 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-new-tokens", type=int, default=32)
     v.add_argument("--max-prompt-length", type=int, default=1024)
     v.add_argument("--temperature", type=float, default=1.0)
-    v.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
-    v.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
+    v.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
+    v.add_argument("--top-k", type=int, default=0,
+                   help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
     v.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
     v.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
                    help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")

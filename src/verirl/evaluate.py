@@ -72,7 +72,8 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
              ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None,
              first_index: int = 0, gather: Optional[Callable[[list], list]] = None) -> dict:
     """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature``,
-    ``top_p`` and ``top_k`` (0 = off) with the given engine; score every response with ``scorer`` (the training rules, weights and routing).
+    ``top_p`` and ``top_k`` (0 = off) with the given engine; score every response with ``scorer``
+    (the training rules, weights and routing).
 
     Returns ``{"n", "overall", "groups"}``; overall and each group (``task/<task>``,
     ``data_source/<source>``) hold ``prompts``, ``greedy_acc`` (right with greedy decoding),

@@ -41,7 +41,8 @@ if "-m" in args and args[args.index("-m") + 1].startswith("verl."):
 sys.exit(1)
 """
 # What some scripts take from the user's environment (paths of the other machine, the engine).
-SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/data", "INFER_BACKEND": "vllm", "MODEL_PATH": "/models/model"}
+SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/data", "INFER_BACKEND": "vllm",
+              "MODEL_PATH": "/models/model"}
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1"]
 

@@ -328,7 +328,8 @@ def _packing(t: Translation, version: str) -> None:
                 "MindSpeed-RL's 4096 (since 2025-08 max_packing_token_size does not reach the actor)")))
     if not old and t.given(common):
         t.ignore(common, "the critic's token budget since MindSpeed-RL commit dd73eb3 (2025-08): the actor's is "
-                         "update_max_packing_token_size (a release between May and August 2025 gave it to the actor too)")
+                         "update_max_packing_token_size (a release between May and August 2025 gave it to the "
+                         "actor too)")
     if int(t.get(ref)) != budget:
         t.put("ref.log_prob_max_token_len_per_device", int(t.get(ref)), ref, note="the reference pass's token budget")
     else:

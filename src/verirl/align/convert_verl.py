@@ -31,7 +31,8 @@ FG = "algorithm.filter_groups."
 
 # veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
 DEFAULTS: dict[str, Any] = {
-    "data.train_batch_size": 1024, "data.gen_batch_size": None, "data.max_prompt_length": 512, "data.max_response_length": 512,
+    "data.train_batch_size": 1024, "data.gen_batch_size": None, "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
     "data.shuffle": True, "data.seed": None, "data.filter_overlong_prompts": False, "data.truncation": "error",
     "data.prompt_key": "prompt", "data.reward_fn_key": "data_source",
     A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size": None, A + "ppo_micro_batch_size_per_gpu": None,
@@ -242,7 +243,8 @@ IGNORED: list[tuple[str, str]] = [
     (R + "data_parallel_size", _VLLM), (R + "expert_parallel_size", _VLLM), (R + "pipeline_model_parallel_size", _VLLM),
     (R + "mode", "sync or async rollout server: verirl generates in the training processes"),
     (R + "dtype", _VLLM + "; the rollout uses the model's weights as trained (model.dtype)"),
-    (R + "gpu_memory_utilization", _VLLM + "; translated with the vllm engine (rollout.gpu_memory_utilization)"), (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
+    (R + "gpu_memory_utilization", _VLLM + "; translated with the vllm engine (rollout.gpu_memory_utilization)"),
+    (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
     (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
     (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
     (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
