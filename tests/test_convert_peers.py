@@ -192,6 +192,8 @@ def test_mindspeed_composed_model_numerics_are_carried():
 
 
 def test_mindspeed_kl_and_multi_turn_notes_follow_the_file():
+    assert "seeds the prompt order" not in convert("mindspeed-rl", MS_DAPO).row(  # no_shuffle: true
+        "megatron_training.seed").note
     assert "clamp" not in convert("mindspeed-rl", MS_R1).row(RL + "kl_penalty").note  # kl_penalty: kl
     result = convert("mindspeed-rl", MS_MULTI_TURN)  # multi_turn_enable: true
     assert result.row(RL + "multi_turn_enable").status == "decide"

@@ -735,7 +735,9 @@ def _data_and_model(t: Translation, version: str) -> None:
         t.put("data.prompt_type", str(t.get(key)), key, note="the templates.json name, as verirl's")
     seed_key = _actor_key(t, "seed")
     seed = int(t.get(seed_key))
-    t.put("data.seed", seed, seed_key, note="seeds the prompt order")
+    unshuffled = bool(t.get(_actor_key(t, "no_shuffle")))
+    t.put("data.seed", seed, seed_key, note="no_shuffle: no prompt order to seed (written as the other run's seed)"
+          if unshuffled else "seeds the prompt order")
     t.put("trainer.seed", seed, seed_key, note="seeds verirl's sampling too")
     shuffle_key = _actor_key(t, "no_shuffle")
     if t.get(shuffle_key):
