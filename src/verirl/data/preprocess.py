@@ -67,6 +67,19 @@ def _check_text(where: str, what: str, text: str) -> None:
                        f"and drop such rows.", "encoding_error")
 
 
+def _label_text(where: str, src: str, v: Any) -> str:
+    """A label is text: a number or a boolean becomes its text (``4`` -> ``"4"``); a list, a dict or a
+    null has no one text the rules could compare with, so it is a bad row."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float, bool)):
+        return str(v)
+    what = "null" if v is None else f"a {type(v).__name__} {json.dumps(v, default=str)[:40]}"
+    raise RowError(f"{where}: label key '{src}' (map_keys.response) is {what}; a label must be one text or "
+                   f"number (the ground truth the verifiers compare with). Fix the data, or set on_bad_row=skip "
+                   f"to count and drop such rows.", "bad_label")
+
+
 def _as_column(v: Any) -> Any:
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
@@ -191,7 +204,7 @@ class RowProcessor:
         out: dict[str, Any] = {"prompt_ids": None, "prompt": text}
         for key in self.kept_keys(row):
             if key == "labels":
-                val = self._field(row, "response", where, required=True)
+                val = _label_text(where, self.map["response"], self._field(row, "response", where, required=True))
             elif self.kind == "verl" and key == "task" and "task" not in row:
                 val = row.get("ability")
             else:
@@ -371,10 +384,13 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
         else:
             _run_in_workers(cfg, chunks(), consume,
                             lambda: bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read"))
+    n_read += sum(unparsed.values())
+    if not n_read:
+        raise DataError(f"data '{cfg.input}' is empty: {', '.join(map(str, files))} "
+                        f"{'holds' if len(files) == 1 else 'hold'} no rows. Give a file with at least one row.")
     out = Path(cfg.output_prefix + ".parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(out, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
-    n_read += sum(unparsed.values())
     skipped.update(unparsed)
     manifest = {
         "output": str(out), "source": [str(f) for f in files], "rows_read": n_read, "rows_written": len(records),
