@@ -133,10 +133,23 @@ def _align_commands():
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's flush at exit
+        return code
     except KeyboardInterrupt:  # Ctrl-C at any point, start-up included: no traceback
         print(f"verirl {args.command}: interrupted.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`verirl plan --json | head`): stop quietly, as cat does
+        _drop_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _drop_stdout() -> None:
+    """Standard output to /dev/null, so that the interpreter's flush at exit does not fail on the closed pipe
+    again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _run(args) -> int:

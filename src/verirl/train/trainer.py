@@ -132,9 +132,12 @@ def mixed_precision_line(cfg, low) -> str:
         "the log-prob passes and the update"
     line = (f"mixed precision (model.compute_dtype={cfg.model.compute_dtype}): {what} multiply in {low} over "
             f"{cfg.model.dtype} weights")
-    if engine in ("vllm", "hf"):
-        line += (f"; the {engine} engine decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s "
-                 f"rounding (up to ~0.1) and no longer tells a failed weight push from a good one")
+    if engine == "hf":
+        line += f"; the hf engine decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s rounding (up to ~0.1)"
+    elif engine == "vllm" and cfg.rollout.dtype in (None, cfg.model.dtype):
+        line += (f"; vLLM decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s rounding (up to ~0.1) "
+                 f"while rollout/push_max_abs_diff checks each weight push itself; rollout.dtype=compute makes vLLM "
+                 f"decode in {low} too")
     return line
 
 
