@@ -64,7 +64,7 @@ def test_names_and_paths_are_checked_before_anything_heavy(override, message):
         check_train(cfg)
 
 
-def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path):
+def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path, capsys):
     from verirl.config import to_yaml
 
     run = tmp_path / "r"
@@ -72,6 +72,10 @@ def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path):
                  "log.progress=false", "data.prompts_per_step=2", "actor.mini_batch_prompts=2"]
     assert main(["train", *overrides]) == 0
     assert (run / "config.yaml").read_text() == to_yaml(load_config("tiny", overrides))
+    assert not (run / "rollouts.jsonl").exists()  # only with trainer.dump_rollouts=true
+    said = " ".join((lambda c: c.out + c.err)(capsys.readouterr()).split())
+    assert "verirl GRPO: model tiny" in said
+    assert re.search(r"reward/mean \(first 5 vs last.*│ [+-]\d\.\d{3} │ [+-]\d\.\d{3} │ too few steps │", said), said
     tiny, plain = load_config("tiny"), load_config(None)
     assert tiny.trainer.total_steps == 700 and tiny.algo.kl_coef == 0.001 and tiny.reward.tasks
     assert plain.actor.lr == 1e-6 and plain.rollout.max_new_tokens == 512  # --config FILE starts from these
@@ -230,3 +234,15 @@ def test_plan_json_into_a_closed_pipe_stops_quietly(monkeypatch, capsys):
         monkeypatch.setattr("sys.stdout", pipe)
         assert main(["plan", "--json"]) == 141
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_first_line_names_the_recipes_algorithm():
+    from pathlib import Path
+
+    from verirl.train.display import algorithm_name
+
+    dapo = Path(__file__).resolve().parent.parent / "configs" / "tiny_dapo.yaml"
+    assert algorithm_name(load_config(str(dapo)).algo) == "DAPO"
+    assert algorithm_name(load_config("tiny").algo) == "GRPO"
+    assert algorithm_name(load_config("tiny", ["algo.adv_estimator=rloo", "algo.policy_loss=gspo"]).algo) == \
+        "RLOO (gspo loss)"
