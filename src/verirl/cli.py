@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
     v = sub.add_parser("eval", help="greedy accuracy and n samples per prompt: pass@k, maj@n, mean reward",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("--model", default="tiny", help="a Hugging Face model directory, or tiny (default)")
+    v.add_argument("--model", default="tiny", help="a Hugging Face model directory (a run's RUN_DIR/final, or "
+                                                   "`verirl export`'s output), or tiny (default)")
     v.add_argument("--data", default="arith",
                    help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
                         "held-out split (default)")
