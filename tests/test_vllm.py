@@ -151,6 +151,12 @@ def test_the_push_check_names_a_tensor_the_engine_does_not_hold(engine):
                                            r"\.weight \(by 0\.01"):
         eng.check_push(lm.model)
     assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0} and not eng.unchecked
+    assert eng.check_push(lm.model, columns=16) == 0.0  # 16 of each repacked layer's inputs, drawn at random
+    with torch.no_grad():
+        lm.model.model.layers[0].self_attn.o_proj.weight[3] += 0.01  # a whole row: any columns drawn show it
+    with pytest.raises(RuntimeError, match=r"1 tensors .*: model\.layers\.0\.self_attn\.o_proj\.weight \(by 0\.01"):
+        eng.check_push(lm.model, columns=16)
+    eng.sync_weights(lm.model)
 
 
 def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):

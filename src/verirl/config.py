@@ -94,7 +94,7 @@ class RolloutConfig:
     # engine=vllm (docs/vllm.md): vLLM's offline engine inside each training process
     tensor_parallel_size: int = 1  # ranks per vLLM engine (a tensor-parallel group of the data-parallel ranks)
     gpu_memory_utilization: float = 0.5  # share of the device's memory vLLM may take (weights + KV cache)
-    dtype: Optional[str] = None  # the dtype vLLM decodes in: null (model.dtype) / compute (the trainer's model.compute_dtype, resolved) / float32 / bfloat16 / float16
+    dtype: Optional[str] = None  # vLLM decodes in: null (model.dtype) / compute (model.compute_dtype, resolved) / float32 / bfloat16 / float16
     max_num_seqs: int = 0  # sequences vLLM schedules at once; 0 = data.prompts_per_step x rollout.n / data-parallel size
     max_num_batched_tokens: int = 0  # tokens per vLLM scheduler step; 0 = vLLM's default
     enable_chunked_prefill: bool = True  # split long prefills across scheduler steps (turned off on a CPU: docs/vllm.md)

@@ -37,8 +37,8 @@
   inputs, which returns its weight's columns exactly in any dtype: every column up to
   ``PROBE_COLUMNS`` inputs, else that many, drawn anew each push. A good push differs by 0.0 whatever
   the trainer's compute dtype; ``rollout/push_max_abs_diff`` logs the worst difference and a push
-  over ``PUSH_TOLERANCE`` (times the tensor's largest value) raises, naming the tensors. With tensor_parallel_size > 1 (each rank holds
-  shards) there is no check; ``rollout/logprob_diff`` remains.
+  over ``PUSH_TOLERANCE`` (times the tensor's largest value) raises, naming the tensors. With
+  tensor_parallel_size > 1 (each rank holds shards) there is no check; ``rollout/logprob_diff`` remains.
 * Several ranks (docs/vllm.md): ``distributed_executor_backend="external_launcher"``: vLLM joins the
   launcher's already-initialised process group instead of making its own, and lays it out as
   (world / tp independent engines) x (tp consecutive ranks each). tp = 1: an engine per rank on the
@@ -58,7 +58,7 @@ from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.types import Rollout
 
 # Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
-# values for them). Only for the test that shows a failed push is caught by rollout/logprob_diff.
+# values for them). Only for the tests that show a failed push is caught (the push check, rollout/logprob_diff).
 SKIP_ENV = "VERIRL_VLLM_PUSH_SKIP"
 
 PROBE_COLUMNS = 512  # input columns of a repacked linear layer read per push (all of them when it has fewer)
@@ -111,9 +111,9 @@ def _refresh_cpu_lm_head(worker) -> int:
 
 def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, torch.dtype]:
     """(Runs in the vLLM worker.) -> (name -> the engine's tensor as it computes with it, name -> the
-    input columns read through a GEMM handle, the model's ``packed_modules_mapping``, its dtype). A
-    weight behind a handle (``cpu_linear``) is the handle's output on one-hot inputs without bias:
-    (out features, columns), exact. Tensors are the engine's own, not copies (in-process engine)."""
+    input columns read through a GEMM handle when not all of them, the model's ``packed_modules_mapping``,
+    its dtype). A weight behind a handle (``cpu_linear``) is the handle's output on one-hot inputs without
+    bias: (out features, columns), exact. Tensors are the engine's own, not copies (in-process engine)."""
     model = worker.model_runner.get_model()
     tensors, probed = {}, {}
     with torch.no_grad():
@@ -124,8 +124,10 @@ def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, 
                     tensors[name] = p.data
                     continue
                 k = p.shape[1] if p.dim() == 2 else int(module.input_size_per_partition)
-                cols = torch.arange(k) if k <= columns else \
-                    torch.randperm(k, generator=torch.Generator().manual_seed(draw))[:columns].sort().values
+                if k <= columns:  # every column: the identity's product is the whole weight
+                    tensors[name] = module.cpu_linear(torch.eye(k, dtype=p.dtype, device=p.device), p, None).T
+                    continue
+                cols = torch.randperm(k, generator=torch.Generator().manual_seed(draw))[:columns].sort().values
                 x = torch.zeros(len(cols), k, dtype=p.dtype, device=p.device)
                 x[torch.arange(len(cols)), cols.to(p.device)] = 1
                 tensors[name], probed[name] = module.cpu_linear(x, p, None).T, cols
@@ -141,6 +143,29 @@ def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
         if leaf in members:
             return f"{parent}.{fused}.{short}" if parent else f"{fused}.{short}", leaf
     return hf_name, ""
+
+
+def _trainer_tensors(model, packed: dict, dtype) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
+    """(engine name, HF name, the trainer's whole tensor in the engine's layout and dtype) for each tensor of
+    ``model``, fused members concatenated when the last of them arrives; a fused tensor whose members do not
+    all exist comes last, with None. Gathers each tensor (``strategy.full``): a collective."""
+    from verirl.train.strategy import full
+
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        target, member = _engine_name(name, packed)
+        whole = full(t).detach().to(dtype)
+        if not member:
+            yield target, name, whole
+            continue
+        fused = next(m for m in packed.values() if member in m)
+        parts = groups.setdefault(target, {})
+        parts[member] = whole
+        if len(parts) == len(fused):
+            del groups[target]
+            yield target, name, torch.cat([parts[m] for m in fused])
+    for target in groups:
+        yield target, target, None
 
 
 def _difference(engine: torch.Tensor, ref: torch.Tensor, cols) -> Optional[tuple[float, float]]:
@@ -312,26 +337,16 @@ class VLLMEngine:
             return {}
         return {"rollout/push_max_abs_diff": self.check_push(model)}
 
-    def check_push(self, model) -> float:
+    def check_push(self, model, columns: int = PROBE_COLUMNS) -> float:
         """The largest |engine - trainer| over ``model``'s weights (0.0 after a good push, whatever the
         trainer computes in); a tensor off by more than `PUSH_TOLERANCE` times its largest |value| is a
-        RuntimeError naming the tensors. Every rank calls it (``strategy.full`` gathers shards)."""
-        from verirl.train.strategy import full
-
-        engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(PROBE_COLUMNS, self.pushes))[0]
-        groups: dict[str, dict[str, torch.Tensor]] = {}
+        RuntimeError naming the tensors. ``columns``: the inputs of a repacked layer read (all when it has
+        no more). Every rank calls it (``strategy.full`` gathers shards)."""
+        engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
-        for name, t in model.state_dict(keep_vars=True).items():
-            target, member = _engine_name(name, packed)
-            whole = full(t).detach().to(dtype)
-            if member:
-                groups.setdefault(target, {})[member] = whole
-                fused = next(m for m in packed.values() if member in m)
-                if len(groups[target]) < len(fused):
-                    continue
-                parts = groups.pop(target)
-                whole = torch.cat([parts[m] for m in fused])
-            diff = _difference(engine[target], whole, probed.get(target)) if target in engine else None
+        for target, name, whole in _trainer_tensors(model, packed, dtype):
+            diff = None if whole is None or target not in engine else \
+                _difference(engine[target], whole, probed.get(target))
             if diff is None:
                 unchecked.append(name)
                 continue
@@ -339,9 +354,9 @@ class VLLMEngine:
             if diff[0] > PUSH_TOLERANCE * diff[1]:
                 bad.append(f"{target} (by {diff[0]:.3g}, values up to {diff[1]:.3g})")
         if unchecked and unchecked != self.unchecked:
+            more = ", ..." if len(unchecked) > 4 else ""
             print(f"rollout.engine=vllm: the push check finds no engine tensor of the same layout for "
-                  f"{len(unchecked)} trainer tensors ({', '.join(unchecked[:4])}{', ...' if len(unchecked) > 4 else ''}); "
-                  f"they are not checked")
+                  f"{len(unchecked)} trainer tensors ({', '.join(unchecked[:4])}{more}); they are not checked")
         self.unchecked = unchecked
         if bad:
             raise RuntimeError(
