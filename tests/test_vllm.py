@@ -159,20 +159,6 @@ def test_the_push_check_names_a_tensor_the_engine_does_not_hold(engine):
     eng.sync_weights(lm.model)
 
 
-def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
-    from verirl.rollout.vllm import VLLMEngine
-
-    lm, _ = engine
-    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="bfloat16", max_model_len=64, max_num_seqs=8, seed=0)
-    try:
-        _update(lm.model, steps=1)
-        with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
-            eng.check_push(lm.model)
-        assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
-    finally:
-        eng.close()
-
-
 def test_seeded_samples_when_prompts_exceed_a_scheduler_step(engine):
     """64 seeded requests of 70-token prompts: more prompt tokens (4,480) than vLLM schedules in one step
     (4,096). With chunked prefill vLLM's CPU runner failed here (it rewinds the generator of a request
@@ -247,3 +233,19 @@ def test_verirl_eval_with_vllm_gives_the_native_engines_greedy_accuracy(tmp_path
         out[name] = json.loads(path.read_text())
     assert out["vllm"]["overall"]["greedy_acc"] == out["native"]["overall"]["greedy_acc"]
     assert out["vllm"]["overall"]["prompts"] == 16
+
+
+def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
+    """Last in the file: closing a second in-process engine tears down vLLM's process-wide parallel state,
+    which the module's engine also uses."""
+    from verirl.rollout.vllm import VLLMEngine
+
+    lm, _ = engine
+    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="bfloat16", max_model_len=64, max_num_seqs=8, seed=0)
+    try:
+        _update(lm.model, steps=1)
+        with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
+            eng.check_push(lm.model)
+        assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
+    finally:
+        eng.close()
