@@ -251,3 +251,10 @@ def test_cli_eval_and_preprocess_take_mixed_labels_and_call_an_empty_file_empty(
     (tmp_path / "empty.jsonl").write_text("")
     assert main(["preprocess", f"input={tmp_path / 'empty.jsonl'}", f"output_prefix={tmp_path / 'o'}"]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+def test_a_kept_key_of_mixed_types_is_named(tmp_path):
+    src = _jsonl(tmp_path / "raw.jsonl", [{**ROWS[0], "task": "add"}, {**ROWS[1], "task": 7}])
+    with pytest.raises(DataError, match=r"key 'task' \(dataset_additional_keys\) holds values of several types "
+                                        r"\(int, str\)"):
+        preprocess(_cfg(tmp_path, src, dataset_additional_keys=["labels", "task"]))

@@ -309,6 +309,23 @@ def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
         pool.shutdown(wait=finished, cancel_futures=True)
 
 
+def _table(records: list[dict]):
+    """The output table; a kept key whose values are of several types (an integer ``task`` among strings)
+    is a `DataError` naming the key and the types, not pyarrow's."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(records)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        for key in records[0]:
+            kinds = sorted({type(r.get(key)).__name__ for r in records if r.get(key) is not None})
+            if len(kinds) > 1:
+                raise DataError(f"preprocess: key '{key}' (dataset_additional_keys) holds values of several types "
+                                f"({', '.join(kinds)}), and a column has one. Make them one type in the data (e.g. "
+                                f"all strings).") from None
+        raise
+
+
 def validate_preprocess(cfg: PreprocessConfig) -> None:
     if not cfg.input:
         raise ConfigError("preprocess: 'input' is empty: give a data file or folder.")
@@ -390,7 +407,8 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
                         f"{'holds' if len(files) == 1 else 'hold'} no rows. Give a file with at least one row.")
     out = Path(cfg.output_prefix + ".parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
+    table = _table(records)
+    _write_atomically(out, lambda tmp: pq.write_table(table, tmp))
     skipped.update(unparsed)
     manifest = {
         "output": str(out), "source": [str(f) for f in files], "rows_read": n_read, "rows_written": len(records),
