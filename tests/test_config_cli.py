@@ -64,7 +64,7 @@ def test_names_and_paths_are_checked_before_anything_heavy(override, message):
         check_train(cfg)
 
 
-def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path):
+def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path, capsys):
     from verirl.config import to_yaml
 
     run = tmp_path / "r"
@@ -72,6 +72,10 @@ def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path):
                  "log.progress=false", "data.prompts_per_step=2", "actor.mini_batch_prompts=2"]
     assert main(["train", *overrides]) == 0
     assert (run / "config.yaml").read_text() == to_yaml(load_config("tiny", overrides))
+    assert not (run / "rollouts.jsonl").exists()  # only with trainer.dump_rollouts=true
+    said = " ".join((lambda c: c.out + c.err)(capsys.readouterr()).split())
+    assert "verirl GRPO: model tiny" in said
+    assert re.search(r"reward/mean \(first 5 vs last.*│ [+-]\d\.\d{3} │ [+-]\d\.\d{3} │ too few steps │", said), said
     tiny, plain = load_config("tiny"), load_config(None)
     assert tiny.trainer.total_steps == 700 and tiny.algo.kl_coef == 0.001 and tiny.reward.tasks
     assert plain.actor.lr == 1e-6 and plain.rollout.max_new_tokens == 512  # --config FILE starts from these
@@ -172,3 +176,73 @@ def test_a_misspelled_switch_in_the_environment_stops_the_run(capsys, tmp_path, 
     assert env_choice(name) == ENV_SWITCHES[name][1][0]
     monkeypatch.setenv(name, "")
     assert env_choice(name) == ENV_SWITCHES[name][0]
+
+
+@pytest.mark.parametrize("where", ["override", "file"])
+def test_a_section_given_one_value_is_named(tmp_path, where):
+    if where == "override":
+        args = (None, ["actor=5"])
+        source = r"override 'actor=5'"
+    else:
+        (tmp_path / "c.yaml").write_text("algo:\n  filter_groups: 3\n")
+        args = (str(tmp_path / "c.yaml"), [])
+        source = re.escape(f"'{tmp_path / 'c.yaml'}'")
+    key = "actor" if where == "override" else "algo.filter_groups"
+    with pytest.raises(ConfigError, match=rf"'{key}' in {source} is a section of keys \({key}\.\w+, .*Set one of "
+                                          rf"its keys, e.g. {key}\.\w+=\.\.\."):
+        load_config(*args)
+    assert load_config(None, ["actor={lr: 0.001}"]).actor.lr == 0.001  # a mapping is still a section's value
+
+
+def test_a_yaml_file_indented_with_a_tab_says_tab(tmp_path):
+    f = tmp_path / "tab.yaml"
+    f.write_text("actor:\n  lr: 1e-4\nrollout:\n\tn: 4\n")
+    with pytest.raises(ConfigError, match=r"(?s)not valid YAML: .* Line 4 is indented with a tab: YAML indents with "
+                                          r"spaces only"):
+        load_config(str(f))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("reward.workers=-5", r"reward.workers=-5: give -1 \(one scoring process per core"),
+    ("rollout.dtype=bf16", r"rollout.dtype='bf16' is not null \(model.dtype\), compute"),
+    ("rollout.dtype=bfloat16", r"rollout.dtype=bfloat16 sets the dtype vLLM decodes in, but rollout.engine=native"),
+])
+def test_out_of_range_settings_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+    assert load_config(None, ["reward.workers=-1"]).reward.workers == -1
+
+
+def test_vllm_decodes_in_the_trainers_compute_dtype_when_asked(tiny):
+    from verirl.train.build import vllm_dtype
+
+    def dtype(*overrides):
+        return vllm_dtype(load_config(None, ["rollout.engine=vllm", *overrides]), tiny.model)
+
+    assert dtype() == "float32" and dtype("rollout.dtype=float16") == "float16"
+    assert dtype("rollout.dtype=compute") == "float32"  # no mixed precision: the weights' dtype
+    assert dtype("rollout.dtype=compute", "model.compute_dtype=bfloat16") == "bfloat16"
+
+
+def test_plan_json_into_a_closed_pipe_stops_quietly(monkeypatch, capsys):
+    """`verirl plan --json | head`: the reader has gone when the output is written; no BrokenPipeError."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as pipe:
+        monkeypatch.setattr("sys.stdout", pipe)
+        assert main(["plan", "--json"]) == 141
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_first_line_names_the_recipes_algorithm():
+    from pathlib import Path
+
+    from verirl.train.display import algorithm_name
+
+    dapo = Path(__file__).resolve().parent.parent / "configs" / "tiny_dapo.yaml"
+    assert algorithm_name(load_config(str(dapo)).algo) == "DAPO"
+    assert algorithm_name(load_config("tiny").algo) == "GRPO"
+    assert algorithm_name(load_config("tiny", ["algo.adv_estimator=rloo", "algo.policy_loss=gspo"]).algo) == \
+        "RLOO (gspo loss)"

@@ -187,3 +187,74 @@ def test_non_utf8_templates_file_is_a_config_error(tmp_path):
     tf.write_bytes('[{"name": "mine",\n "default_system": "Tu es un assistant d\u00e9vou\u00e9."}]'.encode("latin-1"))
     with pytest.raises(ConfigError, match=rf"templates file '{tf}' line 2: not valid UTF-8.*Save it as UTF-8"):
         get_template("mine", tf)
+
+
+# --- labels are text; empty files; rows named in the user's file ------------------------------------
+
+def test_number_labels_among_strings_become_text(tmp_path, monkeypatch):
+    """GSM8K-style files mix integer and string answers: each label is its text."""
+    monkeypatch.setenv("VERIRL_CACHE", str(tmp_path / "cache"))
+    src = _jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": 4},
+                                          {"problem": "half?", "answer": 0.5}, {"problem": "ok?", "answer": True}])
+    loaded = load_prompts(str(src), "tiny", **_options(prompt_type="qwen"))
+    assert [p.label for p in loaded.prompts] == ["2", "4", "0.5", "True"]
+
+
+@pytest.mark.parametrize("label,shown", [([1, 2], r"a list \[1, 2\]"), ({"a": 1}, r"a dict \{\"a\": 1\}"),
+                                         (None, "null")])
+def test_a_list_dict_or_null_label_is_refused_naming_the_row(tmp_path, label, shown):
+    src = _jsonl(tmp_path / "raw.jsonl", [ROWS[0], {"problem": "x?", "answer": label}, ROWS[1]])
+    with pytest.raises(RowError, match=rf"raw.jsonl row 1: label key 'answer' \(map_keys.response\) is {shown}; "):
+        preprocess(_cfg(tmp_path, src))
+    m = preprocess(_cfg(tmp_path, src, on_bad_row="skip"))
+    assert m["rows_written"] == 2 and m["skipped_by_reason"] == {"bad_label": 1}
+
+
+def test_a_null_label_in_a_preprocessed_parquet_is_refused(tmp_path):
+    f = tmp_path / "pre.parquet"
+    pq.write_table(pa.table({"prompt_ids": [[1, 2], [3, 4]], "labels": ["1", None]}), f)
+    with pytest.raises(DataError, match=r"pre.parquet row 1: label null is not one text or number"):
+        load_prompts(str(f), "tiny", **_options(prompt_type="qwen"))
+
+
+@pytest.mark.parametrize("name,content", [("empty.jsonl", ""), ("blank.jsonl", "\n\n"), ("empty.json", "[]")])
+def test_an_empty_file_is_called_empty(tmp_path, monkeypatch, name, content):
+    monkeypatch.setenv("VERIRL_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / name
+    src.write_text(content)
+    with pytest.raises(DataError, match=rf"data '{src}' is empty: {src} holds no rows"):
+        preprocess(_cfg(tmp_path, src))
+    assert not (tmp_path / "o" / "train.parquet").exists()
+    with pytest.raises(DataError, match=rf"is empty: {src} holds no rows"):
+        load_prompts(str(src), "tiny", **_options(prompt_type="qwen"))
+
+
+def test_a_too_long_prompt_is_named_in_the_users_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERIRL_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    _jsonl(folder / "a.jsonl", ROWS[:3])
+    _jsonl(folder / "b.jsonl", ROWS[:1] + [{"problem": "word " * 300, "answer": "1"}])
+    with pytest.raises(DataError, match=rf"^{folder / 'b.jsonl'} row 1: prompt is \d+ tokens, over "
+                                        r"data.max_prompt_length=64"):
+        load_prompts(str(folder), "tiny", **_options(prompt_type="qwen", max_prompt_length=64))
+
+
+def test_cli_eval_and_preprocess_take_mixed_labels_and_call_an_empty_file_empty(tmp_path, monkeypatch, capsys):
+    from verirl.cli import main
+
+    monkeypatch.setenv("VERIRL_CACHE", str(tmp_path / "cache"))
+    src = _jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": 4}])
+    out = tmp_path / "res.json"
+    assert main(["eval", "--data", str(src), "--n", "0", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["overall"]["prompts"] == 2
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["preprocess", f"input={tmp_path / 'empty.jsonl'}", f"output_prefix={tmp_path / 'o'}"]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+def test_a_kept_key_of_mixed_types_is_named(tmp_path):
+    src = _jsonl(tmp_path / "raw.jsonl", [{**ROWS[0], "task": "add"}, {**ROWS[1], "task": 7}])
+    with pytest.raises(DataError, match=r"key 'task' \(dataset_additional_keys\) holds values of several types "
+                                        r"\(int, str\)"):
+        preprocess(_cfg(tmp_path, src, dataset_additional_keys=["labels", "task"]))

@@ -1,6 +1,7 @@
 """pass@k / maj@n against hand-computed values, and `verirl eval` on the embedded model."""
 import itertools
 import json
+import re
 from math import comb
 
 import pytest
@@ -59,11 +60,26 @@ def test_verirl_eval_on_the_embedded_model(tmp_path, capsys):
     assert sum(g["prompts"] for g in res["groups"].values()) == 40
     table = capsys.readouterr().out
     assert "pass@4" in table and "task/add" in table
+    assert re.search(r"eval: evaluated 40/40 prompts in \d+s", table)  # progress, also where no spinner shows
 
 
 def test_verirl_eval_bad_input_is_one_clear_line(tmp_path, capsys):
     assert main(["eval", "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_run_directory_as_model_names_its_final_model_or_export(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["eval", "--model", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "a training run's directory, not a model, and it has no final model yet" in err
+    assert f"verirl export {run} OUT" in err and "make weights" not in err
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    assert main(["eval", "--model", str(run)]) == 2
+    assert f"--model {run / 'final'}" in capsys.readouterr().err
 
 
 def test_right_is_the_tasks_own_answer_check():

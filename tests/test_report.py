@@ -238,3 +238,20 @@ def test_page_opens_in_chromium_without_console_errors(single, tmp_path):
     (moved / "reward.png").unlink()
     console = _open(browser, moved / "index.html", tmp_path / "broken.png", tmp_path / "profile")
     assert any("figure not loaded: reward.png" in line for line in console), console
+
+
+def test_dollars_in_run_and_task_names_are_plain_text(tmp_path):
+    """A `$` pair is no mathtext: a run or task named with dollars (and TeX that does not parse) is drawn
+    as written."""
+    dirs = [tmp_path / "cost $5 and $6", tmp_path / r"x$^{\nope$"]
+    for run in dirs:
+        run.mkdir()
+        rows = [{"step": s, "reward/mean": s / 4, r"reward/task/$\frac{$/mean": s / 8, "reward/acc$/mean": 0.5}
+                for s in range(1, 5)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build([str(d) for d in dirs], out=str(tmp_path / "rep"))
+    assert {"reward", "reward_tasks", "reward_rules"} <= {p.stem for p in page.parent.glob("*.png")}
+    charts = {c.name: c for c in make_figures([load(str(d), d.name, 10) for d in dirs])}
+    labels = [t.get_text() for t in charts["reward"].figure.axes[0].get_legend().get_texts()]
+    assert labels == ["cost $5 and $6", r"x$^{\nope$"]
+    assert charts["reward_tasks"].figure.axes[0].get_title() == r"$\frac{$"

@@ -53,6 +53,7 @@ def test_three_grpo_steps_match_the_trainers_logprobs(one_rank):
         assert r["rollout/logprob_diff/max"] < 1e-3, r
         assert r["rollout/logprob_diff/mean"] < 1e-4, r
         assert r["timing/sync_weights"] >= 0
+        assert r["rollout/push_max_abs_diff"] == 0.0, r  # every pushed tensor is in the engine as trained
         # the mismatch guard reads the same pair: vLLM's log-probs agree, so nothing is masked
         assert r["mismatch/kl"] < 1e-6 and r["mismatch/masked_frac"] == 0.0, r
         assert abs(r["mismatch/ratio_p50"] - 1) < 1e-3, r
@@ -78,14 +79,23 @@ def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy,
         assert a["reward/mean"] == b["reward/mean"]
 
 
-def test_a_push_that_skips_a_layer_is_caught(tmp_path, monkeypatch):
+def test_a_push_that_skips_a_layer_fails_loudly(tmp_path, monkeypatch):
     from verirl.rollout.vllm import SKIP_ENV
 
     monkeypatch.setenv(SKIP_ENV, r"^model\.layers\.1\.")  # test hook: layer 1 is never pushed
-    rows = _train(tmp_path / "run")
-    assert rows[0]["rollout/logprob_diff/max"] < 1e-3  # step 1 samples from the loaded weights: nothing pushed yet
-    stale = max(r["rollout/logprob_diff/max"] for r in rows[1:])
-    assert stale > 1e-2, rows  # a stale layer 1: vLLM's log-probs are not the trainer's
+    with pytest.raises(RuntimeError, match=r"the weight push into vLLM failed: 7 tensors .*model\.layers\.1\.") as e:
+        _train(tmp_path / "run")  # the start's push passes (the engine loaded the same weights); step 1's fails
+    assert "model.layers.0." not in str(e.value) and "model.layers.2." not in str(e.value)
+
+
+def test_the_push_check_does_not_depend_on_the_trainers_compute_dtype(tmp_path):
+    """model.compute_dtype=bfloat16: the trainer multiplies in bfloat16, vLLM decodes in float32, so the
+    log-probs differ by bfloat16's rounding; the push check still reads 0.0. rollout.dtype=compute: vLLM
+    decodes in bfloat16 too, and its weights are the trainer's rounded to bfloat16, exactly."""
+    for extra in ([], ["rollout.dtype=compute"]):
+        rows = _train(tmp_path / f"run{len(extra)}", "model.compute_dtype=bfloat16", *extra, steps=2)
+        assert all(r["rollout/push_max_abs_diff"] == 0.0 for r in rows), rows
+        assert max(r["rollout/logprob_diff/max"] for r in rows) > 1e-3, rows  # bfloat16 against another rounding
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +140,23 @@ def test_greedy_output_after_an_update_equals_the_native_engines(engine):
     pushed = eng.generate(PROMPTS, 1, greedy)
     assert torch.equal(pushed.response_ids, after)
     assert torch.equal(pushed.response_mask, native.generate(PROMPTS, 1, greedy).response_mask)
+
+
+def test_the_push_check_names_a_tensor_the_engine_does_not_hold(engine):
+    lm, eng = engine
+    assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
+    with torch.no_grad():
+        lm.model.model.layers[2].mlp.up_proj.weight[5, 7] += 0.01  # after the push: the engine is one value behind
+    with pytest.raises(RuntimeError, match=r"1 tensors in the engine differ .*: model\.layers\.2\.mlp\.gate_up_proj"
+                                           r"\.weight \(by 0\.01"):
+        eng.check_push(lm.model)
+    assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0} and not eng.unchecked
+    assert eng.check_push(lm.model, columns=16) == 0.0  # 16 of each repacked layer's inputs, drawn at random
+    with torch.no_grad():
+        lm.model.model.layers[0].self_attn.o_proj.weight[3] += 0.01  # a whole row: any columns drawn show it
+    with pytest.raises(RuntimeError, match=r"1 tensors .*: model\.layers\.0\.self_attn\.o_proj\.weight \(by 0\.01"):
+        eng.check_push(lm.model, columns=16)
+    eng.sync_weights(lm.model)
 
 
 def test_seeded_samples_when_prompts_exceed_a_scheduler_step(engine):
@@ -206,3 +233,19 @@ def test_verirl_eval_with_vllm_gives_the_native_engines_greedy_accuracy(tmp_path
         out[name] = json.loads(path.read_text())
     assert out["vllm"]["overall"]["greedy_acc"] == out["native"]["overall"]["greedy_acc"]
     assert out["vllm"]["overall"]["prompts"] == 16
+
+
+def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
+    """Last in the file: closing a second in-process engine tears down vLLM's process-wide parallel state,
+    which the module's engine also uses."""
+    from verirl.rollout.vllm import VLLMEngine
+
+    lm, _ = engine
+    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="bfloat16", max_model_len=64, max_num_seqs=8, seed=0)
+    try:
+        _update(lm.model, steps=1)
+        with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
+            eng.check_push(lm.model)
+        assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
+    finally:
+        eng.close()

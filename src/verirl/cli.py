@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
     v = sub.add_parser("eval", help="greedy accuracy and n samples per prompt: pass@k, maj@n, mean reward",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("--model", default="tiny", help="a Hugging Face model directory, or tiny (default)")
+    v.add_argument("--model", default="tiny", help="a Hugging Face model directory (a run's RUN_DIR/final, or "
+                                                   "`verirl export`'s output), or tiny (default)")
     v.add_argument("--data", default="arith",
                    help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
                         "held-out split (default)")
@@ -142,10 +143,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.parse_args(argv)  # argparse's own message for what is not an override, exit 2
         args.overrides = [*args.overrides, *extra]
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's flush at exit
+        return code
     except KeyboardInterrupt:  # Ctrl-C at any point, start-up included: no traceback
         print(f"verirl {args.command}: interrupted.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`verirl plan --json | head`): stop quietly, as cat does
+        _drop_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _drop_stdout() -> None:
+    """Standard output to /dev/null, so that the interpreter's flush at exit does not fail on the closed pipe
+    again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _run(args) -> int:
@@ -286,6 +300,7 @@ def _eval(args) -> int:
         if args.model != "tiny" and not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
+        _not_a_run_dir(args.model)
         lm = load_model(args.model, "float32", "auto")
         if args.data == "arith":
             _, prompts = arith_split(0, 0, args.size)
@@ -309,11 +324,12 @@ def _eval(args) -> int:
                                    args.max_prompt_length + args.max_new_tokens, args.seed)
         engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids, **options)
         try:
-            with console.status(f"evaluating {len(prompts)} prompts (greedy + {args.n} samples)...") as status:
+            what = f"{len(prompts)} prompts ({'' if args.no_greedy else 'greedy + '}{args.n} samples each)"
+            with console.status(f"evaluating {what}...") as status:
                 res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
                                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                greedy=not args.no_greedy, seed=args.seed,
-                               progress=lambda k: status.update(f"evaluated {k}/{len(prompts)} prompts"))
+                               progress=_eval_progress(console, status, len(prompts)))
         finally:
             scorer.close()
     except UserError as e:
@@ -337,6 +353,40 @@ def _eval(args) -> int:
             json.dump(res, f, indent=2)
         console.print(f"results: {args.json}")
     return 0
+
+
+def _eval_progress(console, status, total: int):
+    """`verirl eval`'s progress after each batch of prompts: the spinner's text on a terminal, else one plain
+    line (a log, CI), where the spinner shows nothing."""
+    import time
+
+    t0 = time.monotonic()
+
+    def show(done: int) -> None:
+        line = f"evaluated {done}/{total} prompts in {time.monotonic() - t0:.0f}s"
+        if console.is_terminal:
+            status.update(line)
+        else:
+            console.print(f"eval: {line}")
+    return show
+
+
+def _not_a_run_dir(path: str) -> None:
+    """A training run's directory given as --model: say which model in it to evaluate."""
+    from pathlib import Path
+
+    from verirl.errors import ConfigError
+
+    run = Path(path)
+    if (run / "config.json").exists() or not ((run / "metrics.jsonl").exists() or (run / "checkpoints").is_dir()):
+        return
+    final = run / "final"
+    if (final / "config.json").exists():
+        raise ConfigError(f"--model {path}: a training run's directory, not a model. Evaluate the model it ended "
+                          f"with, --model {final}, or a checkpoint of it: `verirl export {path} OUT`, then --model OUT.")
+    raise ConfigError(f"--model {path}: a training run's directory, not a model, and it has no final model yet "
+                      f"({final}: the run has not finished). Export its newest checkpoint first: "
+                      f"`verirl export {path} OUT`, then --model OUT.")
 
 
 def _export(args) -> int:

@@ -94,6 +94,7 @@ class RolloutConfig:
     # engine=vllm (docs/vllm.md): vLLM's offline engine inside each training process
     tensor_parallel_size: int = 1  # ranks per vLLM engine (a tensor-parallel group of the data-parallel ranks)
     gpu_memory_utilization: float = 0.5  # share of the device's memory vLLM may take (weights + KV cache)
+    dtype: Optional[str] = None  # vLLM decodes in: null (model.dtype) / compute (model.compute_dtype, resolved) / float32 / bfloat16 / float16
     max_num_seqs: int = 0  # sequences vLLM schedules at once; 0 = data.prompts_per_step x rollout.n / data-parallel size
     max_num_batched_tokens: int = 0  # tokens per vLLM scheduler step; 0 = vLLM's default
     enable_chunked_prefill: bool = True  # split long prefills across scheduler steps (turned off on a CPU: docs/vllm.md)
@@ -373,6 +374,38 @@ def _wrap(err: OmegaConfBaseException, source: str, cls: type) -> ConfigError:
     return ConfigError(f"Config error in {source}: {str(err).splitlines()[0]}")
 
 
+def _section_error(key: str, value: Any, source: str, section: type) -> ConfigError:
+    names = [f.name for f in fields(section)]
+    return ConfigError(f"'{key}' in {source} is a section of keys ({', '.join(f'{key}.{n}' for n in names[:4])}, ...), "
+                       f"not one value ({value!r}). Set one of its keys, e.g. {key}.{names[0]}=..., or give it as a "
+                       f"mapping of keys ({key}: {{{names[0]}: ...}}).")
+
+
+def _check_sections(values: Any, schema_cls: type, source: str, prefix: str = "") -> None:
+    """A section of the schema (actor, algo.filter_groups) given one value in a file instead of its keys."""
+    if not isinstance(values, dict):
+        return
+    for f in fields(schema_cls):
+        default = getattr(schema_cls(), f.name)
+        if f.name in values and is_dataclass(default):
+            if values[f.name] is not None and not isinstance(values[f.name], dict):
+                raise _section_error(prefix + f.name, values[f.name], source, type(default))
+            _check_sections(values[f.name], type(default), source, f"{prefix}{f.name}.")
+
+
+def _tab_hint(file: Path) -> str:
+    """" Line N is indented with a tab ..." for the first such line of ``file``, else ""."""
+    try:
+        lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    for n, line in enumerate(lines, start=1):
+        if "\t" in line[:len(line) - len(line.lstrip())]:
+            return (f" Line {n} is indented with a tab: YAML indents with spaces only. Replace the tab with "
+                    f"spaces (e.g. `expand -t 2 {file}`).")
+    return ""
+
+
 def recipe_file(name: str) -> Path:
     """The YAML file of a recipe shipped inside the package."""
     return RECIPE_DIR / f"{name}.yaml"
@@ -442,11 +475,12 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         try:
             file_cfg = OmegaConf.load(file)
         except Exception as e:  # yaml errors carry line numbers
-            raise ConfigError(f"Config file {source} is not valid YAML: {e}") from None
+            raise ConfigError(f"Config file {source} is not valid YAML: {e}{_tab_hint(file)}") from None
         if not isinstance(file_cfg, DictConfig):
             raise ConfigError(f"Config file {source} must hold a mapping of sections (data:, actor:, ...) at its "
                               f"top level, not a {type(file_cfg).__name__}.")
         _rename_file_keys(file_cfg, schema_cls, source)
+        _check_sections(OmegaConf.to_container(file_cfg, resolve=False), schema_cls, source)
         try:
             cfg = OmegaConf.merge(cfg, file_cfg)
         except OmegaConfBaseException as e:
@@ -461,6 +495,8 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             parsed = OmegaConf.select(OmegaConf.from_dotlist([ov]), key)
             current = OmegaConf.select(cfg, key, default=None)
             section = isinstance(current, DictConfig) and is_dataclass(OmegaConf.get_type(current))
+            if section and not isinstance(parsed, DictConfig):
+                raise _section_error(key, parsed, f"override '{ov}'", OmegaConf.get_type(current))
             if isinstance(parsed, DictConfig) and not section:  # a mapping replaces the file's, not merged into it
                 OmegaConf.update(cfg, key, parsed, merge=False)
             else:  # a plain value, or a mapping onto a section of the schema: its keys are set, the rest kept
@@ -572,6 +608,15 @@ def validate(cfg: Config) -> None:
                      *[(f"algo.{k}", v) for k, v in (("clip_ratio_low", algo.clip_ratio_low),
                                                      ("clip_ratio_high", algo.clip_ratio_high)) if v is not None]]:
         _positive(key, val, allow_zero=True)
+    if cfg.reward.workers < -1:
+        raise ConfigError(f"reward.workers={cfg.reward.workers}: give -1 (one scoring process per core, at most 8), "
+                          f"0 (score in the training process, no timeout) or a number of processes >= 1.")
+    if rollout.dtype not in (None, "compute", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"rollout.dtype={rollout.dtype!r} is not null (model.dtype), compute (the trainer's "
+                          f"model.compute_dtype), float32, bfloat16 or float16.")
+    if rollout.dtype is not None and rollout.engine != "vllm":
+        raise ConfigError(f"rollout.dtype={rollout.dtype} sets the dtype vLLM decodes in, but rollout.engine="
+                          f"{rollout.engine}: set rollout.engine=vllm, or leave rollout.dtype null.")
     _check_algorithms(cfg)
     longest = data.max_prompt_length + rollout.max_new_tokens
     for key, budget in [("actor.max_token_len_per_device", actor.max_token_len_per_device),

@@ -132,6 +132,17 @@ def cache_key(path: str, settings: dict, tokenizer_dir: str, templates_file: str
 _NOT_IN_KEY = ("input", "output_prefix", "workers", "log_interval", "templates_file")
 
 
+def _source_row(path: str, i: int) -> str:
+    """'FILE row R' of the ``i``-th row of the raw data under ``path``: the cache of raw files holds
+    every row of them, in order (bad rows stop preprocessing on the fly)."""
+    from verirl.data.load import read_rows
+
+    for k, (f, r, _) in enumerate(read_rows(path)):
+        if k == i:
+            return f"{f} row {r}"
+    return f"{path} row {i}"
+
+
 def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_file: str, handler_name: str,
                  map_keys: dict, additional_keys: list[str], max_prompt_length: int, too_long: str,
                  cache_dir: Optional[str] = None) -> LoadedData:
@@ -146,7 +157,8 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
 
     p = Path(path)
     tokenizer_dir = resolve_path(tokenizer_path)
-    if not _is_preprocessed(p):
+    raw = not _is_preprocessed(p)
+    if raw:
         keys = list(dict.fromkeys(["labels", *additional_keys]))
         pcfg = PreprocessConfig(input=path, tokenizer_name_or_path=tokenizer_path, handler_name=handler_name,
                                 prompt_type=prompt_type, templates_file=templates_file, map_keys=dict(map_keys),
@@ -170,11 +182,16 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
         ids = row.pop("prompt_ids")
         if len(ids) > max_prompt_length:
             if too_long == "error":
-                raise DataError(f"{p} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
-                                 f"{max_prompt_length}. Raise it, or set data.too_long=filter to drop such rows.")
+                where = _source_row(path, i) if raw else f"{p} row {i}"
+                raise DataError(f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length="
+                                f"{max_prompt_length}. Raise it, or set data.too_long=filter to drop such rows.")
             dropped += 1
             continue
         label = row.pop("labels")
+        if label is None or isinstance(label, (list, dict)):
+            raise DataError(f"{p} row {i}: label {'null' if label is None else repr(label)[:40]} is not one text "
+                            f"or number, so the verifiers have no ground truth to compare with. Fix the data "
+                            f"(one answer per row).")
         task = row.get("task") or row.get("data_source") or "default"
         prompts.append(Prompt(messages=[], label=str(label), task=str(task), ids=list(ids), extra=row))
     if not prompts:

@@ -67,6 +67,19 @@ def _check_text(where: str, what: str, text: str) -> None:
                        f"and drop such rows.", "encoding_error")
 
 
+def _label_text(where: str, src: str, v: Any) -> str:
+    """A label is text: a number or a boolean becomes its text (``4`` -> ``"4"``); a list, a dict or a
+    null has no one text the rules could compare with, so it is a bad row."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float, bool)):
+        return str(v)
+    what = "null" if v is None else f"a {type(v).__name__} {json.dumps(v, default=str)[:40]}"
+    raise RowError(f"{where}: label key '{src}' (map_keys.response) is {what}; a label must be one text or "
+                   f"number (the ground truth the verifiers compare with). Fix the data, or set on_bad_row=skip "
+                   f"to count and drop such rows.", "bad_label")
+
+
 def _as_column(v: Any) -> Any:
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
@@ -191,7 +204,7 @@ class RowProcessor:
         out: dict[str, Any] = {"prompt_ids": None, "prompt": text}
         for key in self.kept_keys(row):
             if key == "labels":
-                val = self._field(row, "response", where, required=True)
+                val = _label_text(where, self.map["response"], self._field(row, "response", where, required=True))
             elif self.kind == "verl" and key == "task" and "task" not in row:
                 val = row.get("ability")
             else:
@@ -296,6 +309,23 @@ def _run_in_workers(cfg: PreprocessConfig, chunks, consume, progress) -> None:
         pool.shutdown(wait=finished, cancel_futures=True)
 
 
+def _table(records: list[dict]):
+    """The output table; a kept key whose values are of several types (an integer ``task`` among strings)
+    is a `DataError` naming the key and the types, not pyarrow's."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(records)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        for key in records[0]:
+            kinds = sorted({type(r.get(key)).__name__ for r in records if r.get(key) is not None})
+            if len(kinds) > 1:
+                raise DataError(f"preprocess: key '{key}' (dataset_additional_keys) holds values of several types "
+                                f"({', '.join(kinds)}), and a column has one. Make them one type in the data (e.g. "
+                                f"all strings).") from None
+        raise
+
+
 def validate_preprocess(cfg: PreprocessConfig) -> None:
     if not cfg.input:
         raise ConfigError("preprocess: 'input' is empty: give a data file or folder.")
@@ -371,10 +401,14 @@ def preprocess(cfg: PreprocessConfig, console=None) -> dict:
         else:
             _run_in_workers(cfg, chunks(), consume,
                             lambda: bar.update(task, completed=n_read, description=f"preprocessing: {n_read} rows read"))
+    n_read += sum(unparsed.values())
+    if not n_read:
+        raise DataError(f"data '{cfg.input}' is empty: {', '.join(map(str, files))} "
+                        f"{'holds' if len(files) == 1 else 'hold'} no rows. Give a file with at least one row.")
     out = Path(cfg.output_prefix + ".parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
-    n_read += sum(unparsed.values())
+    table = _table(records)
+    _write_atomically(out, lambda tmp: pq.write_table(table, tmp))
     skipped.update(unparsed)
     manifest = {
         "output": str(out), "source": [str(f) for f in files], "rows_read": n_read, "rows_written": len(records),

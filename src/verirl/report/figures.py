@@ -5,6 +5,7 @@ backend switched for the process. Every run has one colour in every figure (C0, 
 order given); a figure holds one panel per metric, or per rule / task / phase group. A per-step
 training curve is drawn raw and thin, with its trailing moving average bold on top (when the
 window is over one step), so a noisy reward curve reads; validation points are drawn as they are.
+Every text is plain (no mathtext): names with `$` in them are drawn as written.
 A figure whose metrics no run logged is left out."""
 from __future__ import annotations
 
@@ -157,10 +158,20 @@ def make_figures(runs: list[RunData], smooth: int = 0) -> list[Chart]:
         else:
             metrics = _panels(fig, runs, panels, k)
         fig.suptitle(title, fontsize=11)
+        _plain_text(fig)
         if k > 1 and name != "validation" and name != "timing":
             caption += f" Thin: each step; bold: the trailing mean of {k} steps."
         charts.append(Chart(name, title, caption, metrics, fig))
     return charts
+
+
+def _plain_text(fig) -> None:
+    """Every text of the figure (titles, legends, axis labels) drawn as written: run, task and rule names
+    are the user's, and a `$` pair in them is not mathtext."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
 
 
 def _grid(fig, n: int, sharey: bool = False):

@@ -20,10 +20,10 @@ class SamplingParams:
 
 
 class Engine(Protocol):
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model) -> Optional[dict[str, float]]:
         """Make the next `generate` sample from ``model``'s current weights (called after every update).
         Engines that read the live model (native, hf) have nothing to do; the vLLM engine pushes the
-        weights into its own copy."""
+        weights into its own copy and returns the push check's metric (``rollout/push_max_abs_diff``)."""
         ...
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,

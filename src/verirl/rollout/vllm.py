@@ -28,6 +28,17 @@
   result into the tensors the engine already holds. A plain ``model.load_weights`` into a live CPU
   engine fails (``'Parameter' object has no attribute 'weight_loader'``) because the repacked
   parameters have lost their loaders; this route works on CPU and GPU alike (no file round-trip).
+* Push check (``check_push``, after every push): the engine's weights as it computes with them,
+  compared tensor by tensor with the trainer's, in vLLM's layout: HF tensors fused as the model's
+  ``packed_modules_mapping`` says (q/k/v -> qkv_proj, gate/up -> gate_up_proj), cast to the engine's
+  dtype as the load casts them, padded rows (vocabulary) left out. A tensor the engine still holds is
+  read directly; a linear layer the CPU backend repacked (its weight emptied, a GEMM handle
+  ``cpu_linear`` in its place, the LM head's handle included) is read through that handle on one-hot
+  inputs, which returns its weight's columns exactly in any dtype: every column up to
+  ``PROBE_COLUMNS`` inputs, else that many, drawn anew each push. A good push differs by 0.0 whatever
+  the trainer's compute dtype; ``rollout/push_max_abs_diff`` logs the worst difference and a push
+  over ``PUSH_TOLERANCE`` (times the tensor's largest value) raises, naming the tensors. With
+  tensor_parallel_size > 1 (each rank holds shards) there is no check; ``rollout/logprob_diff`` remains.
 * Several ranks (docs/vllm.md): ``distributed_executor_backend="external_launcher"``: vLLM joins the
   launcher's already-initialised process group instead of making its own, and lays it out as
   (world / tp independent engines) x (tp consecutive ranks each). tp = 1: an engine per rank on the
@@ -47,8 +58,11 @@ from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.types import Rollout
 
 # Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
-# values for them). Only for the test that shows a failed push is caught by rollout/logprob_diff.
+# values for them). Only for the tests that show a failed push is caught (the push check, rollout/logprob_diff).
 SKIP_ENV = "VERIRL_VLLM_PUSH_SKIP"
+
+PROBE_COLUMNS = 512  # input columns of a repacked linear layer read per push (all of them when it has fewer)
+PUSH_TOLERANCE = 1e-6  # the largest |engine - trainer| a push may leave, times the tensor's largest |value|
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
 
@@ -93,6 +107,78 @@ def _refresh_cpu_lm_head(worker) -> int:
             module.quant_method.process_weights_after_loading(module)
             done += 1
     return done
+
+
+def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, torch.dtype]:
+    """(Runs in the vLLM worker.) -> (name -> the engine's tensor as it computes with it, name -> the
+    input columns read through a GEMM handle when not all of them, the model's ``packed_modules_mapping``,
+    its dtype). A weight behind a handle (``cpu_linear``) is the handle's output on one-hot inputs without
+    bias: (out features, columns), exact. Tensors are the engine's own, not copies (in-process engine)."""
+    model = worker.model_runner.get_model()
+    tensors, probed = {}, {}
+    with torch.no_grad():
+        for prefix, module in model.named_modules():
+            for short, p in module.named_parameters(recurse=False):
+                name = f"{prefix}.{short}" if prefix else short
+                if short != "weight" or not hasattr(module, "cpu_linear"):
+                    tensors[name] = p.data
+                    continue
+                k = p.shape[1] if p.dim() == 2 else int(module.input_size_per_partition)
+                if k <= columns:  # every column: the identity's product is the whole weight
+                    tensors[name] = module.cpu_linear(torch.eye(k, dtype=p.dtype, device=p.device), p, None).T
+                    continue
+                cols = torch.randperm(k, generator=torch.Generator().manual_seed(draw))[:columns].sort().values
+                x = torch.zeros(len(cols), k, dtype=p.dtype, device=p.device)
+                x[torch.arange(len(cols)), cols.to(p.device)] = 1
+                tensors[name], probed[name] = module.cpu_linear(x, p, None).T, cols
+    return tensors, probed, dict(getattr(model, "packed_modules_mapping", {}) or {}), worker.model_config.dtype
+
+
+def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
+    """(the engine's parameter name, the fused member it is, or "") of an HF parameter name:
+    ``...self_attn.k_proj.weight`` -> (``...self_attn.qkv_proj.weight``, ``k_proj``)."""
+    module, _, short = hf_name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    for fused, members in packed.items():
+        if leaf in members:
+            return f"{parent}.{fused}.{short}" if parent else f"{fused}.{short}", leaf
+    return hf_name, ""
+
+
+def _trainer_tensors(model, packed: dict, dtype) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
+    """(engine name, HF name, the trainer's whole tensor in the engine's layout and dtype) for each tensor of
+    ``model``, fused members concatenated when the last of them arrives; a fused tensor whose members do not
+    all exist comes last, with None. Gathers each tensor (``strategy.full``): a collective."""
+    from verirl.train.strategy import full
+
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        target, member = _engine_name(name, packed)
+        whole = full(t).detach().to(dtype)
+        if not member:
+            yield target, name, whole
+            continue
+        fused = next(m for m in packed.values() if member in m)
+        parts = groups.setdefault(target, {})
+        parts[member] = whole
+        if len(parts) == len(fused):
+            del groups[target]
+            yield target, name, torch.cat([parts[m] for m in fused])
+    for target in groups:
+        yield target, target, None
+
+
+def _difference(engine: torch.Tensor, ref: torch.Tensor, cols) -> Optional[tuple[float, float]]:
+    """(max |engine - ref|, max |ref|), rows past ``ref``'s being the engine's padding; None when the
+    layouts do not match."""
+    if cols is not None:
+        ref = ref[:, cols.to(ref.device)]
+    if engine.dim() != ref.dim() or engine.shape[1:] != ref.shape[1:] or engine.shape[0] < ref.shape[0]:
+        return None
+    if not ref.numel():
+        return 0.0, 0.0
+    a, b = engine[:ref.shape[0]].float(), ref.to(engine.device).float()
+    return float((a - b).abs().max()), float(b.abs().max())
 
 
 def _guard_shutdown(llm) -> None:
@@ -202,6 +288,7 @@ class VLLMEngine:
         if world > 1:
             _guard_shutdown(self.llm)
         self.pushes = 0  # weight pushes done (sync_weights calls)
+        self.unchecked: list[str] = []  # trainer tensors the push check found no engine counterpart for
         self.last_push: list[str] = []  # the names pushed by the last sync_weights
         self.last_skipped: list[str] = []  # the names the test hook kept back
 
@@ -234,8 +321,9 @@ class VLLMEngine:
             yield name, whole
 
     @torch.no_grad()
-    def sync_weights(self, model) -> None:
-        """Push ``model``'s current weights into the engine (vLLM's in-place ``reload_weights``)."""
+    def sync_weights(self, model) -> dict[str, float]:
+        """Push ``model``'s current weights into the engine (vLLM's in-place ``reload_weights``) and check
+        them (`check_push`); -> ``{"rollout/push_max_abs_diff": ...}`` (empty with tensor_parallel_size > 1)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])  # weights back on the device; the KV cache stays freed
         self.last_push, self.last_skipped = [], []
@@ -245,6 +333,38 @@ class VLLMEngine:
             self.llm.collective_rpc(_refresh_cpu_lm_head)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.pushes += 1
+        if self.tp > 1:
+            return {}
+        return {"rollout/push_max_abs_diff": self.check_push(model)}
+
+    def check_push(self, model, columns: int = PROBE_COLUMNS) -> float:
+        """The largest |engine - trainer| over ``model``'s weights (0.0 after a good push, whatever the
+        trainer computes in); a tensor off by more than `PUSH_TOLERANCE` times its largest |value| is a
+        RuntimeError naming the tensors. ``columns``: the inputs of a repacked layer read (all when it has
+        no more). Every rank calls it (``strategy.full`` gathers shards)."""
+        engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
+        worst, bad, unchecked = 0.0, [], []
+        for target, name, whole in _trainer_tensors(model, packed, dtype):
+            diff = None if whole is None or target not in engine else \
+                _difference(engine[target], whole, probed.get(target))
+            if diff is None:
+                unchecked.append(name)
+                continue
+            worst = max(worst, diff[0])
+            if diff[0] > PUSH_TOLERANCE * diff[1]:
+                bad.append(f"{target} (by {diff[0]:.3g}, values up to {diff[1]:.3g})")
+        if unchecked and unchecked != self.unchecked:
+            more = ", ..." if len(unchecked) > 4 else ""
+            print(f"rollout.engine=vllm: the push check finds no engine tensor of the same layout for "
+                  f"{len(unchecked)} trainer tensors ({', '.join(unchecked[:4])}{more}); they are not checked")
+        self.unchecked = unchecked
+        if bad:
+            raise RuntimeError(
+                f"the weight push into vLLM failed: {len(bad)} tensors in the engine differ from the trainer's "
+                f"(max |difference|): {', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}. The "
+                f"engine would sample from other weights than the ones being trained. Push number "
+                f"{self.pushes}, engine dtype {str(dtype).removeprefix('torch.')}.")
+        return worst
 
     def _group_prompts(self, mine: list, index: list, n: int, params: SamplingParams):
         """(every rank's prompts of this tensor-parallel group in rank order, their global positions, where

@@ -280,7 +280,7 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
         from verirl.plan import world_size
 
         seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // r.tensor_parallel_size, 1)
-        options = vllm_options(r, lm, cfg.model.dtype, dict(cfg.model.override_config), seqs,
+        options = vllm_options(r, lm, vllm_dtype(cfg, lm.model), dict(cfg.model.override_config), seqs,
                                cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     if r.engine != "replay":
@@ -302,6 +302,15 @@ def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, ma
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
                 enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
                 free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
+
+
+def vllm_dtype(cfg: Config, model) -> str:
+    """The dtype vLLM decodes in (rollout.dtype): model.dtype when unset; compute: the dtype the trainer
+    multiplies in (model.compute_dtype, resolved on this device)."""
+    if cfg.rollout.dtype != "compute":
+        return cfg.rollout.dtype or cfg.model.dtype
+    low = training_dtype(cfg, model)
+    return cfg.model.dtype if low is None else str(low).removeprefix("torch.")
 
 
 def training_dtype(cfg: Config, model) -> Optional[torch.dtype]:

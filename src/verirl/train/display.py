@@ -26,6 +26,22 @@ PHASE_COLOURS = {"rollout": "cyan", "reward": "magenta", "old_log_prob": "yellow
 SMOOTH = 10  # steps in the smoothed column
 
 
+ESTIMATOR_NAMES = {"grpo": "GRPO", "rloo": "RLOO", "reinforce_plus_plus_baseline": "REINFORCE++ (baseline)"}
+
+
+def algorithm_name(algo) -> str:
+    """The run's algorithm for its first line, from the ``algo`` section: DAPO when groups are filtered
+    (dynamic sampling, DAPO's own step), else the advantage estimator's name; a policy loss other than
+    vanilla is named after it.
+
+    >>> from verirl.config import AlgoConfig
+    >>> algorithm_name(AlgoConfig()), algorithm_name(AlgoConfig(policy_loss="gspo"))
+    ('GRPO', 'GRPO (gspo loss)')
+    """
+    name = "DAPO" if algo.filter_groups.enable else ESTIMATOR_NAMES.get(algo.adv_estimator, algo.adv_estimator)
+    return name if algo.policy_loss == "vanilla" else f"{name} ({algo.policy_loss} loss)"
+
+
 def progress_mode(setting: str, console: Console) -> str:
     """``log.progress`` resolved for this console: auto is rich on a terminal, plain elsewhere."""
     if setting == "auto":
@@ -44,7 +60,7 @@ class Dashboard:
 
     def __init__(self, console: Console, total: int, done: int):
         self.console, self.total = console, total
-        self.bar = Progress(TextColumn("[bold blue]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self.bar = Progress(TextColumn("[bold blue]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("ETA"), TimeRemainingColumn(), console=console)
         self.task = self.bar.add_task("", total=total, completed=done)
         self.table: Optional[Table] = None

@@ -64,7 +64,8 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist,
                                         on_policy_out=trainer_logp, entropy_out=entropy)
         with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
-            run.engine.sync_weights(run.model)
+            pushed = run.engine.sync_weights(run.model) or {}
+    actor_stats.update({k: dist.all_max([v])[0] for k, v in pushed.items()})
     actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
     actor_stats.update(logprob_check(rollout, trainer_logp, dist))
     actor_stats.update(mismatch_metrics(rollout, trainer_logp, how.update.correction, dist))

@@ -28,7 +28,7 @@ from verirl.models.device import resolve_device
 from verirl.plan import world_size
 from verirl.train import distributed
 from verirl.train.build import LogSettings, Run, build_run
-from verirl.train.display import Dashboard, plain_console, progress_mode
+from verirl.train.display import Dashboard, algorithm_name, plain_console, progress_mode
 from verirl.train.distributed import launched
 from verirl.train.checkpoint import restore_training_state, save_checkpoint
 from verirl.train.step import train_step
@@ -103,7 +103,7 @@ def start(run: Run, log: "RunLog") -> tuple[int, dict]:
     """Restore the run's checkpoint (if any), open its logs where the checkpoint left them, evaluate
     before the first step. -> (the first step to run, the summary so far)."""
     n_params = sum(p.numel() for p in run.model.parameters())
-    log.print(f"[bold]verirl[/] GRPO: model {run.cfg.model.path} ({n_params / 1e6:.2f}M params), "
+    log.print(f"[bold]verirl[/] {algorithm_name(run.cfg.algo)}: model {run.cfg.model.path} ({n_params / 1e6:.2f}M params), "
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
     low = run.step.update.forward.compute_dtype
@@ -132,9 +132,12 @@ def mixed_precision_line(cfg, low) -> str:
         "the log-prob passes and the update"
     line = (f"mixed precision (model.compute_dtype={cfg.model.compute_dtype}): {what} multiply in {low} over "
             f"{cfg.model.dtype} weights")
-    if engine in ("vllm", "hf"):
-        line += (f"; the {engine} engine decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s "
-                 f"rounding (up to ~0.1) and no longer tells a failed weight push from a good one")
+    if engine == "hf":
+        line += f"; the hf engine decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s rounding (up to ~0.1)"
+    elif engine == "vllm" and cfg.rollout.dtype in (None, cfg.model.dtype):
+        line += (f"; vLLM decodes in {cfg.model.dtype}, so rollout/logprob_diff shows {low}'s rounding (up to ~0.1) "
+                 f"while rollout/push_max_abs_diff checks each weight push itself; rollout.dtype=compute makes vLLM "
+                 f"decode in {low} too")
     return line
 
 
@@ -212,7 +215,10 @@ class RunLog:
         A log shorter than that has lost lines: said, and continued after what is there."""
         if not self.enabled:
             return
-        for path, size in ((self.metrics_path, metrics_bytes), (self.dump_path, rollouts_bytes)):
+        logs = [(self.metrics_path, metrics_bytes)]
+        if self.dump_rollouts or self.dump_path.exists():  # no empty rollouts.jsonl without trainer.dump_rollouts
+            logs.append((self.dump_path, rollouts_bytes))
+        for path, size in logs:
             held = truncate(path, size)
             if held < size:
                 self.print(f"[yellow]{path} holds {held} bytes, fewer than the {size} the checkpoint recorded[/]: "
@@ -506,8 +512,9 @@ def _print_summary(console, s: dict, n_val: int, n_samples: int) -> None:
     t.add_column("start", justify="right")
     t.add_column("end", justify="right")
     t.add_column("change", justify="right")
-    t.add_row("reward/mean (first 5 vs last 5 steps)", f"{s['reward_first5']:+.3f}", f"{s['reward_last5']:+.3f}",
-              f"{s['reward_last5'] - s['reward_first5']:+.3f}")
+    # with 5 steps or fewer the first 5 and the last 5 are the same steps: no change to show
+    change = f"{s['reward_last5'] - s['reward_first5']:+.3f}" if s["steps"] > 5 else "too few steps"
+    t.add_row("reward/mean (first 5 vs last 5 steps)", f"{s['reward_first5']:+.3f}", f"{s['reward_last5']:+.3f}", change)
     start, end = s.get("eval_start") or {}, s.get("eval_end") or {}
     for key, what in [("val/greedy_acc", f"held-out greedy_acc ({n_val} problems)"),
                       ("val/pass@1", f"held-out pass@1 ({n_val} problems x {n_samples})")]:
