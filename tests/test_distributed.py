@@ -107,6 +107,28 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, strategy, fir
         assert _close(a[2][key], b[2][key], 1e-4) or abs(a[2][key] - b[2][key]) < 1e-6, (key, a[2][key], b[2][key])
 
 
+EVAL = ["eval.before_train=true", "eval.every=1", "eval.at_end=true", "eval.size=8", "eval.n=2"]  # every kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_evaluate_before_during_and_after_training_and_end(tmp_path, strategy):
+    """Held-out evaluation is a collective (the rows are gathered): each rank must take the same
+    decisions about it, also where only rank 0 keeps the log (after the last step, and on a re-run
+    of a finished run, which evaluates nothing new)."""
+    run = tmp_path / "r"
+    args = ["train", f"trainer.run_dir={run}", "trainer.total_steps=2", "trainer.nproc_per_node=2",
+            f"actor.strategy={strategy}", *BASE, *EVAL, "trainer.dist_timeout_s=30"]
+    started = time.time()
+    assert main(args) == 0
+    assert main(args) == 0  # the finished run again: its last step's evaluation is read, not redone
+    assert time.time() - started < 150  # a bound on a hang (the timeout is 30 s), not a speed figure
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2] and all("val/greedy_acc" in r for r in rows)
+    end = json.loads((run / "summary.json").read_text())["eval_end"]
+    assert end == {k: v for k, v in rows[-1].items() if k.startswith("val/")}
+
+
 # the first two prompts (rank 0's) are the arithmetic the tiny model was taught, answered in ~20
 # tokens; the last two (rank 1's) are noise, on which it rambles
 UNEVEN = [{"problem": f"Tom has {a} apples and gets {b} more. How many now? Reply <think> </think> <answer> "

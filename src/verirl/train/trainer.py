@@ -156,15 +156,23 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
         "device": run.device,  # and which device that is
     })
     if run.eval.at_end and run.eval.prompts:
-        last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
-        end = {key: v for key, v in last.items() if key.startswith("val/")}
-        if not end:  # e.g. a run resumed after its last step: nothing was evaluated in the loop
-            with log.status("held-out evaluation after training..."):
-                end = evaluate_run(run)
-        summary["eval_end"] = end
+        summary["eval_end"] = end_evaluation(run, log)
     summary["wall_seconds"] = time.time() - started
     log.summary(summary, len(run.eval.prompts), run.eval.n)
     return summary
+
+
+def end_evaluation(run: Run, log: "RunLog") -> dict[str, float]:
+    """val/... after the last step: the loop's own when the log's last step is the last step and holds
+    them, else evaluated now (e.g. a run resumed after its last step). Only rank 0 keeps the log, so its
+    answer is sent to every rank: the evaluation is a collective that every rank enters, or none."""
+    history = log.history
+    last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
+    end = run.dist.broadcast({key: v for key, v in last.items() if key.startswith("val/")})
+    if not end:
+        with log.status("held-out evaluation after training..."):
+            end = evaluate_run(run)
+    return end
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
