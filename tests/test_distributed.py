@@ -5,6 +5,7 @@ micro-batches) neither hang nor change the update; a rank that dies ends the run
 rendezvous exercised with two processes on this one."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -163,6 +164,31 @@ def test_a_rank_that_dies_ends_the_run(tmp_path, capsys, rank1_dies):
     assert rc == 2 and time.time() - started < 60  # a bound on a hang, not a speed figure
     err = capsys.readouterr().err
     assert "rank 1 failed" in err and "exit code 3" in err and "Run the same command again" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_two_ranks_saves_a_checkpoint_and_ends_like_one_rank(tmp_path):
+    """A real Ctrl-C: SIGINT to the terminal's whole process group (the launcher and both ranks)."""
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", "trainer.total_steps=500",
+           "trainer.save_freq=1000", "trainer.nproc_per_node=2", *BASE]
+    launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group, as a terminal's job
+    try:
+        deadline = time.time() + 180
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()) and \
+                launcher.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+        os.killpg(launcher.pid, signal.SIGINT)
+        err = launcher.communicate(timeout=120)[1]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    step = len(_rows(run))
+    assert f"stopped by SIGINT after step {step};" in err and (run / "checkpoints" / f"step_{step:06d}").is_dir()
 
 
 def _free_port() -> int:

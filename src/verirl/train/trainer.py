@@ -467,7 +467,9 @@ class TrainingInterrupted(Exception):
 
 
 class _Signals:
-    """First SIGINT / SIGTERM: finish the step, checkpoint, stop. Second: exit at once."""
+    """First SIGINT / SIGTERM: finish the step, checkpoint, stop. Second: exit at once. A signal this
+    process was started ignoring stays ignored (the local launcher's ranks ignore SIGINT: a Ctrl-C, which
+    reaches every process of the terminal, comes to them once, as the launcher's SIGTERM)."""
 
     def __init__(self, console):
         self.console, self.signum, self._old = console, None, {}
@@ -476,7 +478,8 @@ class _Signals:
         import threading
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
