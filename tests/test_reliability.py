@@ -278,3 +278,36 @@ def test_a_damaged_model_directory_is_one_paragraph(tmp_path, capsys, damage):
     err = capsys.readouterr().err
     assert f"model.path='{model}'" in err and "Traceback" not in err and err.count("\n") == 1, err
     assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("no tokenizer files", "[tokenizer-not-loadable]"),
+    ("vocab_size below the tokenizer's", "[embedding-too-small]"),
+    ("pickle weights", "[pickle-weights]"),
+])
+def test_a_model_directory_doctor_refuses_stops_plan_and_train_before_loading(tmp_path, capsys, damage, needle):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from verirl.models.load import TINY_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY_DIR, model)
+    if damage == "no tokenizer files":
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            (model / name).unlink()
+    elif damage == "vocab_size below the tokenizer's":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+    else:
+        torch.save(load_file(str(model / "model.safetensors")), model / "pytorch_model.bin")
+        (model / "model.safetensors").unlink()
+    run = tmp_path / "r"
+    for command, key in ((["plan", f"model.path={model}"], "model.path"), (["eval", "--model", str(model)], "--model"),
+                         (["train", f"model.path={model}", f"trainer.run_dir={run}", *SMALL], "model.path")):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert needle in err and f"{key}='{model}'" in err, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+    assert not run.exists()

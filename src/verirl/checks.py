@@ -38,6 +38,7 @@ def check_train(cfg: Config) -> None:
         check_backends(cfg.log.backends)
     check_engine(cfg)
     check_paths(cfg)
+    check_model_dir(cfg)
     check_parallel(cfg)
     if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
         check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
@@ -51,6 +52,37 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
     HANDLERS.check(handler_name)
     if prompt_type != "tokenizer":
         get_template(prompt_type, templates_file or None)
+
+
+def check_model_dir(cfg: Config) -> None:
+    """model.path passes `check_model` with the template its prompts are built with."""
+    template = cfg.data.prompt_type if (cfg.data.train_path or cfg.eval.data) else ""
+    check_model(cfg.model.path, template, cfg.data.templates_file)
+
+
+def check_model(path: str, template: str = "", templates_file: str = "", key: str = "model.path") -> None:
+    """`verirl doctor`'s error-level findings on a model directory (its config.json, tokenizer files and
+    weight file names; no weights read) stop a run, in one paragraph: each is a crash or a run that cannot
+    end. The shipped tiny model is consistent (its tests say so)."""
+    from verirl.align.doctor import diagnose
+    from verirl.errors import ModelError
+
+    if path == "tiny":
+        return
+    try:
+        report = diagnose(path, template if template != "tokenizer" else "", templates_file)
+    except ModelError as e:
+        raise ModelError(f"{key}='{path}': {e}") from None
+    errors = [f for f in report.findings if f.level == "error" and not _other_systems_only(f, report)]
+    if errors:
+        raise ModelError(f"{key}='{path}' cannot be used as it is (`verirl doctor {path}` says more): "
+                         + " ".join(f"[{f.code}] {f.message}" for f in errors))
+
+
+def _other_systems_only(finding, report) -> bool:
+    """A chat template's turn end that verirl's own stop ids hold: only other systems' generation runs on."""
+    end = (report.chat_template or {}).get("turn_end") or {}
+    return finding.code == "turn-end-not-stop" and end.get("id") in report.ids["verirl"]["eos"]
 
 
 def check_parallel(cfg: Config) -> None:

@@ -245,7 +245,7 @@ def _eval(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from verirl.checks import check_rules
+    from verirl.checks import check_model, check_rules
     from verirl.data import arith_split, encode_prompts
     from verirl.data.dataset import load_prompts
     from verirl.errors import ConfigError, DataError, UserError
@@ -274,6 +274,7 @@ def _eval(args) -> int:
         if args.model != "tiny" and not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
+        check_model(args.model, args.template if args.data != "arith" else "", args.templates_file, "--model")
         lm = load_model(args.model, "float32", "auto")
         if args.data == "arith":
             _, prompts = arith_split(0, 0, args.size)
