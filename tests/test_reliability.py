@@ -3,6 +3,7 @@ and bad inputs as one paragraph. Real trainer processes, real files, real signal
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -311,3 +312,30 @@ def test_a_model_directory_doctor_refuses_stops_plan_and_train_before_loading(tm
         assert needle in err and f"{key}='{model}'" in err, err
         assert "Traceback" not in err and err.count("\n") == 1, err
     assert not run.exists()
+
+
+def test_a_run_directory_that_cannot_be_one_stops_plan_and_train(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    for run_dir, needle in ((a_file, "is a file, not a directory"), (a_file / "run", f"inside {a_file}, which is a file")):
+        for command in (["plan"], ["train", *SMALL]):
+            assert main([*command, f"trainer.run_dir={run_dir}"]) == 2, command
+            err = capsys.readouterr().err
+            assert f"trainer.run_dir='{run_dir}'" in err and needle in err, err
+            assert "Traceback" not in err and err.count("\n") == 1, err
+    assert a_file.read_text() == "not a directory"
+
+
+def test_a_read_only_run_directory_is_one_paragraph(tmp_path):
+    """A real read-only mount: a bind mount remounted read-only in a mount namespace of its own."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    probe = f"mount --bind {ro} {ro} && mount -o remount,ro,bind {ro} && ! touch {ro}/x 2>/dev/null"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "sh", "-c", probe],
+                                                         capture_output=True).returncode != 0:
+        pytest.skip("no read-only mount can be made here (unshare --mount needs the privilege)")
+    cmd = f"{probe} && exec {sys.executable} -m verirl.cli train trainer.run_dir={ro}/run {' '.join(SMALL)}"
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", cmd], env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"trainer.run_dir='{ro}/run' cannot be written" in done.stderr and "read-only" in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr

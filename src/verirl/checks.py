@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 from verirl.config import Config
 from verirl.errors import ConfigError
@@ -185,7 +186,25 @@ def check_paths(cfg: Config) -> None:
         raise ConfigError(
             f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
             f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl.")
+    check_run_dir(cfg.trainer.run_dir)
     resume = str(cfg.trainer.resume)
     if resume.lower() not in ("auto", "false", "none", "") and not os.path.exists(resume):
         raise ConfigError(f"trainer.resume={resume!r} is neither auto, false nor an existing path. Give auto "
                           f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """trainer.run_dir is a directory this process may write in, or can be made one: its nearest existing
+    ancestor is a writable directory."""
+    path = Path(run_dir)
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"would be made inside {existing}, which is a file"
+        raise ConfigError(f"trainer.run_dir='{run_dir}' {where}, not a directory. Choose another trainer.run_dir "
+                          f"(a new directory, or the directory of a run to continue).")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.run_dir='{run_dir}' cannot be written: {existing.resolve()} is read-only (a "
+                          f"read-only file system, or no write permission for this user). Choose a trainer.run_dir "
+                          f"on a writable disk.")
