@@ -339,3 +339,4 @@ def test_a_read_only_run_directory_is_one_paragraph(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"trainer.run_dir='{ro}/run' cannot be written" in done.stderr and "read-only" in done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+

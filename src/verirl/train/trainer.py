@@ -420,12 +420,24 @@ def restore(run: Run, log: RunLog) -> int:
     own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
     log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0,
              to_dict(run.cfg))
-    log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
     changed = config_changes(upgrade_dict(ckpt.state.get("config") or {}), to_dict(run.cfg))
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed)
+    if ckpt.step >= run.total_steps:
+        log.print(complete_line(run, ckpt.step, listed))
+        return ckpt.step + 1
+    log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
     if changed:
-        log.print("[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): "
-                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
+        log.print(f"[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): {listed}")
     return ckpt.step + 1
+
+
+def complete_line(run: Run, step: int, changed: str) -> str:
+    """What a run started on a finished one says: nothing trains, and how to train further or anew."""
+    unused = f" The changed settings ({changed}) are not used." if changed else ""
+    return (f"[bold yellow]the run in {run.run_dir} is complete[/]: its checkpoint is step {step} and "
+            f"trainer.total_steps={run.total_steps}, so no step is trained.{unused} To train it further, raise "
+            f"trainer.total_steps (e.g. trainer.total_steps={step + run.total_steps}); to train anew, give another "
+            f"trainer.run_dir, or trainer.resume=false trainer.overwrite=true (deletes this run).")
 
 
 def _apply_optimizer_settings(run: Run) -> None:
