@@ -340,3 +340,18 @@ def test_a_read_only_run_directory_is_one_paragraph(tmp_path):
     assert f"trainer.run_dir='{ro}/run' cannot be written" in done.stderr and "read-only" in done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
+
+
+def test_a_data_file_without_eval_data_says_there_is_no_held_out_evaluation(tmp_path, capsys):
+    from verirl.config import load_config
+    from verirl.train.build import build_run
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    for extra, said in (([], True), ([f"eval.data={data}"], False)):
+        overrides = [f"data.train_path={data}", f"trainer.run_dir={tmp_path / 'r'}", *SMALL, "eval.at_end=true", *extra]
+        run = build_run(load_config("tiny", overrides))
+        run.scorer.close()
+        run.lock.release()
+        err = capsys.readouterr().err
+        assert ("no held-out evaluation in this run" in err and "eval.data=FILE" in err) == said, (extra, err)

@@ -225,6 +225,11 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     if len(train) < cfg.data.prompts_per_step:
         print(f"data: {len(train)} training prompts, fewer than data.prompts_per_step={cfg.data.prompts_per_step}: "
               f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
+    wanted = cfg.eval.before_train or cfg.eval.every or cfg.eval.at_end
+    if dist.is_main and cfg.data.train_path and not cfg.eval.data and wanted:
+        print(f"eval: no held-out evaluation in this run: data.train_path={cfg.data.train_path} has no held-out "
+              f"split (eval.size splits only the built-in task). Give eval.data=FILE (held-out prompts) to "
+              f"evaluate on.", file=sys.stderr)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if takes_lock:
