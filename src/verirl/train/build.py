@@ -187,6 +187,7 @@ class Run:
     nonfinite_in_a_row: int = 0
     watchdog: Optional[object] = None  # the hang watchdog (`verirl.train.watchdog`), set by the trainer
     device: str = ""  # what the model computes on, named (`verirl.metrics.device_name`): the summary says it
+    eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
 
 
 def seed_everything(seed: int) -> None:
@@ -255,6 +256,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end)
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
+    eval_engine = evaluation_engine(cfg, lm, stop_ids) if eval_prompts else None
     return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
                PromptSampler(len(train), cfg.data.seed, order),
                step_settings(cfg, lm.model, dist.world, cfg.trainer.peak_flops or device_peak_flops(cfg, lm.model, dist)),
@@ -262,7 +264,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
                            cfg.log.run_name), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None,
-               device=device_name(resolve_device(cfg.model.device)))
+               device=device_name(resolve_device(cfg.model.device)), eval_engine=eval_engine)
 
 
 def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
@@ -294,6 +296,15 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
     if r.replay_prompts == "dump":
         return engine, dump_prompts(engine.steps, r.n, lm.tokenizer), "sequential"
     return engine, train, cfg.data.shuffle
+
+
+def evaluation_engine(cfg: Config, lm, stop_ids: list[int]) -> Optional[Engine]:
+    """The held-out evaluation's own engine where the rollout's cannot sample, else None (the rollout's):
+    a replayed dump holds responses to its training prompts only, so evaluation samples with the native
+    engine."""
+    if cfg.rollout.engine != "replay":
+        return None
+    return build_engine("native", lm.model, lm.pad_id, stop_ids, compute_dtype=training_dtype(cfg, lm.model))
 
 
 def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:
