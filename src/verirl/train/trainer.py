@@ -181,8 +181,9 @@ def evaluate_run(run: Run) -> dict[str, float]:
     e, dist = run.eval, run.dist
     share = -(-len(e.prompts) // dist.world)
     first = dist.rank * share
+    engine = run.eval_engine or run.engine
     with full_weights(run.model):  # decoding reads whole weights: no weight collective inside
-        return val_metrics(evaluate(run.eval_engine or run.engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
+        return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, greedy=e.greedy,
                                     seed=e.seed, first_index=first,
                                     gather=lambda rows: [r for part in dist.gather(rows) for r in part]))
