@@ -231,3 +231,23 @@ def test_a_bad_newer_checkpoint_never_crowds_out_the_one_just_written(run):
     assert main([*ARGS, f"trainer.run_dir={run}", "trainer.total_steps=3", "trainer.keep_checkpoints=1"]) == 0
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
     assert find_checkpoint(run) == _ckpt(run, 3)
+
+
+def test_export_into_a_file_or_below_one_is_one_paragraph(trained, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    for out in (a_file, a_file / "model"):
+        assert main(["export", str(trained), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert str(out) in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert a_file.read_text() == "not a directory"
+
+
+def test_a_finished_run_started_again_with_a_change_says_it_is_complete(run, capsys):
+    lines = (run / "metrics.jsonl").read_text()
+    assert main([*ARGS, f"trainer.run_dir={run}", "trainer.total_steps=2", "actor.lr=1e-3"]) == 0
+    out = capsys.readouterr().out
+    assert f"the run in {run} is complete" in out and "actor.lr 7e-05 -> 0.001" in out, out
+    assert "trainer.total_steps=4" in out and "trainer.resume=false trainer.overwrite=true" in out, out
+    assert "apply from here on" not in out and "resuming from" not in out
+    assert (run / "metrics.jsonl").read_text() == lines  # no step trained

@@ -5,6 +5,7 @@ micro-batches) neither hang nor change the update; a rank that dies ends the run
 rendezvous exercised with two processes on this one."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, strategy, fir
         assert _close(a[2][key], b[2][key], 1e-4) or abs(a[2][key] - b[2][key]) < 1e-6, (key, a[2][key], b[2][key])
 
 
+EVAL = ["eval.before_train=true", "eval.every=1", "eval.at_end=true", "eval.size=8", "eval.n=2"]  # every kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,again", [("fsdp2", True), ("ddp", False)])
+def test_two_ranks_evaluate_before_during_and_after_training_and_end(tmp_path, strategy, again):
+    """Held-out evaluation is a collective (the rows are gathered): each rank must take the same
+    decisions about it, also where only rank 0 keeps the log (after the last step, and on a re-run
+    of a finished run, which evaluates nothing new)."""
+    run = tmp_path / "r"
+    args = ["train", f"trainer.run_dir={run}", "trainer.total_steps=2", "trainer.nproc_per_node=2",
+            f"actor.strategy={strategy}", *BASE, *EVAL, "trainer.dist_timeout_s=30"]
+    started = time.time()
+    assert main(args) == 0
+    if again:  # the finished run again: its last step's evaluation is read, not redone
+        assert main(args) == 0
+    assert time.time() - started < 150  # a bound on a hang (the timeout is 30 s), not a speed figure
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2] and all("val/greedy_acc" in r for r in rows)
+    end = json.loads((run / "summary.json").read_text())["eval_end"]
+    assert end == {k: v for k, v in rows[-1].items() if k.startswith("val/")}
+
+
 # the first two prompts (rank 0's) are the arithmetic the tiny model was taught, answered in ~20
 # tokens; the last two (rank 1's) are noise, on which it rambles
 UNEVEN = [{"problem": f"Tom has {a} apples and gets {b} more. How many now? Reply <think> </think> <answer> "
@@ -141,6 +165,31 @@ def test_a_rank_that_dies_ends_the_run(tmp_path, capsys, rank1_dies):
     assert rc == 2 and time.time() - started < 60  # a bound on a hang, not a speed figure
     err = capsys.readouterr().err
     assert "rank 1 failed" in err and "exit code 3" in err and "Run the same command again" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_two_ranks_saves_a_checkpoint_and_ends_like_one_rank(tmp_path):
+    """A real Ctrl-C: SIGINT to the terminal's whole process group (the launcher and both ranks)."""
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", "trainer.total_steps=500",
+           "trainer.save_freq=1000", "trainer.nproc_per_node=2", *BASE]
+    launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group, as a terminal's job
+    try:
+        deadline = time.time() + 180
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()) and \
+                launcher.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+        os.killpg(launcher.pid, signal.SIGINT)
+        err = launcher.communicate(timeout=120)[1]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    step = len(_rows(run))
+    assert f"stopped by SIGINT after step {step};" in err and (run / "checkpoints" / f"step_{step:06d}").is_dir()
 
 
 def _free_port() -> int:

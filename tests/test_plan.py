@@ -80,17 +80,25 @@ def test_the_formula_at_real_sizes():
     assert count_parameters(big)[0] == 7_615_616_512
 
 
+def _tiny_tokenizer(model_dir) -> None:
+    """The shipped tokenizer's files (366 tokens) next to a config.json: what the pre-load checks read."""
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]:
+        shutil.copy(TINY_DIR / name, model_dir / name)
+
+
 def test_another_architecture_is_counted_on_the_meta_device(tmp_path):
     config = AutoConfig.for_model("gemma", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300)
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=400)
     config.save_pretrained(tmp_path)
+    _tiny_tokenizer(tmp_path)
     plan = _plan(f"model.path={tmp_path}")
     assert plan.memory.counted == "meta device" and plan.memory.parameters == count_parameters_on_meta(config)
 
 
 def test_a_model_that_is_not_a_causal_lm_gets_the_plan_without_an_estimate(tmp_path, capsys):
     AutoConfig.for_model("t5", d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=64,
-                         vocab_size=100).save_pretrained(tmp_path)
+                         vocab_size=400).save_pretrained(tmp_path)
+    _tiny_tokenizer(tmp_path)
     plan = _plan(f"model.path={tmp_path}")
     assert plan.memory is None and "no memory estimate" in plan.memory_note and plan.layout.sequences_per_step == 64
     assert main(["plan", f"model.path={tmp_path}"]) == 0 and "no memory estimate" in capsys.readouterr().out

@@ -137,6 +137,21 @@ def test_two_ray_ranks_train_three_steps_and_stop_their_cluster(tmp_path, ray_en
 
 
 @pytest.mark.slow
+def test_two_ray_ranks_evaluate_before_during_and_after_training_and_end(tmp_path, ray_env):
+    """Held-out evaluation gathers across the ranks: every rank takes the same decisions about it, also
+    after the last step, where only rank 0 keeps the log."""
+    run = tmp_path / "r"
+    done = _train([f"trainer.run_dir={run}", "trainer.total_steps=2", *RAY, *BASE, "eval.before_train=true",
+                   "eval.every=1", "eval.at_end=true", "eval.size=8", "eval.n=2", "trainer.dist_timeout_s=30"],
+                  ray_env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2] and all("val/greedy_acc" in r for r in rows)
+    assert json.loads((run / "summary.json").read_text())["eval_end"]["val/greedy_acc"] == rows[-1]["val/greedy_acc"]
+    _assert_no_ray_process({done.session}, ray_env)
+
+
+@pytest.mark.slow
 def test_a_ray_rank_that_dies_ends_the_run(tmp_path, ray_env, rank1_dies):
     started = time.time()
     done = _train([f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=3", *RAY, *BASE,

@@ -3,6 +3,7 @@ and bad inputs as one paragraph. Real trainer processes, real files, real signal
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -278,3 +279,79 @@ def test_a_damaged_model_directory_is_one_paragraph(tmp_path, capsys, damage):
     err = capsys.readouterr().err
     assert f"model.path='{model}'" in err and "Traceback" not in err and err.count("\n") == 1, err
     assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("no tokenizer files", "[tokenizer-not-loadable]"),
+    ("vocab_size below the tokenizer's", "[embedding-too-small]"),
+    ("pickle weights", "[pickle-weights]"),
+])
+def test_a_model_directory_doctor_refuses_stops_plan_and_train_before_loading(tmp_path, capsys, damage, needle):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from verirl.models.load import TINY_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY_DIR, model)
+    if damage == "no tokenizer files":
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            (model / name).unlink()
+    elif damage == "vocab_size below the tokenizer's":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+    else:
+        torch.save(load_file(str(model / "model.safetensors")), model / "pytorch_model.bin")
+        (model / "model.safetensors").unlink()
+    run = tmp_path / "r"
+    for command, key in ((["plan", f"model.path={model}"], "model.path"), (["eval", "--model", str(model)], "--model"),
+                         (["train", f"model.path={model}", f"trainer.run_dir={run}", *SMALL], "model.path")):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert needle in err and f"{key}='{model}'" in err, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+    assert not run.exists()
+
+
+def test_a_run_directory_that_cannot_be_one_stops_plan_and_train(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    for run_dir, needle in ((a_file, "is a file, not a directory"), (a_file / "run", f"inside {a_file}, which is a file")):
+        for command in (["plan"], ["train", *SMALL]):
+            assert main([*command, f"trainer.run_dir={run_dir}"]) == 2, command
+            err = capsys.readouterr().err
+            assert f"trainer.run_dir='{run_dir}'" in err and needle in err, err
+            assert "Traceback" not in err and err.count("\n") == 1, err
+    assert a_file.read_text() == "not a directory"
+
+
+def test_a_read_only_run_directory_is_one_paragraph(tmp_path):
+    """A real read-only mount: a bind mount remounted read-only in a mount namespace of its own."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    probe = f"mount --bind {ro} {ro} && mount -o remount,ro,bind {ro} && ! touch {ro}/x 2>/dev/null"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "sh", "-c", probe],
+                                                         capture_output=True).returncode != 0:
+        pytest.skip("no read-only mount can be made here (unshare --mount needs the privilege)")
+    cmd = f"{probe} && exec {sys.executable} -m verirl.cli train trainer.run_dir={ro}/run {' '.join(SMALL)}"
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", cmd], env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"trainer.run_dir='{ro}/run' cannot be written" in done.stderr and "read-only" in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+
+def test_a_data_file_without_eval_data_says_there_is_no_held_out_evaluation(tmp_path, capsys):
+    from verirl.config import load_config
+    from verirl.train.build import build_run
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    for extra, said in (([], True), ([f"eval.data={data}"], False)):
+        overrides = [f"data.train_path={data}", f"trainer.run_dir={tmp_path / 'r'}", *SMALL, "eval.at_end=true", *extra]
+        run = build_run(load_config("tiny", overrides))
+        run.scorer.close()
+        run.lock.release()
+        err = capsys.readouterr().err
+        assert ("no held-out evaluation in this run" in err and "eval.data=FILE" in err) == said, (extra, err)

@@ -77,3 +77,24 @@ def test_a_prompt_that_is_not_the_runs_is_named(dumped, tmp_path, capsys):
 def test_replay_without_a_dump_is_a_config_error(tmp_path, capsys):
     assert main(["train", f"trainer.run_dir={tmp_path / 'r'}", "rollout.engine=replay"]) == 2
     assert "rollout.engine=replay needs rollout.replay_path" in capsys.readouterr().err
+
+
+def test_a_replayed_run_evaluates_before_and_after_with_the_native_engine(dumped, tmp_path):
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"problem": f"What is {i} + 2?", "answer": str(i + 2)}) + "\n"
+                                for i in range(2)))
+    run = tmp_path / "b"
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", *BASE, "rollout.engine=replay",
+                 f"rollout.replay_path={dumped / 'rollouts.jsonl'}", "eval.before_train=true", "eval.at_end=true",
+                 f"eval.data={held_out}", "eval.n=2"]) == 0
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1] and "val/pass@2" in rows[0] and "val/pass@2" in rows[1]
+    assert rows[1]["reward/mean"] == _rows(dumped / "metrics.jsonl")[0]["reward/mean"]  # still the dump's step 1
+
+
+def test_another_eval_size_with_the_built_in_task_is_named(dumped, tmp_path, capsys):
+    run = tmp_path / "b"
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", *BASE, "eval.size=8",
+                 "rollout.engine=replay", f"rollout.replay_path={dumped / 'rollouts.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "the dump's prompt ids differ" in err and "eval.size" in err and "replay_prompts=dump" in err, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 from verirl.config import Config
 from verirl.errors import ConfigError
@@ -38,6 +39,7 @@ def check_train(cfg: Config) -> None:
         check_backends(cfg.log.backends)
     check_engine(cfg)
     check_paths(cfg)
+    check_model_dir(cfg)
     check_parallel(cfg)
     if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
         check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
@@ -51,6 +53,37 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
     HANDLERS.check(handler_name)
     if prompt_type != "tokenizer":
         get_template(prompt_type, templates_file or None)
+
+
+def check_model_dir(cfg: Config) -> None:
+    """model.path passes `check_model` with the template its prompts are built with."""
+    template = cfg.data.prompt_type if (cfg.data.train_path or cfg.eval.data) else ""
+    check_model(cfg.model.path, template, cfg.data.templates_file)
+
+
+def check_model(path: str, template: str = "", templates_file: str = "", key: str = "model.path") -> None:
+    """`verirl doctor`'s error-level findings on a model directory (its config.json, tokenizer files and
+    weight file names; no weights read) stop a run, in one paragraph: each is a crash or a run that cannot
+    end. The shipped tiny model is consistent (its tests say so)."""
+    from verirl.align.doctor import diagnose
+    from verirl.errors import ModelError
+
+    if path == "tiny":
+        return
+    try:
+        report = diagnose(path, template if template != "tokenizer" else "", templates_file)
+    except ModelError as e:
+        raise ModelError(f"{key}='{path}': {e}") from None
+    errors = [f for f in report.findings if f.level == "error" and not _other_systems_only(f, report)]
+    if errors:
+        raise ModelError(f"{key}='{path}' cannot be used as it is (`verirl doctor {path}` says more): "
+                         + " ".join(f"[{f.code}] {f.message}" for f in errors))
+
+
+def _other_systems_only(finding, report) -> bool:
+    """A chat template's turn end that verirl's own stop ids hold: only other systems' generation runs on."""
+    end = (report.chat_template or {}).get("turn_end") or {}
+    return finding.code == "turn-end-not-stop" and end.get("id") in report.ids["verirl"]["eos"]
 
 
 def check_parallel(cfg: Config) -> None:
@@ -153,7 +186,25 @@ def check_paths(cfg: Config) -> None:
         raise ConfigError(
             f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
             f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl.")
+    check_run_dir(cfg.trainer.run_dir)
     resume = str(cfg.trainer.resume)
     if resume.lower() not in ("auto", "false", "none", "") and not os.path.exists(resume):
         raise ConfigError(f"trainer.resume={resume!r} is neither auto, false nor an existing path. Give auto "
                           f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """trainer.run_dir is a directory this process may write in, or can be made one: its nearest existing
+    ancestor is a writable directory."""
+    path = Path(run_dir)
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"would be made inside {existing}, which is a file"
+        raise ConfigError(f"trainer.run_dir='{run_dir}' {where}, not a directory. Choose another trainer.run_dir "
+                          f"(a new directory, or the directory of a run to continue).")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.run_dir='{run_dir}' cannot be written: {existing.resolve()} is read-only (a "
+                          f"read-only file system, or no write permission for this user). Choose a trainer.run_dir "
+                          f"on a writable disk.")

@@ -268,7 +268,7 @@ def _eval(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from verirl.checks import check_rules
+    from verirl.checks import check_model, check_rules
     from verirl.data import arith_split, encode_prompts
     from verirl.data.dataset import load_prompts
     from verirl.errors import ConfigError, DataError, UserError
@@ -301,6 +301,7 @@ def _eval(args) -> int:
             raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
                                     f"(e.g. from `verirl export`) or tiny.")
         _not_a_run_dir(args.model)
+        check_model(args.model, args.template if args.data != "arith" else "", args.templates_file, "--model")
         lm = load_model(args.model, "float32", "auto")
         if args.data == "arith":
             _, prompts = arith_split(0, 0, args.size)

@@ -238,7 +238,7 @@ class TrainerConfig:
 class EvalConfig:
     # Held-out evaluation with the training engine and rules, logged under val/ in metrics.jsonl and
     # summary.json: val/greedy_acc, val/pass@k, val/maj@n, val/reward_mean, overall and per task / data_source.
-    data: str = ""  # a data file or folder (raw or preprocessed); "" = the held-out split of the built-in task
+    data: str = ""  # a data file or folder (raw or preprocessed) of held-out prompts; "" = the built-in task's held-out split, and with data.train_path no held-out evaluation at all (said at start)
     size: int = 200  # held-out problems of the built-in task (never trained on)
     n: int = 4  # sampled responses per problem (pass@k for k up to n, maj@n); 0 = greedy only
     temperature: float = 1.0  # temperature of the n samples

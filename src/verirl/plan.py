@@ -593,7 +593,8 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
 def render(plan: Plan) -> str:
     """The plan as aligned text: label, value, how it is counted."""
     head = [f"verirl plan: --config {plan.source}, model.path={plan.model_path}",
-            "checks passed: names, paths, batch shapes, layout, devices (nothing loaded, nothing written)"]
+            "checks passed: names, paths, run directory, model directory (doctor), batch shapes, layout, devices "
+            "(nothing loaded, nothing written)"]
     out = []
     for label, value, how in _rows(plan):
         if not value and not how:

@@ -170,7 +170,15 @@ def diagnose(model_dir: str, template: str = "", templates_file: str = "") -> Re
             stops = _check_template(prompt_template, tokenizer, stops, report)
         _check_eos_is_pad(stops, pad, report)
     _numerics(raw, config, report)
+    _check_weight_format(real, report)
     return report
+
+
+def _check_weight_format(real: Path, report: Report) -> None:
+    from verirl.models.load import pickle_refusal, pickle_weights
+
+    if pickled := pickle_weights(str(real)):
+        report.add("error", "pickle-weights", pickle_refusal(str(real), pickled))
 
 
 def _effective_config(real: Path, report: Report):

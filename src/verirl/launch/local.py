@@ -2,14 +2,29 @@
 elastic launcher (`torch.distributed.launcher.api.elastic_launch`, what `torchrun` runs): it sets
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR for each rank, watches them, and ends every rank when
 one fails. Started by an existing `torchrun`, verirl joins instead of launching.
+
+Ctrl-C / SIGTERM: the launcher passes the first on to every rank as SIGTERM (the ranks ignore SIGINT,
+so a Ctrl-C, which reaches every process of the terminal, counts once); each saves a checkpoint after
+the step, as one process alone does, and the launcher raises `TrainingInterrupted`. A second one ends
+the ranks at once (torch's launcher sends them SIGTERM) and raises KeyboardInterrupt.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
+import signal
+import sys
 import uuid
+from pathlib import Path
 
 from verirl.config import Config, to_dict
 from verirl.errors import UserError
+
+
+INTERRUPTED = "__verirl_interrupted__"  # a rank's answer when a signal stopped the run (signum, step, checkpoint)
+# torch's launcher turns these into its SignalException; SIGINT and SIGTERM are the launcher's own (`_PassOn`)
+TORCH_SIGNALS = "SIGHUP,SIGQUIT"
 
 
 class RankFailed(UserError):
@@ -27,14 +42,54 @@ def launch(cfg: Config) -> dict:
         min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
         run_id=os.environ.get("VERIRL_RUN_ID", "verirl-" + (t.rdzv_endpoint if multi_node else uuid.uuid4().hex)),
         rdzv_backend="c10d", rdzv_endpoint=t.rdzv_endpoint if multi_node else "localhost:0",
-        rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn")
+        rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn",
+        signals_to_handle=TORCH_SIGNALS)
     try:
-        results = elastic_launch(config, _rank_main)(to_dict(cfg))
+        with _PassOn() as signals:
+            results = elastic_launch(config, _rank_main)(to_dict(cfg))
     except ChildFailedError as e:
+        if signals.signum:  # a rank stopped before its loop could save a checkpoint: "interrupted"
+            raise KeyboardInterrupt from None
         rank, failure = next(iter(sorted(e.failures.items())))
         raise RankFailed(f"rank {rank} failed ({_why(failure)}); every rank was stopped (its traceback, if it "
                          f"raised, is above). Run the same command again to resume from the last checkpoint.") from None
-    return results.get(0) or next(iter(results.values()), {})
+    summary = results.get(0) or next(iter(results.values()), {})
+    if INTERRUPTED in summary:  # every rank stopped after the same step; rank 0 saved the checkpoint
+        from verirl.train.trainer import TrainingInterrupted
+
+        signum, step, checkpoint = summary[INTERRUPTED]
+        raise TrainingInterrupted(signals.signum or signum, step, Path(checkpoint))
+    return summary
+
+
+class _PassOn:
+    """The launcher's SIGINT / SIGTERM while the ranks run (main thread only): the first is sent on to
+    every rank as SIGTERM; the second raises KeyboardInterrupt."""
+
+    def __init__(self):
+        self.signum, self._old = 0, {}
+
+    def __enter__(self) -> "_PassOn":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"verirl: {signal.Signals(signum).name}: every rank is asked to save a checkpoint after this step "
+              f"and stop (send it again to stop them at once, without saving).", file=sys.stderr, flush=True)
+        for rank in multiprocessing.active_children():  # the ranks torch's launcher started from this process
+            with contextlib.suppress(OSError):
+                os.kill(rank.pid, signal.SIGTERM)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _why(failure) -> str:
@@ -46,10 +101,18 @@ def _why(failure) -> str:
 
 
 def _rank_main(cfg_dict: dict) -> dict:
-    """One rank: the same trainer, in this process."""
+    """One rank: the same trainer, in this process; SIGINT ignored (the launcher passes a Ctrl-C on)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from verirl.config import load_config_dict
-    from verirl.train.trainer import train
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return record(_train_rank)(cfg_dict)
 
-    return record(train)(load_config_dict(cfg_dict))
+
+def _train_rank(cfg_dict: dict) -> dict:
+    from verirl.config import load_config_dict
+    from verirl.train.trainer import TrainingInterrupted, train
+
+    try:
+        return train(load_config_dict(cfg_dict))
+    except TrainingInterrupted as stop:  # the launcher raises it again (it does not cross processes as it is)
+        return {INTERRUPTED: (stop.signum, stop.step, str(stop.checkpoint))}

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from verirl.config import Config, to_dict
 from verirl.errors import ConfigError
-from verirl.launch.local import RankFailed
+from verirl.launch.local import INTERRUPTED, RankFailed
 from verirl.plan import threads_per_rank, world_size
 
 # the driver's environment variables every rank gets (a joined cluster's workers do not inherit it)
@@ -33,7 +33,6 @@ FAILURE_GRACE_S = 3.0  # after a rank fails, how long the others' failures are c
 POLL_S = 0.5
 # what each kind of accelerator is called among Ray's resources, and its visibility variable
 ACCELERATORS = {"GPU": "CUDA_VISIBLE_DEVICES", "NPU": "ASCEND_RT_VISIBLE_DEVICES"}
-INTERRUPTED = "__verirl_interrupted__"  # a rank's answer when a signal stopped the run (signum, step, checkpoint)
 
 
 def launch(cfg: Config) -> dict:

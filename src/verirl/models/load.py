@@ -35,6 +35,25 @@ def resolve_path(path: str) -> str:
     return str(TINY_DIR) if path == "tiny" else path
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weight formats that torch.load unpickles
+
+
+def pickle_weights(model_dir: str) -> list[str]:
+    """The pickle weight files of a directory that has no safetensors weights (what transformers would
+    then load with torch.load, which can run code): verirl loads safetensors only."""
+    d = Path(model_dir)
+    if any(d.glob("*.safetensors")):
+        return []
+    return sorted(f.name for f in d.iterdir() if f.is_file() and f.suffix in PICKLE_SUFFIXES)
+
+
+def pickle_refusal(path: str, files: list[str]) -> str:
+    return (f"{path} holds its weights as pickle files ({', '.join(files[:3])}), which verirl does not "
+            f"load: unpickling a file can run any code in it. Convert them to safetensors on a machine you trust "
+            f"(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)), or "
+            f"download the model's .safetensors files.")
+
+
 def eos_sources(config, generation_config, tokenizer) -> dict[str, list[int]]:
     """The EOS ids each source names: generation_config.json, config.json, the tokenizer (absent
     sources left out)."""
@@ -102,10 +121,13 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
         raise ModelError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
                          f"(no config.json). Point model.path at one, or rebuild the tiny model "
                          f"with `make weights`.")
+    if pickled := pickle_weights(real):
+        raise ModelError(f"model.path='{path}': {pickle_refusal(real, pickled)}")
     extra = {"config": model_config(path, override_config)} if override_config else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(real)
-        model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa", **extra)
+        model = AutoModelForCausalLM.from_pretrained(real, dtype=DTYPES[dtype], attn_implementation="sdpa",
+                                                     use_safetensors=True, **extra)
     except (OSError, ValueError, KeyError, SafetensorError) as e:  # a damaged file, an unknown architecture
         raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e

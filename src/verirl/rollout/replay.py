@@ -164,14 +164,17 @@ class ReplayEngine:
         if line.prompt_ids is not None:
             if list(line.prompt_ids) != list(ids):
                 raise DataError(f"{line.where}: the dump's prompt ids differ from the run's prompt at step {line.step} "
-                                f"(the data, its order or the template differ). Use the same data and data.shuffle "
-                                f"as the dumped run, or rollout.replay_prompts=dump to take the dump's prompts.")
+                                f"(the data, its order or the template differ; with the built-in task, eval.size too: "
+                                f"its held-out split and its training prompts are drawn together, so another eval.size "
+                                f"trains other prompts). Use the same data, data.shuffle and eval.size as the dumped run "
+                                f"(its config.yaml), or rollout.replay_prompts=dump to take the dump's prompts.")
             return
         decoded = {self.tokenizer.decode(list(ids), skip_special_tokens=s).strip() for s in (False, True)}
         if line.prompt_text.strip() not in decoded:
             raise DataError(f"{line.where}: the dump's prompt {line.prompt_text[:80]!r} is not the run's prompt at step "
-                            f"{line.step} ({sorted(decoded)[0][:80]!r}). Use the same data and order as the dumped "
-                            f"run, or rollout.replay_prompts=dump to take the dump's prompts.")
+                            f"{line.step} ({sorted(decoded)[0][:80]!r}). Use the same data and order (and with the "
+                            f"built-in task the same eval.size) as the dumped run, or rollout.replay_prompts=dump to "
+                            f"take the dump's prompts.")
 
     def _response(self, line: DumpLine, max_new_tokens: int) -> list[int]:
         """The response's ids, at most ``max_new_tokens`` and up to its first stop token, with the EOS a

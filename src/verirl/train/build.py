@@ -189,6 +189,7 @@ class Run:
     nonfinite_in_a_row: int = 0
     watchdog: Optional[object] = None  # the hang watchdog (`verirl.train.watchdog`), set by the trainer
     device: str = ""  # what the model computes on, named (`verirl.metrics.device_name`): the summary says it
+    eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
 
 
 def seed_everything(seed: int) -> None:
@@ -227,6 +228,11 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     if len(train) < cfg.data.prompts_per_step:
         print(f"data: {len(train)} training prompts, fewer than data.prompts_per_step={cfg.data.prompts_per_step}: "
               f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
+    wanted = cfg.eval.before_train or cfg.eval.every or cfg.eval.at_end
+    if dist.is_main and cfg.data.train_path and not cfg.eval.data and wanted:
+        print(f"eval: no held-out evaluation in this run: data.train_path={cfg.data.train_path} has no held-out "
+              f"split (eval.size splits only the built-in task). Give eval.data=FILE (held-out prompts) to "
+              f"evaluate on.", file=sys.stderr)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if takes_lock:
@@ -252,6 +258,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end, cfg.eval.top_p, cfg.eval.top_k)
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
+    eval_engine = evaluation_engine(cfg, lm, stop_ids) if eval_prompts else None
     return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
                PromptSampler(len(train), cfg.data.seed, order),
                step_settings(cfg, lm.model, dist.world, cfg.trainer.peak_flops or device_peak_flops(cfg, lm.model, dist)),
@@ -259,7 +266,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
                            cfg.log.run_name), lock,
                cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None,
-               device=device_name(resolve_device(cfg.model.device)))
+               device=device_name(resolve_device(cfg.model.device)), eval_engine=eval_engine)
 
 
 def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
@@ -291,6 +298,15 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
     if r.replay_prompts == "dump":
         return engine, dump_prompts(engine.steps, r.n, lm.tokenizer), "sequential"
     return engine, train, cfg.data.shuffle
+
+
+def evaluation_engine(cfg: Config, lm, stop_ids: list[int]) -> Optional[Engine]:
+    """The held-out evaluation's own engine where the rollout's cannot sample, else None (the rollout's):
+    a replayed dump holds responses to its training prompts only, so evaluation samples with the native
+    engine."""
+    if cfg.rollout.engine != "replay":
+        return None
+    return build_engine("native", lm.model, lm.pad_id, stop_ids, compute_dtype=training_dtype(cfg, lm.model))
 
 
 def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:

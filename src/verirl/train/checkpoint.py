@@ -484,12 +484,18 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
         raise CheckpointError(f"{found} is sharded over {ckpt.state['world_size']} ranks; merging shards "
                               f"is not implemented yet.")
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CheckpointError(f"{out_dir} is a file; give a new directory to export into.")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt.model_dir, tmp)
-    if out_dir.exists():
-        out_dir.rmdir()
-    os.rename(tmp, out_dir)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(ckpt.model_dir, tmp)
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.rename(tmp, out_dir)
+    except OSError as e:  # a parent that is a file, a read-only disk, no permission, a full disk
+        raise CheckpointError(f"could not write {out_dir} ({type(e).__name__}: {e.strerror or e}); give a new "
+                              f"directory on a writable disk.") from None
     return out_dir

@@ -44,7 +44,11 @@ class RunDirLock:
         if self._fd is not None or fcntl is None:
             return
         path = self.run_dir / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # read-only, no permission, or run_dir is no directory
+            raise CheckpointError(f"trainer.run_dir='{self.run_dir}': cannot create its lock file {path} "
+                                  f"({e.strerror}). Choose a trainer.run_dir on a writable disk.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -159,15 +159,23 @@ def finish(run: Run, log: "RunLog", summary: dict, started: float) -> dict:
         "device": run.device,  # and which device that is
     })
     if run.eval.at_end and run.eval.prompts:
-        last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
-        end = {key: v for key, v in last.items() if key.startswith("val/")}
-        if not end:  # e.g. a run resumed after its last step: nothing was evaluated in the loop
-            with log.status("held-out evaluation after training..."):
-                end = evaluate_run(run)
-        summary["eval_end"] = end
+        summary["eval_end"] = end_evaluation(run, log)
     summary["wall_seconds"] = time.time() - started
     log.summary(summary, len(run.eval.prompts), run.eval.n)
     return summary
+
+
+def end_evaluation(run: Run, log: "RunLog") -> dict[str, float]:
+    """val/... after the last step: the loop's own when the log's last step is the last step and holds
+    them, else evaluated now (e.g. a run resumed after its last step). Only rank 0 keeps the log, so its
+    answer is sent to every rank: the evaluation is a collective that every rank enters, or none."""
+    history = log.history
+    last = history[-1] if history and history[-1].get("step") == run.total_steps else {}
+    end = run.dist.broadcast({key: v for key, v in last.items() if key.startswith("val/")})
+    if not end:
+        with log.status("held-out evaluation after training..."):
+            end = evaluate_run(run)
+    return end
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
@@ -176,8 +184,9 @@ def evaluate_run(run: Run) -> dict[str, float]:
     e, dist = run.eval, run.dist
     share = -(-len(e.prompts) // dist.world)
     first = dist.rank * share
+    engine = run.eval_engine or run.engine
     with full_weights(run.model):  # decoding reads whole weights: no weight collective inside
-        return val_metrics(evaluate(run.engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
+        return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,
                                     seed=e.seed, first_index=first,
@@ -419,12 +428,24 @@ def restore(run: Run, log: RunLog) -> int:
     own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
     log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0,
              to_dict(run.cfg))
-    log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
     changed = config_changes(upgrade_dict(ckpt.state.get("config") or {}), to_dict(run.cfg))
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed)
+    if ckpt.step >= run.total_steps:
+        log.print(complete_line(run, ckpt.step, listed))
+        return ckpt.step + 1
+    log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
     if changed:
-        log.print("[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): "
-                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
+        log.print(f"[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): {listed}")
     return ckpt.step + 1
+
+
+def complete_line(run: Run, step: int, changed: str) -> str:
+    """What a run started on a finished one says: nothing trains, and how to train further or anew."""
+    unused = f" The changed settings ({changed}) are not used." if changed else ""
+    return (f"[bold yellow]the run in {run.run_dir} is complete[/]: its checkpoint is step {step} and "
+            f"trainer.total_steps={run.total_steps}, so no step is trained.{unused} To train it further, raise "
+            f"trainer.total_steps (e.g. trainer.total_steps={step + run.total_steps}); to train anew, give another "
+            f"trainer.run_dir, or trainer.resume=false trainer.overwrite=true (deletes this run).")
 
 
 def _apply_optimizer_settings(run: Run) -> None:
@@ -466,7 +487,9 @@ class TrainingInterrupted(Exception):
 
 
 class _Signals:
-    """First SIGINT / SIGTERM: finish the step, checkpoint, stop. Second: exit at once."""
+    """First SIGINT / SIGTERM: finish the step, checkpoint, stop. Second: exit at once. A signal this
+    process was started ignoring stays ignored (the local launcher's ranks ignore SIGINT: a Ctrl-C, which
+    reaches every process of the terminal, comes to them once, as the launcher's SIGTERM)."""
 
     def __init__(self, console):
         self.console, self.signum, self._old = console, None, {}
@@ -475,7 +498,8 @@ class _Signals:
         import threading
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
