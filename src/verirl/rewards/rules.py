@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Optional
 
 from math_verify import parse, verify
@@ -24,11 +25,13 @@ from verirl.registry import Registry
 # `_tractable` hold there too); its one-off warning about that is noise for our users.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-MAX_ANSWER_CHARS = 1000  # an answer (or label) longer than this is compared as text only
-MAX_NESTING = 40  # brackets nested deeper than this: compared as text only
+MAX_ANSWER_CHARS = 300  # an answer longer than this is compared as text only (MATH-500's longest: 159)
+MAX_LABEL_CHARS = 2000  # the same for a label
+MAX_NESTING = 6  # ( and [ nested deeper than this: compared as text only (each level costs the parser ~0.1 s)
+MAX_BRACES = 40  # { nested deeper than this: the same
 MAX_POWER = 1000  # largest exponent or factorial argument evaluated in an answer with no variable
-MAX_SYMBOLIC_POWER = 30  # the same with a variable (sympy expands (x+1)^n)
-MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own timeout, where it works (a process's main thread)
+MAX_SYMBOLIC_POWER = 30  # the sum of the exponents in an answer with a variable (sympy expands (x+1)^n)
+MATH_VERIFY_TIMEOUT_S = 1  # math-verify's own timeout per parse and per comparison, in a main thread
 MAX_BOX_RUN = 50  # boxes read as one list answer at most
 FINAL_LINE_CHARS = 1000  # the tail of a response searched for a final-answer line
 
@@ -143,6 +146,8 @@ def _readings(text: str) -> Optional[list[tuple[str, bool]]]:
         answer = _final_line(text)
     if answer is None:
         return None
+    if not _WORD.search(answer):
+        return [(answer, False)]
     run = _math_run(answer)
     return [(answer, False), (answer, True)] + ([(run, False)] if run else [])
 
@@ -181,15 +186,25 @@ def _equivalent(answer: str, label: str, free: bool = False) -> bool:
         return _int_key(a) == _int_key(b)
     if a == b:
         return True
-    if not (_tractable(a) and _tractable(b)):
+    if not (_tractable(a, MAX_ANSWER_CHARS) and _tractable(b, MAX_LABEL_CHARS)):
         return False
     return _math_verify_equal(a, b, free)
 
 
+def _timeout() -> Optional[int]:
+    return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@lru_cache(maxsize=4096)
+def _parse_label(label: str, timeout: Optional[int]) -> list:
+    """A label parsed once per process: the group's responses share it."""
+    return parse(label if _DOLLAR.search(label) or "\\boxed" in label else f"${label}$", parsing_timeout=timeout)
+
+
 def _math_verify_equal(answer: str, label: str, free: bool = False) -> bool:
-    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    timeout = _timeout()
     try:
-        gold = parse(label if _DOLLAR.search(label) or "\\boxed" in label else f"${label}$", parsing_timeout=timeout)
+        gold = _parse_label(label, timeout)
         pred = parse(answer if free else f"${answer}$", parsing_timeout=timeout)
         if not gold or not pred:
             return False
@@ -204,13 +219,13 @@ _LITERAL = re.compile(r"\d+(?:\.\d*)?")
 _GROWTH = re.compile(r"\^|\*\*|(?<!\\)!(?!=)|\\[dt]?binom|\\choose|\\Gamma|\\prod|\\sum")
 
 
-def _depth(s: str) -> int:
+def _depth(s: str, opening: str, closing: str) -> int:
     depth = worst = 0
     for ch in s:
-        if ch in "({[":
+        if ch in opening:
             depth += 1
             worst = max(worst, depth)
-        elif ch in ")}]":
+        elif ch in closing:
             depth -= 1
     return worst
 
@@ -251,21 +266,26 @@ def _small(part: str, limit: int) -> bool:
     return not _GROWTH.search(part) and all(float(n) <= limit for n in _LITERAL.findall(part))
 
 
-def _tractable(s: str) -> bool:
+def _tractable(s: str, max_chars: int) -> bool:
     """Whether math-verify may evaluate ``s`` in bounded time: short, shallow, and every power,
     factorial, binomial, product or sum in it of small numbers (``2^{1000}``, ``10!``, ``x^{30}``
-    are; ``9^{9^{9}}``, ``(10^{9})!``, ``(x+2)^{1000}`` are not)."""
-    if len(s) > MAX_ANSWER_CHARS or _depth(s) > MAX_NESTING:
+    are; ``9^{9^{9}}``, ``9**9**9``, ``(10^{9})!``, ``(x+2)^{1000}`` are not)."""
+    if len(s) > max_chars or _depth(s, "([", ")]") > MAX_NESTING or _depth(s, "{", "}") > MAX_BRACES:
         return False
     variable = bool(_LETTER.search(_COMMAND.sub("", s)))
-    limit = MAX_SYMBOLIC_POWER if variable else MAX_POWER
+    limit, degree = (MAX_SYMBOLIC_POWER if variable else MAX_POWER), 0.0
     for m in _GROWTH.finditer(s):
         op = m.group()
         if op in ("^", "**"):
             exponent = _group_after(s, m.end())
-            if not _small(exponent, limit) or (variable and not _LETTER.search(_COMMAND.sub("", exponent))
-                                               and any(float(n) > limit for n in _LITERAL.findall(exponent))):
-                return False
+            after = s[m.end() + len(exponent) + (2 if s[m.end():m.end() + 1] == "{" else 0):].lstrip()
+            base = _group_before(s, m.start())
+            if after.startswith(("^", "**")) or not _small(exponent, limit) or not _small(base, MAX_POWER):
+                return False  # a tower (9**9**9, (10!)^{100}), or a power of large numbers
+            if variable and not _LETTER.search(_COMMAND.sub("", exponent)):
+                degree += sum(float(n) for n in _LITERAL.findall(exponent))
+                if degree > limit:
+                    return False
         elif op == "!":
             if not _small(_group_before(s, m.start()), MAX_POWER):
                 return False
