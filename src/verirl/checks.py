@@ -79,16 +79,16 @@ def check_parallel(cfg: Config) -> None:
 
 
 def check_rules(verifiers, tasks) -> None:
-    """Each verifier is a built-in rule or a loadable ``file.py:fn`` / ``module:fn``; each rule a task
-    is routed to is one of the verifiers."""
-    from verirl.rewards import RULES, load_rule
+    """Each verifier is a built-in rule or a ``file.py:fn`` / ``module:fn`` that defines the function
+    (read, not run: `verirl.rewards.check_reference`); each rule a task is routed to is one of the verifiers."""
+    from verirl.rewards import RULES, check_reference
 
     names_ok = set(verifiers)
     for name in verifiers:
         if name in RULES:
             continue
         try:
-            names_ok.add(load_rule(name).name)
+            names_ok.add(check_reference(name))
         except ValueError as e:
             raise ConfigError(str(e) if str(e).startswith("reward.verifiers") else f"reward.verifiers: {e}") from None
     for task, names in tasks.items():
