@@ -146,10 +146,8 @@ def _readings(text: str) -> Optional[list[tuple[str, bool]]]:
         answer = _final_line(text)
     if answer is None:
         return None
-    if not _WORD.search(answer):
-        return [(answer, False)]
-    run = _math_run(answer)
-    return [(answer, False), (answer, True)] + ([(run, False)] if run else [])
+    run = _math_run(answer) if _WORD.search(answer) else None
+    return [(answer, False), (answer[-MAX_ANSWER_CHARS:], True)] + ([(run, False)] if run else [])
 
 
 def extract_answer(text: Optional[str]) -> Optional[str]:
@@ -282,8 +280,8 @@ def _tractable(s: str, max_chars: int) -> bool:
             base = _group_before(s, m.start())
             if after.startswith(("^", "**")) or not _small(exponent, limit) or not _small(base, MAX_POWER):
                 return False  # a tower (9**9**9, (10!)^{100}), or a power of large numbers
-            if variable and not _LETTER.search(_COMMAND.sub("", exponent)):
-                degree += sum(float(n) for n in _LITERAL.findall(exponent))
+            if variable and _INTEGER.fullmatch(exponent.strip().strip("()")):
+                degree += abs(int(exponent.strip().strip("()")))  # polynomial degree: what sympy expands
                 if degree > limit:
                     return False
         elif op == "!":
