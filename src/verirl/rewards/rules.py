@@ -31,7 +31,7 @@ MAX_NESTING = 6  # ( and [ nested deeper than this: compared as text only (each 
 MAX_BRACES = 40  # { nested deeper than this: the same
 MAX_POWER = 1000  # largest exponent or factorial argument evaluated in an answer with no variable
 MAX_SYMBOLIC_POWER = 30  # the sum of the exponents in an answer with a variable (sympy expands (x+1)^n)
-MATH_VERIFY_TIMEOUT_S = 1  # math-verify's own timeout per parse and per comparison, in a main thread
+MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own timeout per parse and comparison, in a main thread: a backstop
 MAX_BOX_RUN = 50  # boxes read as one list answer at most
 FINAL_LINE_CHARS = 1000  # the tail of a response searched for a final-answer line
 
