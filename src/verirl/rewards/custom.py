@@ -192,6 +192,18 @@ def _source_of(target: str) -> Optional[str]:
     return origin if origin and origin.endswith(".py") else None
 
 
+def _module_level(body: list) -> list:
+    """The statements that run at a module's top level, those inside ``if``, ``try`` and ``with`` too."""
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            inner = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            inner += [s for h in getattr(node, "handlers", []) for s in h.body]
+            out += _module_level(inner)
+    return out
+
+
 def _top_level_names(path: str, spec: str) -> dict[str, ast.AST]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -201,7 +213,7 @@ def _top_level_names(path: str, spec: str) -> dict[str, ast.AST]:
     except SyntaxError as e:
         raise ConfigError(f"reward rule '{spec}': '{path}' line {e.lineno}: {e.msg}. Fix the file's syntax.") from None
     names: dict[str, ast.AST] = {}
-    for node in tree.body:
+    for node in _module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = node
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
