@@ -63,3 +63,29 @@ def test_evaluation_helpers_run_under_the_pools_deadline():
         assert answers == ["3", "4"] and hung == [None] and checked == [True, False]
     finally:
         s.close()
+
+
+def test_the_linear_forms_judge_as_the_backtracking_patterns_did():
+    """`format`, `strict_format` and `step` on random short texts agree with the patterns they replace
+    (quadratic on long inputs, exact on short ones)."""
+    import random
+    import re
+
+    fmt = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+    strict = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
+    steps = re.compile(r"(?im)\bstep\s*\d+\s*[:.)]|^\s*(?:\d+\s*[.)]|[-*])\s|\b(?:first|second|third|next|then|finally)\b"
+                       r"|第[一二三四五六七八九十\d]+步|首先|其次|然后|最后")
+
+    def old_strict(r):
+        m = strict.match(r)
+        return bool(m) and [r.count(t) for t in ("<think>", "</think>", "<answer>", "</answer>")] == [1, 1, 1, 1] \
+            and m.group("answer").count("\\boxed{") == 1 and "\\boxed{" not in m.group("think")
+
+    rng = random.Random(0)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", "\\boxed{1}", " ", "\n", "\r", "\t", "x", "1", ".",
+              "-", "step", "first", ")"]
+    for _ in range(3000):
+        r = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert RULES["format"](r) == (1.0 if fmt.match(r) else 0.0), r
+        assert RULES["step"](r) == min(1.0, len(steps.findall(r)) / 3), r
+        assert (RULES["strict_format"](r) == 1.0) == old_strict(r), r

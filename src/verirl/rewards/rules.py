@@ -102,7 +102,6 @@ def _answer_tag(text: str) -> Optional[str]:
 
 
 _FINAL = re.compile(r"(?i)\bfinal[ \t]+answer[ \t]+is[ \t]*|\banswer[ \t]*:[ \t]*")
-_HOPE = re.compile(r"(?i)\s*I hope it is correct\.?\s*$")
 
 
 def _final_line(text: str) -> Optional[str]:
@@ -114,7 +113,11 @@ def _final_line(text: str) -> Optional[str]:
         pass
     if last is None:
         return None
-    line = _HOPE.sub("", tail[last.end():].split("\n", 1)[0]).strip().rstrip(".").strip()
+    line = tail[last.end():].split("\n", 1)[0].strip()
+    for hope in ("i hope it is correct.", "i hope it is correct"):
+        if line.lower().endswith(hope):
+            line = line[:-len(hope)].strip()
+    line = line.rstrip(".").strip()
     if len(line) > 1 and line[0] == line[-1] == "$":
         line = line.strip("$").strip()
     return line or None
@@ -337,7 +340,9 @@ def format_rule(response: str, label: str = "", **_: object) -> float:
     return 1.0 if _tags(_text(response)) is not None else 0.0
 
 
-_STEP = re.compile(r"(?im)\bstep[ \t]*\d+[ \t]*[:.)]|^[ \t]*(?:\d+[ \t]*[.)]|[-*])\s"
+# A line's leading whitespace stops at its end ([^\S\n]*, not \s*): the same markers counted, without
+# rescanning a run of blank lines from each of its line starts.
+_STEP = re.compile(r"(?im)\bstep\s*\d+\s*[:.)]|^[^\S\n]*(?:\d+\s*[.)]|[-*])\s"
                    r"|\b(?:first|second|third|next|then|finally)\b|第[一二三四五六七八九十\d]+步|首先|其次|然后|最后")
 
 
