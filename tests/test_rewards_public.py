@@ -13,11 +13,13 @@ CASES = json.loads((Path(__file__).parent / "fixtures" / "answers" / "public_cas
 
 def test_public_cases_get_the_peers_verdict():
     """The math-verify cases are ones its own suite expects (prose in an <answer> tag, runs of boxes,
-    thousands written with spaces), veRL's are math_dapo's verdicts, OpenAI's the file's is_correct."""
+    thousands written with spaces), veRL's are math_dapo's verdicts, OpenAI's the file's is_correct;
+    a case marked ``verirl_differs`` is one where verirl differs on purpose (docs/rewards.md)."""
     wrong = []
     for case in CASES:
         score = RULES[case["rule"]](case["response"], case["label"])
-        if (score == 1.0) != case["right"]:
+        expected = case["right"] != bool(case.get("verirl_differs"))  # a difference on purpose says why
+        if (score == 1.0) != expected:
             wrong.append((case["from"], case["response"][-80:], case["label"], score))
     assert not wrong, wrong
     assert {c["rule"] for c in CASES} == {"acc", "math_dapo", "gsm8k"} and len(CASES) >= 40

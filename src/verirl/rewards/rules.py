@@ -123,6 +123,7 @@ def _final_line(text: str) -> Optional[str]:
     return line or None
 
 
+_SPACE = re.compile(r"\s")
 _WORD = re.compile(r"(?<![\\A-Za-z{])[A-Za-z]{2,}\b")
 
 
@@ -138,7 +139,8 @@ def _readings(text: str) -> Optional[list[tuple[str, bool]]]:
     """The response's final answer as (text, free) readings to compare, the first being
     `extract_answer`'s; ``free`` lets math-verify find the math in prose. In order: the last
     ``\\boxed{}`` (and the run of boxes it ends, as one list), else the last ``<answer>`` tag, else a
-    final-answer line. None when the response marks no answer."""
+    final-answer line; a tag's or line's text is also read as free text when it has a space in it,
+    and by its last stretch of math when it has two words. None when the response marks no answer."""
     found = _boxes(text)
     if found:
         last = text[found[-1][0]:found[-1][1]].strip()
@@ -149,7 +151,9 @@ def _readings(text: str) -> Optional[list[tuple[str, bool]]]:
         answer = _final_line(text)
     if answer is None:
         return None
-    run = _math_run(answer) if _WORD.search(answer) else None
+    if not _SPACE.search(answer):  # one token (``12``, ``old{108}``): read as math only
+        return [(answer, False)]
+    run = _math_run(answer) if len(_WORD.findall(answer)) >= 2 else None
     return [(answer, False), (answer[-MAX_ANSWER_CHARS:], True)] + ([(run, False)] if run else [])
 
 
