@@ -50,8 +50,9 @@ def test_a_rule_is_a_plain_function(tmp_path):
 
 
 def test_plan_reads_a_rule_file_without_running_it(tmp_path):
-    from verirl.checks import check_train  # every check `verirl plan` and `verirl train` run before loading
+    from verirl.checks import check_train
     from verirl.config import load_config
+    from verirl.plan import make_plan
 
     marker = tmp_path / "ran"
     rules = write(tmp_path, "side_effects.py", f"""
@@ -61,14 +62,14 @@ def test_plan_reads_a_rule_file_without_running_it(tmp_path):
     """)
     cfg = load_config(None, [f"reward.verifiers=[acc,{rules}:score]", "reward.weights=[1,1]",
                              f"trainer.run_dir={tmp_path / 'run'}"])
-    check_train(cfg)
+    make_plan(cfg)
     assert not marker.exists()
     with pytest.raises(ConfigError, match="has no function 'other'"):
-        check_train(load_config(None, [f"reward.verifiers=[{rules}:other]", "reward.weights=[1]"]))
+        check_train(load_config(None, [f"reward.verifiers=[{rules}:other]", "reward.weights=[1]"]), import_rules=False)
     broken = write(tmp_path, "broken.py", "def score(response, label)\n    return 1.0\n")
     with pytest.raises(ConfigError, match="line 1"):
         check_reference(f"{broken}:score")
-    load_rule(f"{rules}:score")  # training imports it: then the top level runs
+    check_train(cfg)  # training's checks import it, before anything is written: then the top level runs
     assert marker.exists()
 
 
