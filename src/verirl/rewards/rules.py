@@ -62,7 +62,8 @@ def extract_boxed(text: Optional[str]) -> Optional[str]:
 
     Returns None when there is no complete ``\\boxed{}``.
     """
-    found = _boxes(_text(text))
+    text = _text(text)
+    found = _boxes(text)
     if not found:
         return None
     begin, end = found[-1]
@@ -235,6 +236,9 @@ def _depth(s: str, opening: str, closing: str) -> int:
     return worst
 
 
+_TOKEN = re.compile(r"\s*(?:[+-]?\d+|\\[A-Za-z]+|.)")
+
+
 def _group_after(s: str, i: int) -> str:
     """The exponent that starts at ``s[i]``: a braced group, a number, a command or one character."""
     if i < len(s) and s[i] == "{":
@@ -244,12 +248,12 @@ def _group_after(s: str, i: int) -> str:
             if depth == 0:
                 return s[i + 1:j]
         return s[i + 1:]
-    m = re.compile(r"\s*(?:[+-]?\d+|\\[A-Za-z]+|.)").match(s, i)
+    m = _TOKEN.match(s, i)
     return m.group() if m else ""
 
 
 def _group_before(s: str, i: int) -> str:
-    """What a factorial at ``s[i]`` applies to: the number or bracketed group just before it."""
+    """What a factorial or power at ``s[i]`` applies to: the number or bracketed group just before it."""
     j = i
     if j > 0 and s[j - 1] in ")}]":
         depth = 0
