@@ -12,8 +12,9 @@ from verirl.config import Config
 from verirl.errors import ConfigError
 
 
-def check_train(cfg: Config) -> None:
-    """Every name in ``cfg`` is known to its registry and every path exists; raises `ConfigError`."""
+def check_train(cfg: Config, import_rules: bool = True) -> None:
+    """Every name in ``cfg`` is known to its registry and every path exists; raises `ConfigError`.
+    ``import_rules=False`` (`verirl plan`): rule files are read, not run."""
     from verirl.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
     from verirl.data.prompts import SHUFFLES, TOO_LONG
     from verirl.data.tasks import TASKS
@@ -31,7 +32,7 @@ def check_train(cfg: Config) -> None:
     check_compute_dtype(cfg.model.compute_dtype, cfg.model.dtype)
     if not cfg.data.train_path:
         TASKS.check(cfg.data.task)
-    check_rules(cfg.reward.verifiers, cfg.reward.tasks)
+    check_rules(cfg.reward.verifiers, cfg.reward.tasks, import_rules)
     check_algorithms(cfg)
     if os.environ.get("RANK", "0") == "0":  # rank 0 alone opens the trackers
         from verirl.trackers import check_backends
@@ -111,17 +112,20 @@ def check_parallel(cfg: Config) -> None:
                           f"machine (e.g. the first machine's address and a free port such as 29400).")
 
 
-def check_rules(verifiers, tasks) -> None:
-    """Each verifier is a built-in rule or a loadable ``file.py:fn`` / ``module:fn``; each rule a task
-    is routed to is one of the verifiers."""
-    from verirl.rewards import RULES, load_rule
+def check_rules(verifiers, tasks, import_rules: bool = True) -> None:
+    """Each verifier is a built-in rule or a ``file.py:fn`` / ``module:fn`` that defines the function
+    (read first, without running it: `verirl.rewards.check_reference`; then, with ``import_rules``,
+    imported, before training writes anything); each rule a task is routed to is one of the verifiers."""
+    from verirl.rewards import RULES, check_reference, load_rule
 
     names_ok = set(verifiers)
     for name in verifiers:
         if name in RULES:
             continue
         try:
-            names_ok.add(load_rule(name).name)
+            names_ok.add(check_reference(name))
+            if import_rules:
+                load_rule(name)
         except ValueError as e:
             raise ConfigError(str(e) if str(e).startswith("reward.verifiers") else f"reward.verifiers: {e}") from None
     for task, names in tasks.items():

@@ -57,13 +57,30 @@ def sample_metrics(rewards: Sequence[Sequence[float]], correct: Sequence[Sequenc
     return out
 
 
-def answer_right(result: RewardResult, i: int, response: str, label: str) -> bool:
+def answer_right(result: RewardResult, i: int, response: str, label: str, checked: Optional[bool] = None) -> bool:
     """Whether sample ``i`` is right by its task's own answer check: the first answer rule (`ANSWER_RULES`)
-    that scored it, at that rule's "right" score; with none, the `acc` rule's test."""
+    that scored it, at that rule's "right" score; with none, the `acc` rule's test (``checked``, its
+    verdict computed under the scoring pool's deadline, where given)."""
     for name, scores in result.per_rule.items():
         if name in ANSWER_RULES and scores[i] is not None:
             return scores[i] >= ANSWER_RULES[name]
-    return is_correct(response, label)
+    return bool(checked) if checked is not None else is_correct(response, label)
+
+
+_EXTRACT, _CHECK = "verirl.rewards.rules:extract_answer", "verirl.rewards.rules:is_correct"
+
+
+def _score(scorer, texts: list[str], samples: list[dict], sampled_from: int):
+    """The rules' result; each text's verdict for `answer_right` (the acc test, run only where no answer
+    rule scores the text); the extracted answers of ``texts[sampled_from:]`` (maj@n's votes). The
+    answers and verdicts are computed in the scoring pool, under its deadline, like the rules."""
+    pending = scorer.submit(texts, samples)
+    unchecked = [i for i, s in enumerate(samples) if not scorer.applies(ANSWER_RULES, s)]
+    answers, checked = scorer.apply([(_EXTRACT, range(sampled_from, len(texts))), (_CHECK, unchecked)], texts, samples)
+    verdicts: list[Optional[bool]] = [None] * len(texts)
+    for i, v in zip(unchecked, checked):
+        verdicts[i] = bool(v)
+    return pending.result(), verdicts, answers
 
 
 def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n: int, max_new_tokens: int,
@@ -87,8 +104,6 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
     position in the whole list, for the sampling keys) and ``gather`` (every rank's per-prompt rows,
     in order); the metrics are then those of the whole list, the same on every rank and the same
     as one process evaluating it alone."""
-    from verirl.rewards.rules import extract_answer
-
     if n < 0 or (n == 0 and not greedy):
         raise ValueError(f"evaluate needs n > 0 samples or greedy decoding; got n={n}, greedy={greedy}")
     ks = sorted({k for k in (ks or [1, 2, 4, 8, 16, 32, 64]) if k <= n} | ({1, n} if n else set()))
@@ -104,14 +119,15 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
                 ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed),
                 prompt_index=range(first_index + b, first_index + b + len(chunk))))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
-        result = scorer(texts, [{**p.extra, "label": p.label, "task": p.task} for p in per_text])
-        right = [answer_right(result, i, t, p.label) for i, (t, p) in enumerate(zip(texts, per_text))]
         g = len(chunk) if greedy else 0
+        result, verdicts, answers = _score(scorer, texts, [{**p.extra, "label": p.label, "task": p.task}
+                                                           for p in per_text], g)
+        right = [answer_right(result, i, t, p.label, verdicts[i]) for i, (t, p) in enumerate(zip(texts, per_text))]
         for j, p in enumerate(chunk):
             s = slice(g + j * n, g + (j + 1) * n)
             source = p.extra.get("data_source")
             rows.append({"greedy": right[j] if greedy else None, "rewards": result.totals[s], "right": right[s],
-                         "answers": [extract_answer(t) for t in texts[s]],
+                         "answers": answers[j * n:(j + 1) * n],
                          "groups": [f"task/{p.task}"] + ([f"data_source/{source}"] if source else [])})
         if progress:
             progress(min(b + batch_prompts, len(prompts)))

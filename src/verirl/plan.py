@@ -491,7 +491,7 @@ def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
     from verirl.checks import check_train
 
     check_layout(cfg, devices)  # first: its paragraphs spell the layout's arithmetic out in full
-    check_train(cfg)
+    check_train(cfg, import_rules=False)  # a rule file is read, not run
     layout = make_layout(cfg)
     resources = make_resources(cfg, cores)
     config = read_model_config(cfg.model.path)

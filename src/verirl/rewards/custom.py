@@ -1,4 +1,5 @@
-"""Rules given by reference: a built-in name, ``path/to/file.py:fn`` or ``package.module:fn``.
+"""Rules given by reference: a built-in name, ``path/to/file.py:fn`` or ``package.module:fn`` (an
+installed package's, not the standard library's), naming a plain Python function.
 
 A rule is written either for ONE response, ``fn(response, label, ...) -> float``, or for a
 LIST, ``fn(responses, labels, ...) -> list[float]``. verirl tells which by the
@@ -16,6 +17,7 @@ stops the run.
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -105,11 +107,13 @@ def batched(fn: Callable) -> Callable:
     return fn
 
 
-@lru_cache(maxsize=None)
-def resolve(spec: str) -> Callable:
-    """The function a rule reference names (cached per process)."""
-    if spec in RULES:
-        return RULES[spec]
+_KINDS = ("A rule is a built-in name, path/to/file.py:function, or package.module:function of an installed "
+          "package that is not Python's standard library")
+
+
+def _split(spec: str) -> tuple[str, str]:
+    """(file or module, function name) of a reference that is not a built-in name; refuses the
+    references verirl does not run: no ``:``, a standard-library or builtin module."""
     if ":" not in spec:
         raise ConfigError(f"{RULES.unknown(spec)} Your own rule is named path/to/file.py:function or "
                           f"package.module:function.")
@@ -117,6 +121,29 @@ def resolve(spec: str) -> Callable:
     if target.endswith(".py"):
         if not os.path.exists(target):
             raise ConfigError(f"reward rule '{spec}': file '{target}' does not exist.")
+        return target, name
+    top = target.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "builtins":
+        raise ConfigError(f"reward rule '{spec}': '{top}' is Python's standard library, and verirl does not call "
+                          f"its functions as reward rules (os:system would run every response through a shell). "
+                          f"{_KINDS}. Write the rule as a function in a file of yours.")
+    return target, name
+
+
+def _not_a_function(spec: str, target: str, name: str, fn: object) -> str:
+    kind = "a class" if inspect.isclass(fn) else "a C builtin" if inspect.isbuiltin(fn) else type(fn).__name__
+    return (f"reward rule '{spec}': '{name}' in '{target}' is {kind}, not a plain Python function. {_KINDS}, and "
+            f"it names a function defined with def; wrap anything else in one.")
+
+
+@lru_cache(maxsize=None)
+def resolve(spec: str) -> Callable:
+    """The function a rule reference names (cached per process): importing its file or module runs
+    that code. `check_reference` checks a reference without running anything."""
+    if spec in RULES:
+        return RULES[spec]
+    target, name = _split(spec)
+    if target.endswith(".py"):
         mod_name = f"verirl_user_rule_{abs(hash(os.path.abspath(target)))}"
         loader_spec = importlib.util.spec_from_file_location(mod_name, target)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
@@ -140,9 +167,86 @@ def resolve(spec: str) -> Callable:
                     raise
                 raise ConfigError(_import_failure(spec, target, e, None)) from None
     fn = getattr(module, name, None)
-    if not callable(fn):
+    if fn is None:
         raise ConfigError(f"reward rule '{spec}': '{target}' has no function '{name}'.")
+    if not inspect.isfunction(fn):
+        raise ConfigError(_not_a_function(spec, target, name, fn))
     return fn
+
+
+def _source_of(target: str) -> Optional[str]:
+    """The source file of module ``target``, found without importing it or its packages; None when
+    it has none (a C extension, a namespace package)."""
+    parts = target.split(".")
+    spec = importlib.util.find_spec(parts[0])  # a top-level name: imports nothing
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named '{parts[0]}'")
+    where, origin = spec.submodule_search_locations, spec.origin
+    for part in parts[1:]:
+        found = [c for d in (where or []) for c in (os.path.join(d, part + ".py"), os.path.join(d, part, "__init__.py"))
+                 if os.path.isfile(c)]
+        if not found:
+            return None
+        origin = found[0]
+        where = [os.path.dirname(origin)] if origin.endswith("__init__.py") else None
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _module_level(body: list) -> list:
+    """The statements that run at a module's top level, those inside ``if``, ``try`` and ``with`` too."""
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            inner = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            inner += [s for h in getattr(node, "handlers", []) for s in h.body]
+            out += _module_level(inner)
+    return out
+
+
+def _top_level_names(path: str, spec: str) -> dict[str, ast.AST]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"reward rule '{spec}': cannot read '{path}' ({e}).") from None
+    except SyntaxError as e:
+        raise ConfigError(f"reward rule '{spec}': '{path}' line {e.lineno}: {e.msg}. Fix the file's syntax.") from None
+    names: dict[str, ast.AST] = {}
+    for node in _module_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update({(a.asname or a.name).split(".")[0]: node for a in node.names})
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update({n.id: node for n in ast.walk(t) if isinstance(n, ast.Name)})
+    return names
+
+
+def check_reference(spec: str) -> str:
+    """The metric name of rule reference ``spec``, checked WITHOUT running its code (``verirl plan``):
+    a built-in name, or a file or module whose source parses and defines ``function`` at its top
+    level (a ``def``, or a name it imports or assigns, which only the import can check)."""
+    if spec in RULES:
+        return spec
+    target, name = _split(spec)
+    try:
+        path = target if target.endswith(".py") else _source_of(target)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"reward rule '{spec}': cannot find module '{target}' ({e}).") from None
+    if path is None:
+        return name  # no Python source to read: the import when training starts checks it
+    node = _top_level_names(path, spec).get(name)
+    if node is None:
+        raise ConfigError(f"reward rule '{spec}': '{target}' has no function '{name}'.")
+    if isinstance(node, ast.ClassDef):
+        raise ConfigError(f"reward rule '{spec}': '{name}' in '{target}' is a class, not a plain Python function. "
+                          f"{_KINDS}, and it names a function defined with def; wrap anything else in one.")
+    if isinstance(node, ast.AsyncFunctionDef):
+        raise ConfigError(f"reward rule '{spec}': '{name}' in '{target}' is an async function; a rule returns its "
+                          f"score, so define it with def.")
+    return name
 
 
 @dataclass(frozen=True)
@@ -151,6 +255,7 @@ class Rule:
     name: str  # metric name: reward/<name>/mean
     batched: bool
     params: Optional[tuple[str, ...]]  # keyword parameters filled from the sample; None = **kwargs (all)
+    scores: bool = True  # False: a helper whose values (any picklable object) come back unchecked
 
 
 def load_rule(spec: str) -> Rule:
@@ -216,7 +321,8 @@ def call_rule(rule: Rule, responses: Sequence[str], samples: Sequence[dict],
             out = []
             for resp, sample in zip(responses, samples):
                 try:
-                    out.append(check_score(fn(resp, **_kwargs(rule, sample)), max_abs_score))
+                    value = fn(resp, **_kwargs(rule, sample))
+                    out.append(check_score(value, max_abs_score) if rule.scores else (value, ""))
                 except _USER_FAILURES as e:  # a user's rule may raise anything; it must not stop the run
                     if watch.hit:
                         raise

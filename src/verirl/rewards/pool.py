@@ -26,6 +26,10 @@ a memory cap and captured output would still be ours to write, on top of a new d
 - ``max_memory_mb`` (Linux): an ``RLIMIT_AS`` cap on each worker's address space (virtual
   memory, which counts more than resident memory), set once the worker's imports are done. A
   rule that allocates past it gets MemoryError and scores None ("out of memory ...").
+- A rule's processes end with its call: after each call the worker (a child subreaper on Linux, so
+  that orphaned grandchildren become its own) kills and reaps every process left below it, and a
+  worker killed at its deadline or at `close` has its descendants killed first. Linux only; a
+  process that a rule starts after the trainer is killed with ``kill -9`` mid-call may survive it.
 - A worker's stdout and stderr (file descriptors 1 and 2, so C extensions' output too) go to a
   pipe the manager drains, keeping the last `TAIL_BYTES`; a failed call's reason ends with the
   last `TAIL_LINES` lines it printed, each cut to `LINE_CHARS` characters. Nothing a rule
@@ -74,9 +78,64 @@ def _die_with_parent(parent_pid: int, alive: Connection, pdeathsig: bool) -> Non
                 alive.recv_bytes()  # the parent never writes; end-of-file means it is gone
         except (EOFError, OSError):
             pass
+        _kill_tree(os.getpid(), reap=False)
         os._exit(1)
 
     threading.Thread(target=watchdog, name="verirl-reward-watchdog", daemon=True).start()
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (Linux; elsewhere none are found)."""
+    try:
+        found = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        return found
+    except (OSError, ValueError):
+        pass
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _kill_tree(pid: int, reap: bool) -> None:
+    """SIGKILL every descendant of ``pid`` (children first found, then what they leave), reaping them
+    when they are this process's own (``reap``). A worker is a child subreaper, so the orphans of a
+    killed child become its children and the next round finds them."""
+    for _ in range(100):  # a fork bomb outruns any count; the next call's clean-up goes on
+        kids = _children(pid)
+        if not kids:
+            return
+        for kid in kids:
+            if not reap:
+                _kill_tree(kid, reap=False)
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for kid in kids if reap else []:
+            try:
+                os.waitpid(kid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _own_children() -> None:
+    """Make this worker the reaper of its descendants' orphans (Linux), so that `_kill_tree` finds
+    a grandchild whose parent exited."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER
+        except (OSError, AttributeError):
+            pass
 
 
 def _address_space_mb() -> Optional[int]:
@@ -111,6 +170,7 @@ def _worker_main(tasks: Connection, alive: Connection, output: Connection, paren
     """One scoring worker: ``tasks`` brings (rule, responses, samples, max_abs_score) and takes back
     ("ready", pid, address space MB), ("start",) and ("done", scores)."""
     _die_with_parent(parent_pid, alive, pdeathsig)
+    _own_children()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the trainer decides
     for fd in (1, 2):
         os.dup2(output.fileno(), fd)
@@ -133,6 +193,7 @@ def _worker_main(tasks: Connection, alive: Connection, output: Connection, paren
             scores: Scores = call_rule(*msg)
         except BaseException as e:  # noqa: BLE001  (call_rule catches the rule's own; this is what is left)
             scores = [(None, f"failed in the scoring worker: {type(e).__name__}: {e}")] * n
+        _kill_tree(os.getpid(), reap=True)  # a rule's processes end with its call
         _flush()
         try:
             tasks.send(("done", scores))
@@ -190,8 +251,10 @@ class _Worker:
         return "\n".join(ln if len(ln) <= LINE_CHARS else ln[:LINE_CHARS] + "..." for ln in lines)
 
     def close(self) -> None:
-        """Kill it (if still running), reap it, keep what it printed last, close its pipes."""
+        """Kill it and the processes its call started (if still running), reap it, keep what it printed
+        last, close its pipes."""
         if self.proc.is_alive():
+            _kill_tree(self.proc.pid, reap=False)
             self.proc.kill()
         self.proc.join(5)
         self.drain()

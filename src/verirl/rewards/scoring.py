@@ -1,6 +1,7 @@
 """Apply configured rules to a batch: weights, task routing, errors that never stop a run."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -86,6 +87,33 @@ class Scorer:
             finally:
                 self.current = None
         return PendingRewards(self, responses, samples, calls, where, started)
+
+    def applies(self, rule_names: Sequence[str], sample: dict) -> bool:
+        """Whether one of ``rule_names`` scores ``sample`` (is configured and routed to its task)."""
+        return any(r.name in rule_names for r in self.task_rules.get(sample.get("task"), self.rules))
+
+    def apply(self, calls: Sequence[tuple[str, Sequence[int]]], responses: Sequence[str],
+              samples: Sequence[dict]) -> list[list[object]]:
+        """For each (``module:function``, indices): the function's value on those responses (None where
+        it failed or ran out of time), computed as rules are scored: in the pool, each call under
+        ``timeout`` (evaluation's answer extraction and answer check run this way)."""
+        jobs, where = [], []
+        for k, (spec, idx) in enumerate(calls):
+            helper = dataclasses.replace(load_rule(spec), scores=False)
+            for c in range(0, len(idx), max(self.chunk, 1)):
+                part = list(idx[c:c + self.chunk])
+                jobs.append((helper, [responses[i] for i in part], [samples[i] for i in part]))
+                where.append((k, part))
+        if self.pool:
+            results = self.pool.collect(self.pool.start(jobs))
+        else:
+            results = [call_rule(*job, self.max_abs_score) for job in jobs]
+        out: list[list[object]] = [[None] * len(idx) for _, idx in calls]
+        for (k, part), res in zip(where, results):
+            pos = {i: j for j, i in enumerate(calls[k][1])}
+            for i, (value, _) in zip(part, res):
+                out[k][pos[i]] = value
+        return out
 
     def outstanding(self) -> list[str]:
         """The scoring calls running now, one line each (the hang watchdog's report)."""
