@@ -23,7 +23,7 @@ from verirl.errors import UserError
 
 
 INTERRUPTED = "__verirl_interrupted__"  # a rank's answer when a signal stopped the run (signum, step, checkpoint)
-# torch's launcher turns these into its SignalException; SIGINT and SIGTERM are the launcher's own (`_PassOn`)
+# torch's launcher turns these into its SignalException; SIGINT and SIGTERM are the launcher's own (`DriverSignals`)
 TORCH_SIGNALS = "SIGHUP,SIGQUIT"
 
 
@@ -45,7 +45,7 @@ def launch(cfg: Config) -> dict:
         rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn",
         signals_to_handle=TORCH_SIGNALS)
     try:
-        with _PassOn() as signals:
+        with DriverSignals(on_first=_term_children) as signals:
             results = elastic_launch(config, _rank_main)(to_dict(cfg))
     except ChildFailedError as e:
         if signals.signum:  # a rank stopped before its loop could save a checkpoint: "interrupted"
@@ -62,14 +62,16 @@ def launch(cfg: Config) -> dict:
     return summary
 
 
-class _PassOn:
-    """The launcher's SIGINT / SIGTERM while the ranks run (main thread only): the first is sent on to
-    every rank as SIGTERM; the second raises KeyboardInterrupt."""
+class DriverSignals:
+    """The launching process's SIGINT / SIGTERM while the ranks run (main thread only). The first is
+    recorded, and `fresh` is true once for it (it prints what happens next); ``on_first`` is called from
+    the handler itself, for a launcher whose main thread is blocked while the ranks run. The second
+    raises KeyboardInterrupt (the ranks are then ended at once)."""
 
-    def __init__(self):
-        self.signum, self._old = 0, {}
+    def __init__(self, on_first=None):
+        self.signum, self._told, self._old, self._on_first = 0, False, {}, on_first
 
-    def __enter__(self) -> "_PassOn":
+    def __enter__(self) -> "DriverSignals":
         import threading
 
         if threading.current_thread() is threading.main_thread():
@@ -81,15 +83,28 @@ class _PassOn:
         if self.signum:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"verirl: {signal.Signals(signum).name}: every rank is asked to save a checkpoint after this step "
-              f"and stop (send it again to stop them at once, without saving).", file=sys.stderr, flush=True)
-        for rank in multiprocessing.active_children():  # the ranks torch's launcher started from this process
-            with contextlib.suppress(OSError):
-                os.kill(rank.pid, signal.SIGTERM)
+        if self._on_first is not None and self.fresh():
+            self._on_first()
+
+    def fresh(self) -> bool:
+        """Whether a first signal came that the ranks have not been told of yet."""
+        if not self.signum or self._told:
+            return False
+        self._told = True
+        print(f"verirl: {signal.Signals(self.signum).name}: every rank is asked to save a checkpoint after this "
+              f"step and stop (send it again to stop them at once, without saving).", file=sys.stderr, flush=True)
+        return True
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _term_children() -> None:
+    """SIGTERM to the ranks torch's launcher started from this process."""
+    for rank in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            os.kill(rank.pid, signal.SIGTERM)
 
 
 def _why(failure) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from verirl.config import Config, to_dict
 from verirl.errors import ConfigError
-from verirl.launch.local import INTERRUPTED, RankFailed
+from verirl.launch.local import INTERRUPTED, DriverSignals, RankFailed
 from verirl.plan import threads_per_rank, world_size
 
 # the driver's environment variables every rank gets (a joined cluster's workers do not inherit it)
@@ -328,7 +328,7 @@ def _run(actors: list, envs: list[dict], where: list[dict], cfg_dict: dict) -> d
     results: dict[int, Any] = {}
     failures: list[tuple[int, BaseException]] = []  # (bundle index, error), in the order they were seen
     deadline = None
-    with _Signals() as signals:
+    with DriverSignals() as signals:
         while pending and (deadline is None or time.monotonic() < deadline):
             if signals.fresh():
                 _signal_ranks(where)
@@ -362,40 +362,6 @@ def _run(actors: list, envs: list[dict], where: list[dict], cfg_dict: dict) -> d
         _, step, checkpoint = summary[INTERRUPTED]
         raise TrainingInterrupted(signals.signum, step, Path(checkpoint))
     return summary
-
-
-class _Signals:
-    """The driver's SIGINT / SIGTERM while the ranks run (main thread only): the first is noted for
-    the ranks; the second raises KeyboardInterrupt (every rank is then killed)."""
-
-    def __init__(self):
-        self.signum, self._told, self._old = 0, False, {}
-
-    def __enter__(self) -> "_Signals":
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def fresh(self) -> bool:
-        """Whether a first signal came that the ranks have not been told of yet."""
-        if not self.signum or self._told:
-            return False
-        self._told = True
-        print(f"verirl: {signal.Signals(self.signum).name}: every rank is asked to save a checkpoint after this "
-              f"step and stop (send it again to stop them at once, without saving).", file=sys.stderr)
-        return True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _signal_ranks(where: list[dict]) -> None:
