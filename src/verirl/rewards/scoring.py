@@ -98,21 +98,20 @@ class Scorer:
         it failed or ran out of time), computed as rules are scored: in the pool, each call under
         ``timeout`` (evaluation's answer extraction and answer check run this way)."""
         jobs, where = [], []
+        step = max(self.chunk, 1)
         for k, (spec, idx) in enumerate(calls):
             helper = dataclasses.replace(load_rule(spec), scores=False)
-            for c in range(0, len(idx), max(self.chunk, 1)):
-                part = list(idx[c:c + self.chunk])
+            for c in range(0, len(idx), step):
+                part = list(idx[c:c + step])
                 jobs.append((helper, [responses[i] for i in part], [samples[i] for i in part]))
-                where.append((k, part))
+                where.append((k, c))
         if self.pool:
             results = self.pool.collect(self.pool.start(jobs))
         else:
             results = [call_rule(*job, self.max_abs_score) for job in jobs]
         out: list[list[object]] = [[None] * len(idx) for _, idx in calls]
-        for (k, part), res in zip(where, results):
-            pos = {i: j for j, i in enumerate(calls[k][1])}
-            for i, (value, _) in zip(part, res):
-                out[k][pos[i]] = value
+        for (k, c), res in zip(where, results):
+            out[k][c:c + len(res)] = [value for value, _ in res]
         return out
 
     def outstanding(self) -> list[str]:
