@@ -193,7 +193,7 @@ def synthetic_rollout(vocab: int, groups: int, n: int, p_range, r_range, device,
     """groups x n rows, each group one prompt (length spread over p_range) and n responses (lengths spread
     over r_range); random ids below ``vocab``."""
     from verirl.rollout.base import left_pad
-    from verirl.types import Rollout
+    from verirl.core.types import Rollout
 
     g = torch.Generator().manual_seed(seed)
     N = groups * n
@@ -216,7 +216,7 @@ def synthetic_rollout(vocab: int, groups: int, n: int, p_range, r_range, device,
 
 def all_logprobs(model, roll, how, micro: int) -> torch.Tensor:
     """(N, R) float32 log-probs of every response token (0 elsewhere), ``micro`` sequences per forward."""
-    from verirl.train.actor import sequence_logprobs
+    from verirl.train.update import sequence_logprobs
 
     N, R = roll.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=roll.response_ids.device)
@@ -239,10 +239,10 @@ def fsdp_one_rank(model_dir: Path, device: torch.device, smoke: bool) -> None:
     from verirl.models import load_model
     from verirl.rollout import build_engine
     from verirl.rollout.base import SamplingParams
-    from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, update_policy
+    from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, update_policy
     from verirl.train.distributed import Dist
     from verirl.train.strategy import full_state_dict, full_weights, shard
-    from verirl.types import TrainBatch
+    from verirl.core.types import TrainBatch
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     with socket.socket() as s:
@@ -295,7 +295,7 @@ def fsdp_one_rank(model_dir: Path, device: torch.device, smoke: bool) -> None:
 def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None:
     from verirl.models import load_model
     from verirl.train import packing
-    from verirl.train.actor import LogprobPass
+    from verirl.train.update import LogprobPass
 
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     model = load_model(str(model_dir), dtype, device.type).model.eval()

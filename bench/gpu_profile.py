@@ -27,7 +27,7 @@ def packed(model_dir, device, smoke, small=False):
     responses of 32), where launches and host work, not arithmetic, set the time."""
     from verirl.models import load_model
     from verirl.train import packing
-    from verirl.train.actor import LogprobPass, sequence_logprobs
+    from verirl.train.update import LogprobPass, sequence_logprobs
     from verirl.train.packing import PackCache, pack_rows
 
     dtype = "float32" if smoke else "bfloat16"

@@ -79,7 +79,7 @@ def model_dir(case: str) -> str:
             tmp.rename(out)
         return str(out)
     if case == "R":
-        from verirl.cache import cache_root
+        from verirl.core.cache import cache_root
 
         out = cache_root() / "bench-smollm2-shape-random"
         if not (out / "config.json").exists():
@@ -95,12 +95,12 @@ def model_dir(case: str) -> str:
 
 
 def matmul_rate(threads: int, device: str = "cpu", dtype: str = "float32") -> tuple[float, dict]:
-    """This machine's matmul rate in ``dtype`` on ``threads`` threads: `verirl.metrics.measure_peak_flops` (the
+    """This machine's matmul rate in ``dtype`` on ``threads`` threads: `verirl.models.perf.measure_peak_flops` (the
     denominator of perf/mfu: for float32 the faster of torch.mm and oneDNN), and each library's rate. On a
     GPU: an 8192^3 product in ``dtype`` there."""
     import torch
 
-    from verirl.metrics import cpu_matmul_rates, measure_peak_flops
+    from verirl.models.perf import cpu_matmul_rates, measure_peak_flops
 
     if device != "cpu":
         return measure_peak_flops(torch.device(device), getattr(torch, dtype)), {}
@@ -111,11 +111,11 @@ def matmul_rate(threads: int, device: str = "cpu", dtype: str = "float32") -> tu
 
 
 def step_flops(run, records, kl: float) -> dict:
-    """Model FLOPs of the step by verirl's one formula (`verirl.metrics.step_flops`, the same as perf/mfu):
+    """Model FLOPs of the step by verirl's one formula (`verirl.models.perf.step_flops`, the same as perf/mfu):
     every matmul weight (the output layer included) on every token a pass computes, plus causal
     attention: the rollout (each prompt prefilled once, one token per decoding row-step), the reference
     pass and the update (forward + backward) over the packed row, each prompt once."""
-    from verirl.metrics import step_flops as flops
+    from verirl.models.perf import step_flops as flops
 
     return flops(run.step.flops, [len(r["prompt_ids"]) for r in records], [r["response_length"] for r in records],
                  N_SAMPLES, logprob_passes=1 if kl > 0 else 0, update_passes=1, share_prompt=True)
@@ -319,7 +319,7 @@ def main() -> None:
     products = "bfloat16" if a.mixed else a.dtype  # the dtype the products run in: the floor's peak
     import torch
 
-    from verirl.metrics import device_name
+    from verirl.models.perf import device_name
 
     peak, rates = matmul_rate(a.threads, a.device, products)
     machine = device_name(torch.device(a.device))  # which machine the figures are from (BENCHMARKS.md rows)

@@ -19,7 +19,7 @@ import torch
 
 def spread_rollout(vocab: int, seqs: int, lo: int, hi: int, prompt_len: int = 8, seed: int = 0):
     from verirl.rollout.base import left_pad
-    from verirl.types import Rollout
+    from verirl.core.types import Rollout
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.linspace(lo, hi, seqs).round().long()[torch.randperm(seqs, generator=g)].tolist()
@@ -48,7 +48,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     from verirl.models import load_model
-    from verirl.train.actor import plan_micro_batches, response_logprobs
+    from verirl.train.update import plan_micro_batches, response_logprobs
     from verirl.train.packing import packed_logprobs
 
     path = a.model

@@ -11,7 +11,7 @@ TRL generates.
 
 The header gives this machine's float32 matmul rates (2048^3 through torch.mm, which is MKL on x86;
 and through oneDNN, which verirl's decoder and training products use for large weights,
-verirl.ops.linear). A machine whose small-op and matmul overheads are high shows here as a long
+verirl.core.ops.linear). A machine whose small-op and matmul overheads are high shows here as a long
 per-step time against the FLOPs of the step (printed as `floor ms`: the step's matmul FLOPs at the
 oneDNN rate).
 
@@ -39,7 +39,7 @@ N_SAMPLES, MAX_NEW = 8, 32
 
 def matmul_rates(threads: int) -> tuple[float, float]:
     """(torch.mm, oneDNN) float32 FLOP/s on 2048^3, best of 5 after a warm-up (NaN without oneDNN). Written
-    out here rather than imported (`verirl.metrics.cpu_matmul_rates` does the same), so that this script
+    out here rather than imported (`verirl.models.perf.cpu_matmul_rates` does the same), so that this script
     also measures an older verirl: PYTHONPATH=OLD_CHECKOUT/src .venv/bin/python bench/rollout.py."""
     import torch
 
@@ -63,8 +63,8 @@ def matmul_rates(threads: int) -> tuple[float, float]:
 
 def decode_flops(model, rows: int) -> float:
     """Matmul FLOPs of one decoding step of ``rows`` rows: 2 x rows x every matmul weight (the output layer
-    included; attention over the cache is left out): `verirl.metrics.FlopModel`'s N."""
-    from verirl.metrics import FlopModel
+    included; attention over the cache is left out): `verirl.models.perf.FlopModel`'s N."""
+    from verirl.models.perf import FlopModel
 
     return 2.0 * rows * FlopModel.of(model).matmul_params
 
@@ -79,7 +79,7 @@ def make_engine(name: str, lm, max_rows: int):
         return build_engine("hf", plain, lm.pad_id, lm.stop_ids)
     if name == "vllm":
         from verirl.config import RolloutConfig
-        from verirl.train.build import vllm_options
+        from verirl.rollout.vllm import vllm_options
 
         options = vllm_options(RolloutConfig(), lm, "float32", {}, max_rows, 512, 0)
         return build_engine("vllm", lm.model, lm.pad_id, lm.stop_ids, **options)
@@ -101,7 +101,7 @@ def main() -> None:
 
     from grpo_vs_trl import model_dir
     from verirl.data import TASKS, encode_prompts
-    from verirl.metrics import device_name
+    from verirl.models.perf import device_name
     from verirl.models import load_model
     from verirl.rollout import SamplingParams
 

@@ -64,7 +64,7 @@ def main() -> None:
     from verirl.data import arith_split, encode_prompts
     from verirl.models import load_model
     from verirl.rollout import build_engine
-    from verirl.train.build import vllm_options
+    from verirl.rollout.vllm import vllm_options
     from verirl.config import RolloutConfig
 
     threads = torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""The activation dump (`verirl.align.dump`) and `verirl compare-activations`, on the real tiny model:
+"""The activation dump (`verirl.train.record`) and `verirl compare-activations`, on the real tiny model:
 statistics that do not depend on the layout (packed / padded, shared prompt, micro-batches, ranks),
 gradients too, and seed 000's failure (rms_norm_eps 1e-6 vs 1e-5) named at the first RMSNorm."""
 import json
@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
-from verirl.align.activations import compare, compare_rows, relative
-from verirl.align.dump import ActivationRecorder, dump_path
+from verirl.tools.align.activations import compare, compare_rows, relative
+from verirl.train.record import ActivationRecorder, dump_path
 from verirl.cli import main
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.models import load_model
 from verirl.rollout import NativeEngine, SamplingParams
-from verirl.train import taps
-from verirl.train.actor import LogprobPass, sequence_logprobs
+from verirl.train import record as taps
+from verirl.train.update import LogprobPass, sequence_logprobs
 
 PADDED = LogprobPass(remove_padding=False)
 PACKED = LogprobPass(remove_padding=True, share_prompt=False)
@@ -233,7 +233,7 @@ def test_relative_tolerance():
 
 
 def test_the_command_module_imports_no_torch():
-    code = "import sys, verirl.align.activations; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, verirl.tools.align.activations; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from verirl.rollout import NativeEngine, SamplingParams
-from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, response_logprobs, update_policy
-from verirl.types import TrainBatch
+from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, response_logprobs, update_policy
+from verirl.core.types import TrainBatch
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from verirl.algo import aggregate, clipped_policy_loss, grpo_advantages, kl_penalty, logprobs_from_logits
-from verirl.algo.advantages import rloo_advantages
-from verirl.algo.logprobs import entropy_from_logits
+from verirl.core.algo import aggregate, clipped_policy_loss, grpo_advantages, kl_penalty, logprobs_from_logits
+from verirl.core.algo.advantages import rloo_advantages
+from verirl.core.algo.logprobs import entropy_from_logits
 
 
 def test_grpo_advantages_by_hand():
@@ -104,7 +104,7 @@ def test_logprobs_and_entropy_from_logits():
 def test_constant_groups_get_exactly_zero_advantage(dtype, estimator):
     """All right, all wrong, or all partly right: no signal, so exactly 0 (float rounding of the mean
     divided by epsilon used to give eight rewards of -0.4 an advantage of 0.0289 each)."""
-    from verirl.algo import ADVANTAGE_ESTIMATORS
+    from verirl.core.algo import ADVANTAGE_ESTIMATORS
 
     fn = ADVANTAGE_ESTIMATORS[estimator]
     for value in (-0.4, 0.3, 0.1, 1.1, -1.0, 0.0, 1e-3, 123.456):
@@ -151,7 +151,7 @@ def test_batch_scale_of_an_all_constant_batch_is_zero_not_nan():
 
 
 def test_reinforce_plus_plus_baseline_by_hand():
-    from verirl.algo import ADVANTAGE_ESTIMATORS, reinforce_plus_plus_baseline_advantages as rpp
+    from verirl.core.algo import ADVANTAGE_ESTIMATORS, reinforce_plus_plus_baseline_advantages as rpp
 
     assert ADVANTAGE_ESTIMATORS["reinforce_plus_plus_baseline"] is rpp
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
@@ -180,7 +180,7 @@ def test_reinforce_plus_plus_baseline_is_verl_masked_whiten_over_tokens():
     """veRL (core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage) tiles c_i over the
     response tokens and calls verl_F.masked_whiten(scores, response_mask): mean and unbiased var over the
     masked tokens, (x - mean) * rsqrt(var + 1e-8). Those lines on a token matrix, against ours on lengths."""
-    from verirl.algo import reinforce_plus_plus_baseline_advantages as rpp
+    from verirl.core.algo import reinforce_plus_plus_baseline_advantages as rpp
 
     gen = torch.Generator().manual_seed(3)
     rewards = torch.randint(0, 3, (12,), generator=gen).float()
@@ -217,7 +217,7 @@ def test_seq_mean_token_sum_norm_by_hand_and_micro_batches():
 # ---- reward shaping, multi-rule aggregation, group filtering ------------------------------------
 
 def test_overlong_penalty_by_hand():
-    from verirl.algo import overlong_penalty
+    from verirl.core.algo import overlong_penalty
 
     # max_len 20, buffer 4: no penalty up to 16 tokens, then -(L - 16) / 4, capped at -1 (times factor)
     lengths = torch.tensor([10, 16, 17, 18, 20, 25])
@@ -228,7 +228,7 @@ def test_overlong_penalty_by_hand():
 
 
 def test_normalize_then_sum_by_hand():
-    from verirl.algo import normalize_then_sum
+    from verirl.core.algo import normalize_then_sum
 
     nan = float("nan")
     per_rule = {
@@ -249,7 +249,7 @@ def test_normalize_then_sum_by_hand():
 
 
 def test_informative_groups_by_hand():
-    from verirl.algo import informative_groups
+    from verirl.core.algo import informative_groups
 
     metric = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.3, 0.3, 0.3])
     assert informative_groups(metric, 3).tolist() == [False, True, False]
@@ -278,7 +278,7 @@ def _mismatch():
     ("sequence", [[3, 3, 0], [0.5, 0.5, 0.5]]),  # row 0's 4 truncated at 3
 ])
 def test_rollout_correction_importance_weights_by_hand(rollout_is, expected):
-    from verirl.algo import rollout_correction
+    from verirl.core.algo import rollout_correction
 
     w, rejected = rollout_correction(*_mismatch(), rollout_is, 3.0, None, 3.0)
     assert torch.allclose(w, torch.tensor(expected, dtype=torch.float32), atol=1e-6), w
@@ -294,7 +294,7 @@ def test_rollout_correction_importance_weights_by_hand(rollout_is, expected):
     ("geometric", 1.5, 0.0, [[1, 1, 0], [0, 0, 0]]),  # row 0: 2 > 1.5
 ])
 def test_rollout_correction_rejection_by_hand(rollout_rs, upper, lower, rejected):
-    from verirl.algo import rollout_correction
+    from verirl.core.algo import rollout_correction
 
     w, rej = rollout_correction(*_mismatch(), None, 3.0, rollout_rs, upper, lower)
     assert rej.tolist() == [[bool(x) for x in row] for row in rejected]
@@ -303,7 +303,7 @@ def test_rollout_correction_rejection_by_hand(rollout_rs, upper, lower, rejected
 
 
 def test_rollout_correction_combined_overflow_and_errors():
-    from verirl.algo import MODES_IS, MODES_RS, rollout_correction
+    from verirl.core.algo import MODES_IS, MODES_RS, rollout_correction
 
     assert MODES_IS == (None, "token", "sequence") and MODES_RS == (None, "token", "sequence", "geometric")
     # TRL's sequence_mask with clip_max 3: weight exp(sum) when <= 3, else 0
@@ -330,7 +330,7 @@ def test_rollout_correction_combined_overflow_and_errors():
 # ---- high-entropy tokens ------------------------------------------------------------------------
 
 def test_high_entropy_mask_by_hand():
-    from verirl.algo import high_entropy_mask
+    from verirl.core.algo import high_entropy_mask
 
     ent = torch.tensor([[0.1, 0.5, 0.9, 2.0], [0.3, 0.7, 5.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])

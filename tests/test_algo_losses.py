@@ -1,4 +1,4 @@
-"""Hand-computed cases for the policy losses in `verirl.algo.loss.POLICY_LOSSES`.
+"""Hand-computed cases for the policy losses in `verirl.core.algo.loss.POLICY_LOSSES`.
 
 Where veRL is the reference (dual_clip, clip_cov, kl_cov) it cannot be installed here, so parity is by
 derivation from verl/trainer/ppo/core_algos.py (compute_policy_loss_vanilla, compute_policy_loss_clip_cov,
@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from verirl.algo import CLIP_DEFAULTS, POLICY_LOSSES, PolicyLossParams, aggregate, clipped_policy_loss, policy_loss
-from verirl.errors import ConfigError
+from verirl.core.algo import CLIP_DEFAULTS, POLICY_LOSSES, PolicyLossParams, aggregate, clipped_policy_loss, policy_loss
+from verirl.core.errors import ConfigError
 
 
 def test_registry_names_defaults_and_params():

@@ -12,10 +12,10 @@ import torch
 from verirl.cli import main
 from verirl.config import load_config
 from verirl.rollout import NativeEngine, SamplingParams
-from verirl.train.actor import Correction, LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
+from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.train.build import build_run
 from verirl.train.step import train_step
-from verirl.types import Rollout, TrainBatch
+from verirl.core.types import Rollout, TrainBatch
 
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=20",
          "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
@@ -143,7 +143,7 @@ def _grads(tiny, batch, micro, **kw):
 @pytest.mark.parametrize("loss", ["vanilla", "dual_clip", "gspo", "cispo"])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_micro_batches_give_the_full_batch_gradient_for_every_loss(tiny, off_policy, loss, mode):
-    from verirl.algo import CLIP_DEFAULTS, PolicyLossParams
+    from verirl.core.algo import CLIP_DEFAULTS, PolicyLossParams
 
     low, high = CLIP_DEFAULTS[loss]
     guard = Correction("token", 2.0, "sequence", 3.0)  # token weights and some rejected responses
@@ -329,7 +329,7 @@ def test_each_option_reaches_the_step(tmp_path, default_step, option, key):
 
 def test_normalize_then_sum_logs_the_plain_reward(tmp_path):
     """normalize_then_sum changes what the advantages are computed from, not the logged reward."""
-    from verirl.algo import normalize_then_sum
+    from verirl.core.algo import normalize_then_sum
 
     run = _run(tmp_path / "r", "reward.aggregate=normalize_then_sum", "algo.scale_rewards=none",
                "trainer.dump_rollouts=true")

@@ -162,7 +162,7 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
 
     from verirl.config import load_config
     from verirl.rollout import SamplingParams
-    from verirl.train.actor import response_logprobs
+    from verirl.train.update import response_logprobs
     from verirl.train.build import build_run
     from verirl.train.step import train_step
 
@@ -174,8 +174,8 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
         train_step(run, step)
     from rich.console import Console
 
-    from verirl.ops.linear import use_fast_linears
-    from verirl.train.build import LogSettings
+    from verirl.core.ops.linear import use_fast_linears
+    from verirl.train.settings import LogSettings
     from verirl.train.trainer import RunLog, save
     log = RunLog(run_dir, False, Console(), LogSettings(progress=False, console_every=0))
     log.open(0, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from verirl.cli import main
-from verirl.errors import CheckpointError
+from verirl.core.errors import CheckpointError
 from verirl.train.checkpoint import (MANIFEST, check_checkpoint, file_checksum, find_checkpoint, load_checkpoint,
                                      restore_training_state)
 
@@ -167,7 +167,7 @@ def test_a_bad_checkpoint_without_a_manifest_is_skipped(run, case, capsys):
 
 def test_every_load_error_names_the_file_and_never_suggests_weights_only_false(run):
     from verirl.models import load_model
-    from verirl.train.actor import build_optimizer
+    from verirl.train.update import build_optimizer
 
     lm = load_model("tiny")
     optimizer, scheduler = build_optimizer(lm.model, 1e-5, (0.9, 0.999), 0.0, 1)

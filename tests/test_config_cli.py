@@ -56,7 +56,7 @@ def test_other_refusals():
 ])
 def test_names_and_paths_are_checked_before_anything_heavy(override, message):
     """The registry owns the unknown-name message; the schema check alone lets the name through."""
-    from verirl.checks import check_train
+    from verirl.run.checks import check_train
 
     weights = ["reward.weights=[1]"] if override.startswith("reward.verifiers") else []
     cfg = load_config(None, [override, *weights])  # types and ranges are fine
@@ -161,7 +161,7 @@ def test_too_long_builtin_prompts_can_be_filtered(tmp_path):
 def test_a_misspelled_switch_in_the_environment_stops_the_run(capsys, tmp_path, monkeypatch, name, value):
     """A VERIRL_* switch with a value it does not take is refused at start, naming the variable, the value and
     the values it takes, instead of silently meaning its default (and every reader refuses it too)."""
-    from verirl.errors import ENV_SWITCHES, env_choice
+    from verirl.core.errors import ENV_SWITCHES, env_choice
 
     monkeypatch.setenv(name, value)
     run_dir = tmp_path / "run"
@@ -239,7 +239,7 @@ def test_plan_json_into_a_closed_pipe_stops_quietly(monkeypatch, capsys):
 def test_the_first_line_names_the_recipes_algorithm():
     from pathlib import Path
 
-    from verirl.train.display import algorithm_name
+    from verirl.run.display import algorithm_name
 
     dapo = Path(__file__).resolve().parent.parent / "configs" / "tiny_dapo.yaml"
     assert algorithm_name(load_config(str(dapo)).algo) == "DAPO"

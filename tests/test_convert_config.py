@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verirl.align import convert_mindspeed, convert_verl
-from verirl.align.convert import STATUSES, convert, flatten, verirl_keys
+from verirl.tools.align import convert_mindspeed, convert_verl
+from verirl.tools.align.convert import STATUSES, convert, flatten, verirl_keys
 from verirl.cli import main
 from verirl.config import Config, load_config, validate
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 VERL = str(EXAMPLES / "verl_ppo_trainer_grpo.yaml")
@@ -317,7 +317,7 @@ def test_written_yaml_passes_the_schema_checks(fmt, path, expected, tmp_path, ca
 
 
 def test_mindspeed_rule_names_are_verirl_rules(msrl):
-    from verirl.checks import check_rules
+    from verirl.run.checks import check_rules
 
     check_rules(msrl.config["reward"]["verifiers"], {})
 
@@ -505,7 +505,7 @@ def test_tables_name_real_verirl_keys(module):
 
 def _checked(result):
     """The translation loads as a verirl config and passes the name checks of its algorithm options."""
-    from verirl.checks import check_algorithms
+    from verirl.run.checks import check_algorithms
     from verirl.config import load_config_dict
 
     cfg = load_config_dict(result.config)
@@ -526,7 +526,7 @@ def test_verl_vanilla_loss_is_verirl_dual_clip():
     """veRL's vanilla loss applies the dual clip (clip_ratio_c): verirl's dual_clip is that loss, its vanilla is not."""
     import torch
 
-    from verirl.algo import POLICY_LOSSES, PolicyLossParams
+    from verirl.core.algo import POLICY_LOSSES, PolicyLossParams
 
     r = convert("verl", VERL, [A + "clip_ratio_c=10.0", A + "clip_ratio_high=0.28"])
     assert r.get("algo.policy_loss") == "dual_clip" and r.get("algo.clip_ratio_c") == 10.0
@@ -659,7 +659,7 @@ def test_verl_rollout_rejection_matches_verl_on_tokens():
 
     import torch
 
-    from verirl.algo.correction import rollout_correction
+    from verirl.core.algo.correction import rollout_correction
 
     r = convert("verl", VERL, [f"+{R}calculate_log_probs=true", f"+{RCK}rollout_rs=token_k1",
                                f"+{RCK}rollout_rs_threshold='0.8_1.5'"])

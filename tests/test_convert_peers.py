@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verirl.align.convert import convert
+from verirl.tools.align.convert import convert
 from verirl.cli import main
 from verirl.config import load_config_dict
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "convert"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -111,7 +111,7 @@ def test_verl_validation_top_p_and_top_k():
 def test_evaluation_samples_with_top_k():
     """top_k=1: every sample is the greedy decode, so pass@1 (the mean over samples) is greedy_acc."""
     from verirl.data import arith_split, encode_prompts
-    from verirl.evaluate import evaluate
+    from verirl.train.evaluate import evaluate
     from verirl.models import load_model
     from verirl.rewards import Scorer
     from verirl.rollout import build_engine
@@ -209,7 +209,7 @@ def test_overrides_after_the_options(tmp_path):
 
 def test_names_come_from_the_registries():
     """A new estimator or rule is known to the converter the day it is registered."""
-    from verirl.algo.advantages import ADVANTAGE_ESTIMATORS, grpo_advantages
+    from verirl.core.algo.advantages import ADVANTAGE_ESTIMATORS, grpo_advantages
     from verirl.rewards.rules import RULES, acc
 
     ADVANTAGE_ESTIMATORS["grpo_twin"], RULES["acc_twin"] = grpo_advantages, acc

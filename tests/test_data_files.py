@@ -12,7 +12,7 @@ import verirl.data.preprocess as preprocess_module
 from verirl.data.dataset import load_prompts
 from verirl.data.load import RowError
 from verirl.data.preprocess import PreprocessConfig, preprocess
-from verirl.errors import ConfigError, DataError
+from verirl.core.errors import ConfigError, DataError
 from verirl.models.load import resolve_path
 
 ROWS = [{"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(6)]

@@ -26,7 +26,7 @@ def _run(tmp_path, body: str) -> list[dict]:
     script.write_text("import json, os, signal, sys, threading, time\n"
                       "import multiprocessing as mp\n"
                       "from verirl.data.preprocess import PreprocessConfig, preprocess\n"
-                      "from verirl.errors import DataError\n"
+                      "from verirl.core.errors import DataError\n"
                       "from verirl.data.load import RowError\n\n"
                       "def main():\n" + textwrap.indent(textwrap.dedent(body), "    ") +
                       "\n\nif __name__ == '__main__':\n    main()\n")

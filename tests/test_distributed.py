@@ -88,7 +88,7 @@ def test_filtered_steps_with_batch_scaling_on_two_ranks_take_the_one_rank_update
             assert _close(a[key], b[key], 1e-6), (key, a[key], b[key])
         assert _close(a["actor/grad_norm"], b["actor/grad_norm"], 1e-4)
     # six AdamW steps (lr 7e-5) after: float32 products through oneDNN round in the last bits by batch
-    # shape (verirl.ops.linear), and Adam's m / sqrt(v) enlarges that where a gradient is near 0:
+    # shape (verirl.core.ops.linear), and Adam's m / sqrt(v) enlarges that where a gradient is near 0:
     # measured 4.3e-6 at most (6% of one step), hence 1e-4 of the largest weight here
     _same_weights(load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors")),
                   rel=1e-4)
@@ -243,10 +243,10 @@ def test_the_launcher_holds_the_run_directory_for_its_ranks(tmp_path):
     """The process that starts the ranks takes the lock before any rank starts: another process is
     refused (naming the launcher's pid), a rank (which inherits the environment) knows not to take
     it, and a directory made only for the lock is gone again when nothing was written into it."""
-    from verirl.train.rundir import held_by_launcher, lock_held_by_launcher
+    from verirl.run.rundir import held_by_launcher, lock_held_by_launcher
 
     run = tmp_path / "new" / "run"
-    probe = ("import sys; from pathlib import Path; from verirl.train.rundir import RunDirLock, lock_held_by_launcher\n"
+    probe = ("import sys; from pathlib import Path; from verirl.run.rundir import RunDirLock, lock_held_by_launcher\n"
              "print(lock_held_by_launcher(Path(sys.argv[1])))\n"
              "RunDirLock(Path(sys.argv[1])).acquire()")
     with held_by_launcher(str(run)):

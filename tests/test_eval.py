@@ -7,7 +7,7 @@ from math import comb
 import pytest
 
 from verirl.cli import main
-from verirl.evaluate import majority_correct, pass_at_k, sample_metrics
+from verirl.train.evaluate import majority_correct, pass_at_k, sample_metrics
 
 
 @pytest.mark.parametrize("n,c,k,want", [
@@ -85,7 +85,7 @@ def test_a_run_directory_as_model_names_its_final_model_or_export(tmp_path, caps
 def test_right_is_the_tasks_own_answer_check():
     """12.0 for 12: acc (mathematical equality) counts it right, exact (the same string) does not; a
     sample is right by the first answer rule its task is routed to, not by the weighted reward."""
-    from verirl.evaluate import answer_right
+    from verirl.train.evaluate import answer_right
     from verirl.rewards import Scorer
 
     texts = ["<think>x</think><answer>\\boxed{12.0}</answer>"] * 2 + ["no answer"]

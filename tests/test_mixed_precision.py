@@ -5,12 +5,12 @@ import copy
 import pytest
 import torch
 
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.models.device import compute_dtype, native_bf16
-from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
+from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.train.packing import pack_rows
 from verirl.train.strategy import final_hidden
-from verirl.types import Rollout, TrainBatch
+from verirl.core.types import Rollout, TrainBatch
 
 CPU = torch.device("cpu")
 
@@ -34,7 +34,7 @@ def test_bad_compute_dtype_is_refused_before_the_run_touches_its_directory(tmp_p
     import subprocess
     import sys
 
-    from verirl.checks import check_train
+    from verirl.run.checks import check_train
     from verirl.config import load_config
 
     with pytest.raises(ConfigError, match="model.compute_dtype='half'"):
@@ -70,7 +70,7 @@ def test_packed_output_layer_stays_in_float32(tiny, sampled):
     rows = list(range(sampled.response_ids.shape[0]))
     pb = pack_rows(sampled, rows)
     from verirl.train.packing import _packed_attention
-    from verirl.train.taps import response_positions
+    from verirl.train.record import response_positions
 
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         with _packed_attention(tiny.model, pb.layout), response_positions(pb.pred_pos, pb.out_col == 0):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from verirl.cli import main
-from verirl.metrics import FlopModel, device_name, mfu, step_flops, throughput
+from verirl.models.perf import FlopModel, device_name, mfu, step_flops
+from verirl.train.step_metrics import throughput
 
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=16",
          "eval.before_train=false", "eval.at_end=false", "log.console_every=1", "data.train_size=256",

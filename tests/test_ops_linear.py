@@ -1,12 +1,12 @@
-"""verirl.ops.linear: float32 CPU products through oneDNN equal F.linear's, values and gradients."""
+"""verirl.core.ops.linear: float32 CPU products through oneDNN equal F.linear's, values and gradients."""
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from verirl.ops import linear as L
-from verirl.ops.head_logprobs import head_logprobs
+from verirl.core.ops import linear as L
+from verirl.core.ops.head_logprobs import head_logprobs
 
 pytestmark = pytest.mark.skipif(not L.onednn_available(), reason="this torch has no oneDNN")
 

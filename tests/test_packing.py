@@ -6,12 +6,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verirl.config import ConfigError, load_config
-from verirl.ops.head_logprobs import head_logprobs
+from verirl.core.ops.head_logprobs import head_logprobs
 from verirl.rollout.base import left_pad
-from verirl.train.actor import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
+from verirl.train.update import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
                                 sequence_logprobs, update_policy)
 from verirl.train.packing import pack_rows, packed_logprobs
-from verirl.types import Rollout, TrainBatch
+from verirl.core.types import Rollout, TrainBatch
 
 
 def _rollout(prompts, responses, pad=0):
@@ -55,7 +55,7 @@ def test_packed_gradient_equals_padded(tiny, sampled):
 
 def test_small_segment_attention_equals_sdpa(tiny, sampled, monkeypatch):
     """The matmul path for short segments and SDPA's kernel: the same gradients, in float64."""
-    import verirl.ops.attention as attention
+    import verirl.core.ops.attention as attention
 
     def grads(small):
         monkeypatch.setattr(attention, "SMALL_SEGMENT", small)
@@ -294,7 +294,7 @@ def test_flash_varlen_equals_torch_varlen_attn(kv_heads):
 def test_auto_chunk_per_device():
     """The head's rows per chunk: about 4M float32 logits on a CPU, 64M on an accelerator, never
     under 64 rows (hand-computed)."""
-    from verirl.ops.head_logprobs import auto_chunk
+    from verirl.core.ops.head_logprobs import auto_chunk
 
     assert auto_chunk(49152) == 85  # 2^22 // 49,152 (SmolLM2)
     assert auto_chunk(151936) == 64  # 2^22 // 151,936 = 27: the 64-row floor (Qwen2.5)

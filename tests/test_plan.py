@@ -10,10 +10,12 @@ from transformers import AutoConfig
 
 from verirl.cli import main
 from verirl.config import load_config
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.models.load import TINY_DIR
-from verirl.plan import (check_layout, count_parameters, count_parameters_on_meta, estimate_memory, make_layout,
-                         make_plan, read_model_config, render, reward_workers_per_rank, threads_per_rank)
+from verirl.config.layout import check_layout, reward_workers_per_rank, threads_per_rank
+from verirl.run.checks import local_devices
+from verirl.tools.plan import (count_parameters, count_parameters_on_meta, estimate_memory, make_layout, make_plan,
+                               read_model_config, render)
 
 TINY_PARAMETERS = 1_032_064
 
@@ -119,7 +121,7 @@ def test_two_ranks_halve_the_per_rank_numbers():
 
 
 def test_fsdp2_shards_the_states_over_the_world():
-    """The estimate alone (`verirl.checks` may refuse fsdp2 with several ranks until it is built)."""
+    """The estimate alone (`verirl.run.checks` may refuse fsdp2 with several ranks until it is built)."""
     def memory(*overrides):
         cfg = load_config("tiny", list(overrides))
         return estimate_memory(cfg, make_layout(cfg), read_model_config("tiny"))
@@ -180,11 +182,16 @@ def test_more_local_ranks_than_devices():
                                           r"cuda.device_count\(\) = 1.*at most 1"):
         check_layout(cfg, devices=("CUDA", 1))
     check_layout(cfg, devices=("CUDA", 2))
-    check_layout(load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cpu"]))  # the CPU has no limit
-    check_layout(load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cuda", "trainer.launcher=ray"]))
+    cpu = load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cpu"])
+    assert local_devices(cpu) is None
+    check_layout(cpu, local_devices(cpu))  # the CPU has no limit
+    ray = load_config("tiny", ["trainer.nproc_per_node=2", "model.device=cuda", "trainer.launcher=ray"])
+    assert local_devices(ray) is None  # Ray places the ranks
+    check_layout(ray, local_devices(ray))
     if not torch.cuda.is_available():  # this machine: model.device=cuda sees no device at all
+        cuda = load_config("tiny", ["model.device=cuda"])
         with pytest.raises(ConfigError, match="but 0 CUDA devices visible"):
-            check_layout(load_config("tiny", ["model.device=cuda"]))
+            check_layout(cuda, local_devices(cuda))
 
 
 def test_train_dry_run_prints_the_plan_and_loads_no_weights(tmp_path, capsys):

@@ -61,9 +61,9 @@ def test_eos_equal_to_pad_is_trained_on_and_never_added(qwen):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verirl.algo import aggregate
+    from verirl.core.algo import aggregate
     from verirl.rollout import build_rollout, left_pad
-    from verirl.train.actor import LogprobPass, sequence_logprobs
+    from verirl.train.update import LogprobPass, sequence_logprobs
 
     eos = pad = qwen.convert_tokens_to_ids("<|endoftext|>")
     assert eos == 151643  # Qwen2.5 base: its EOS, and its pad

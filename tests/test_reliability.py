@@ -77,8 +77,8 @@ def test_a_nonfinite_update_takes_no_step(tiny, arith):
     import copy
 
     from verirl.rollout import NativeEngine, SamplingParams
-    from verirl.train.actor import LogprobPass, UpdateParams, build_optimizer, update_policy
-    from verirl.types import TrainBatch
+    from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, update_policy
+    from verirl.core.types import TrainBatch
 
     train, _ = arith
     roll = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids).generate(

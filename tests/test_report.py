@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from verirl.cli import main
-from verirl.report import build
-from verirl.report.figures import HEIGHT, NAMES, WIDTH, make_figures
-from verirl.report.runs import evenly_spaced, load, names
+from verirl.tools.report import build
+from verirl.tools.report.figures import HEIGHT, NAMES, WIDTH, make_figures
+from verirl.tools.report.runs import evenly_spaced, load, names
 
 STEPS = 4
 FAST = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=16",

@@ -236,7 +236,7 @@ def test_in_process_scoring_says_once_that_it_has_no_timeout(monkeypatch, capsys
     ("x = 1\ny = undefined_name\n", r"raised NameError: name 'undefined_name' is not defined \(.*line 2\)"),
 ], ids=["sys.exit", "KeyboardInterrupt", "NameError"])
 def test_a_rule_file_that_fails_on_import_is_a_config_error(tmp_path, body, expect):
-    from verirl.errors import ConfigError
+    from verirl.core.errors import ConfigError
     from verirl.rewards import load_rule
     path = tmp_path / "rule_file.py"
     path.write_text(body + "def f(response, label):\n    return 1.0\n")

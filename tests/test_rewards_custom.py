@@ -32,7 +32,7 @@ def test_module_spec(monkeypatch):
 
 
 def test_bad_specs_are_config_errors():
-    from verirl.checks import check_train
+    from verirl.run.checks import check_train
     from verirl.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="does not exist"):
         check_train(load_config(None, ["reward.verifiers=[nope.py:f]", "reward.weights=[1]"]))

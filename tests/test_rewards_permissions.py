@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.rewards import Scorer, check_reference, load_rule
 
 
@@ -50,9 +50,9 @@ def test_a_rule_is_a_plain_function(tmp_path):
 
 
 def test_plan_reads_a_rule_file_without_running_it(tmp_path):
-    from verirl.checks import check_train
+    from verirl.run.checks import check_train
     from verirl.config import load_config
-    from verirl.plan import make_plan
+    from verirl.tools.plan import make_plan
 
     marker = tmp_path / "ran"
     rules = write(tmp_path, "side_effects.py", f"""

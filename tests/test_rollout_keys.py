@@ -225,7 +225,7 @@ def test_the_order_of_samples_is_checked_where_rows_leave_the_engine():
     instead of prompt-major, seed 002's bug) is refused, naming the first row that breaks it."""
     from verirl.models import load_model
     from verirl.rollout import NativeEngine, SamplingParams, check_grouped
-    from verirl.types import Rollout
+    from verirl.core.types import Rollout
 
     lm = load_model("tiny", "float32", "cpu")
     engine = NativeEngine(lm.model, lm.pad_id, lm.stop_ids)

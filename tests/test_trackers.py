@@ -1,4 +1,4 @@
-"""log.backends trackers (verirl.trackers): real packages, offline, read back through their own readers."""
+"""log.backends trackers (verirl.run.trackers): real packages, offline, read back through their own readers."""
 from __future__ import annotations
 
 import importlib.util
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from verirl.errors import ConfigError
-from verirl.trackers import BACKENDS, Trackers, _check, check_backends
+from verirl.core.errors import ConfigError
+from verirl.run.trackers import BACKENDS, Trackers, _check, check_backends
 
 CONFIG = {"algo": {"name": "grpo", "kl_coef": 0.0}, "actor": {"lr": 1e-5}, "rollout": {"n": 4}}
 

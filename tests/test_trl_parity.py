@@ -64,7 +64,7 @@ def _set(obj, **attrs):
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_advantages_match_trl(trl_setup, scale):
-    from verirl.algo import grpo_advantages
+    from verirl.core.algo import grpo_advantages
 
     s = trl_setup
     out = s.out
@@ -84,7 +84,7 @@ def test_normalize_then_sum_matches_trl(trl_setup):
     """TRL (multi_objective_aggregation="normalize_then_sum") normalises each rule within its group,
     takes the weighted nansum (our `normalize_then_sum`), then whitens that over the batch:
     advantages = (x - nanmean(x)) / (nanstd(x) + 1e-4). Ours, whitened the same way, equals its output."""
-    from verirl.algo import grpo_advantages, normalize_then_sum
+    from verirl.core.algo import grpo_advantages, normalize_then_sum
 
     s = trl_setup
     with _set(s.trainer, multi_objective_aggregation="normalize_then_sum", reward_weights=torch.tensor([0.7, 1.5])):
@@ -114,8 +114,8 @@ def _both(s, ours_fn, extra=None, grad=False):
     the current one, so clipping and KL matter. ours_fn(logp, old, ref, adv, mask, inputs) -> scalar;
     extra(inputs, width) -> entries to add to TRL's inputs. Returns (theirs, ours, their gradient, our
     gradient) over the model's parameters, the gradients None unless ``grad``."""
-    from verirl.train.actor import response_logprobs
-    from verirl.types import Rollout
+    from verirl.train.update import response_logprobs
+    from verirl.core.types import Rollout
 
     model = s.tiny.model
     model.eval()
@@ -164,13 +164,13 @@ def _assert_same(theirs, ours, g_theirs=None, g_ours=None):
 
 
 def _kl(logp, ref, mask, agg, **kw):
-    from verirl.algo import aggregate, kl_penalty
+    from verirl.core.algo import aggregate, kl_penalty
     return 0.04 * aggregate(kl_penalty(logp, ref, "low_var_kl"), mask, agg, **kw)
 
 
 @pytest.mark.parametrize("loss_type,agg", [("bnpo", "token-mean"), ("grpo", "seq-mean-token-mean")])
 def test_loss_matches_trl(trl_setup, loss_type, agg):
-    from verirl.algo import aggregate, clipped_policy_loss
+    from verirl.core.algo import aggregate, clipped_policy_loss
 
     def ours(logp, old, ref, adv, mask, _):
         pg, _ = clipped_policy_loss(logp, old, adv, 0.2, 0.28)
@@ -184,7 +184,7 @@ def test_loss_matches_trl(trl_setup, loss_type, agg):
 def test_gspo_matches_trl(trl_setup, loss_type, agg):
     """TRL importance_sampling_level="sequence": one (B, 1) ratio exp(mean log ratio) per sequence,
     broadcast over its tokens; ours carries it per token with the gradient of each token's log-prob."""
-    from verirl.algo import PolicyLossParams, aggregate, policy_loss
+    from verirl.core.algo import PolicyLossParams, aggregate, policy_loss
 
     p = PolicyLossParams(clip_low=0.02, clip_high=0.03)  # narrow, so some sequences are clipped
     clipped_rows = []
@@ -204,7 +204,7 @@ def test_cispo_matches_trl(trl_setup):
     """TRL loss_type="cispo", epsilon_high=5: -sg[min(ratio, 5)] * A * logp, summed over the tokens and
     divided by num_items_in_batch (the batch's tokens: token-mean). The old log-probs of a few tokens
     are lowered by 2 (ratio e^2 = 7.4 > 5 at most noise) so that the cap acts."""
-    from verirl.algo import PolicyLossParams, aggregate, policy_loss
+    from verirl.core.algo import PolicyLossParams, aggregate, policy_loss
 
     capped = []
 
@@ -228,7 +228,7 @@ def test_cispo_matches_trl(trl_setup):
 def test_dr_grpo_matches_trl(trl_setup):
     """TRL loss_type="dr_grpo": sum(loss * mask) / (B * max_completion_length) =
     our seq-mean-token-sum-norm with scale_factor = max_completion_length."""
-    from verirl.algo import aggregate, clipped_policy_loss
+    from verirl.core.algo import aggregate, clipped_policy_loss
 
     def ours(logp, old, ref, adv, mask, _):
         pg, _ = clipped_policy_loss(logp, old, adv, 0.2, 0.28)
@@ -265,7 +265,7 @@ def _trl_vllm_is_ratio(old_logps, sampling_logps, mask, mode, clip_min, clip_max
     ("token_truncate", ("token", 3.0, None, 3.0, 0.0)),
 ])
 def test_rollout_correction_matches_trl_modes(mode, ours_args):
-    from verirl.algo import rollout_correction
+    from verirl.core.algo import rollout_correction
 
     gen = torch.Generator().manual_seed(4)
     old = -torch.rand(16, 12, generator=gen) * 3
@@ -281,7 +281,7 @@ def test_rollout_correction_matches_trl_modes(mode, ours_args):
 def test_rollout_correction_in_trl_loss(trl_setup):
     """TRL multiplies the per-token loss by importance_sampling_ratio (before adding the KL) and keeps the
     rejected tokens in its token-mean denominator: our weights, applied the same way, give its loss."""
-    from verirl.algo import aggregate, clipped_policy_loss, rollout_correction
+    from verirl.core.algo import aggregate, clipped_policy_loss, rollout_correction
 
     kept = []
 
@@ -310,7 +310,7 @@ def test_rollout_correction_in_trl_loss(trl_setup):
 
 @pytest.mark.parametrize("quantile", [0.2, 0.5, 1.0])
 def test_high_entropy_mask_matches_trl(trl_setup, quantile):
-    from verirl.algo import high_entropy_mask
+    from verirl.core.algo import high_entropy_mask
 
     gen = torch.Generator().manual_seed(6)
     ent = torch.rand(6, 10, generator=gen) * 4

@@ -1,7 +1,7 @@
 """`verirl train | plan | sft | preprocess | export | eval | doctor | convert-config | compare-runs |
 compare-activations | report`.
 
-Errors a user can fix (`verirl.errors.UserError`: config, files, data, checkpoints, batch
+Errors a user can fix (`verirl.core.errors.UserError`: config, files, data, checkpoints, batch
 shapes) print one paragraph and exit 2; set VERIRL_DEBUG=1 to see the traceback too. Any
 other exception is a bug and keeps its traceback.
 """
@@ -127,10 +127,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _align_commands():
-    """(name, module) of the alignment commands (`verirl.align.COMMANDS`)."""
+    """(name, module) of the alignment commands (`verirl.tools.align.COMMANDS`)."""
     import importlib
 
-    from verirl.align import COMMANDS
+    from verirl.tools.align import COMMANDS
 
     return [(name, importlib.import_module(path)) for name, path in COMMANDS.items()]
 
@@ -163,8 +163,8 @@ def _drop_stdout() -> None:
 
 
 def _run(args) -> int:
-    from verirl.align import COMMANDS
-    from verirl.errors import UserError, check_env
+    from verirl.tools.align import COMMANDS
+    from verirl.core.errors import UserError, check_env
 
     try:
         check_env()  # VERIRL_* switches, for every command: a misspelled value stops here, not mid-run
@@ -174,7 +174,7 @@ def _run(args) -> int:
     if args.command in COMMANDS:
         import importlib
 
-        from verirl.errors import UserError
+        from verirl.core.errors import UserError
         try:
             return importlib.import_module(COMMANDS[args.command]).run(args)
         except UserError as e:
@@ -186,7 +186,7 @@ def _run(args) -> int:
     if args.command == "plan" or getattr(args, "dry_run", False):
         return _plan(args)
     from verirl.config import Config, PreprocessConfig, SFTConfig, describe, load_config, to_yaml
-    from verirl.errors import UserError
+    from verirl.core.errors import UserError
 
     schema = {"train": Config, "sft": SFTConfig, "preprocess": PreprocessConfig}[args.command]
     if args.help_config:
@@ -236,7 +236,7 @@ def _run(args) -> int:
 def _user_error(command: str, e: Exception) -> int:
     """One paragraph on stderr and exit status 2; with VERIRL_DEBUG=1 the exception is re-raised
     (traceback)."""
-    from verirl.errors import ConfigError
+    from verirl.core.errors import ConfigError
 
     if os.environ.get("VERIRL_DEBUG"):
         raise e
@@ -251,8 +251,8 @@ def _plan(args) -> int:
     import json
 
     from verirl.config import load_config
-    from verirl.errors import UserError
-    from verirl.plan import make_plan, render
+    from verirl.core.errors import UserError
+    from verirl.tools.plan import make_plan, render
 
     try:
         plan = make_plan(load_config(args.config or "tiny", args.overrides), source=args.config or "tiny")
@@ -268,11 +268,11 @@ def _eval(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from verirl.checks import check_model, check_rules
+    from verirl.run.checks import check_model, check_rules
     from verirl.data import arith_split, encode_prompts
     from verirl.data.dataset import load_prompts
-    from verirl.errors import ConfigError, DataError, UserError
-    from verirl.evaluate import evaluate
+    from verirl.core.errors import ConfigError, DataError, UserError
+    from verirl.train.evaluate import evaluate
     from verirl.models import load_model
     from verirl.rewards import Scorer, default_workers
     from verirl.rollout import build_engine
@@ -320,7 +320,7 @@ def _eval(args) -> int:
         options = {}
         if args.engine == "vllm":  # vLLM's defaults of the rollout section (docs/vllm.md)
             from verirl.config import RolloutConfig
-            from verirl.train.build import vllm_options
+            from verirl.rollout.vllm import vllm_options
             options = vllm_options(RolloutConfig(), lm, "float32", {}, 256,
                                    args.max_prompt_length + args.max_new_tokens, args.seed)
         engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids, **options)
@@ -376,7 +376,7 @@ def _not_a_run_dir(path: str) -> None:
     """A training run's directory given as --model: say which model in it to evaluate."""
     from pathlib import Path
 
-    from verirl.errors import ConfigError
+    from verirl.core.errors import ConfigError
 
     run = Path(path)
     if (run / "config.json").exists() or not ((run / "metrics.jsonl").exists() or (run / "checkpoints").is_dir()):
@@ -391,7 +391,7 @@ def _not_a_run_dir(path: str) -> None:
 
 
 def _export(args) -> int:
-    from verirl.errors import UserError
+    from verirl.core.errors import UserError
     from verirl.train.checkpoint import export_checkpoint
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir)

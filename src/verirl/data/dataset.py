@@ -6,7 +6,7 @@ tokenizer in use: an id outside its vocabulary, or an empty prompt, is a `DataEr
 the row (the file was made with another tokenizer, or by another tool).
 
 Anything else is raw and goes through the same preprocessing, cached under
-``verirl.cache.cache_root() / "data"`` (``$VERIRL_CACHE/data``, default ``~/.cache/verirl/data``).
+``verirl.core.cache.cache_root() / "data"`` (``$VERIRL_CACHE/data``, default ``~/.cache/verirl/data``).
 The cache key is a hash of the content of everything that shapes the output: the data files,
 the templates file (and the built-in templates), the tokenizer's files, and the settings (handler,
 keys, prompt type). Edit any of them and the next load preprocesses again; a load with nothing
@@ -20,10 +20,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from verirl.cache import cache_root
+from verirl.core.cache import cache_root
 from verirl.data.load import list_files
-from verirl.errors import DataError
-from verirl.types import Prompt
+from verirl.core.errors import DataError
+from verirl.config import DataConfig
+from verirl.core.types import Prompt
+from verirl.data.prompts import encode_prompts
+from verirl.data.tasks import TASKS
 
 
 def check_prompt_ids(table, path: Path, tokenizer_path: str, tokenizer_dir: str, manifest: dict) -> None:
@@ -148,7 +151,7 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
                  cache_dir: Optional[str] = None) -> LoadedData:
     """Prompts from a preprocessed ``.parquet`` or raw files, checked against the tokenizer at
     ``tokenizer_path``. Raw files are preprocessed once into ``CACHE/data`` (``CACHE`` is
-    ``cache_dir`` if given, else `verirl.cache.cache_root`) under a key from `cache_key`."""
+    ``cache_dir`` if given, else `verirl.core.cache.cache_root`) under a key from `cache_key`."""
     import pyarrow.parquet as pq
 
     from verirl.config import PreprocessConfig
@@ -198,3 +201,42 @@ def load_prompts(path: str, tokenizer_path: str, *, prompt_type: str, templates_
         raise DataError(f"{path}: no usable prompts ({dropped} over data.max_prompt_length={max_prompt_length}).")
     return LoadedData(prompts, list(manifest.get("stop_words") or []), bool(manifest.get("replace_eos")),
                       dropped, str(p))
+
+
+def data_loading_options(data: DataConfig, too_long: str) -> dict:
+    """`load_prompts`' keyword arguments from the data config: template, handler, keys, length limit."""
+    return dict(prompt_type=data.prompt_type, templates_file=data.templates_file, handler_name=data.handler_name,
+                map_keys=data.map_keys, additional_keys=list(data.dataset_additional_keys),
+                max_prompt_length=data.max_prompt_length, too_long=too_long)
+
+
+def load_data(data: DataConfig, eval_size: int, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
+    """(train prompts, the built-in task's held-out prompts (empty for files), stop ids) from the
+    built-in task or the user's files."""
+    stop_ids = lm.stop_ids
+    if not data.train_path:
+        generated, val = TASKS[data.task](data.seed, data.train_size, eval_size)
+        train = encode_prompts(generated, lm.tokenizer, data.max_prompt_length, f"{data.task} train", data.too_long)
+        val = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", data.too_long)
+        dropped, source = len(generated) - len(train), f"the built-in {data.task} task"
+    else:
+        loaded = load_prompts(data.train_path, lm.path, **data_loading_options(data, data.too_long))
+        train, val, dropped, source = loaded.prompts, [], loaded.too_long, loaded.source
+        if loaded.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
+            stop_ids = _stop_word_ids(loaded.stop_words, loaded.replace_eos, lm)
+    if not train:
+        raise DataError(f"data: every prompt of {source} is over data.max_prompt_length={data.max_prompt_length}.")
+    if dropped:
+        print(f"data: dropped {dropped} prompts over data.max_prompt_length={data.max_prompt_length} from {source}")
+    return train, val, stop_ids
+
+
+def _stop_word_ids(words: list[str], replace_eos: bool, lm) -> list[int]:
+    ids = []
+    for w in words:
+        tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
+        if len(tok) != 1:
+            raise DataError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
+                            f"stop words must be single tokens.")
+        ids.append(tok[0])
+    return sorted(set(ids) if replace_eos else set(ids) | set(lm.stop_ids))

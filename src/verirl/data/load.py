@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
 
-from verirl.errors import DataError
+from verirl.core.errors import DataError
 
 SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
 

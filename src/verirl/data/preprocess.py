@@ -33,8 +33,8 @@ from typing import Any, Optional
 
 from verirl.config import PreprocessConfig
 from verirl.data.load import RowError, list_files, read_rows
-from verirl.errors import ConfigError, DataError
-from verirl.registry import Registry
+from verirl.core.errors import ConfigError, DataError
+from verirl.core.registry import Registry
 
 HANDLERS = Registry("data.handler_name", {"R1AlpacaStyleInstructionHandler": "instruction", "instruction": "instruction",
                                           "VerlParquetHandler": "verl", "verl": "verl"})

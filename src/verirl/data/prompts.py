@@ -5,9 +5,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from verirl.errors import CheckpointError, DataError
-from verirl.registry import Registry
-from verirl.types import Prompt
+from verirl.core.errors import CheckpointError, DataError
+from verirl.core.registry import Registry
+from verirl.core.types import Prompt
 
 TOO_LONG = Registry("data.too_long", {"error": "refuse to start, naming the row", "filter": "drop and count"})
 SHUFFLES = Registry("data.shuffle", {"verl": "torch RandomSampler's order, as veRL draws it",

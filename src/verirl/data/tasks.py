@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 
-from verirl.registry import Registry
-from verirl.types import Prompt
+from verirl.core.registry import Registry
+from verirl.core.types import Prompt
 
 INSTRUCTION = "Reply <think> </think> <answer> \\boxed{} </answer>."
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 
 BUILTIN_FILE = Path(__file__).resolve().parent / "templates.json"
 SLOT_KEYS = ("format_prefix", "format_user", "format_assistant", "format_system", "format_observation",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 
 from verirl.config import Config
-from verirl.train.rundir import held_by_launcher
+from verirl.run.rundir import held_by_launcher
 
 
 def launch(cfg: Config) -> dict:

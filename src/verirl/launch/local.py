@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from verirl.config import Config, to_dict
-from verirl.errors import UserError
+from verirl.core.errors import UserError
 
 
 INTERRUPTED = "__verirl_interrupted__"  # a rank's answer when a signal stopped the run (signum, step, checkpoint)

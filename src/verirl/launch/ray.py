@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from verirl.config import Config, to_dict
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.launch.local import INTERRUPTED, DriverSignals, RankFailed
-from verirl.plan import threads_per_rank, world_size
+from verirl.config.layout import threads_per_rank, world_size
 
 # the driver's environment variables every rank gets (a joined cluster's workers do not inherit it)
 PASSED_ENV_PREFIXES = ("VERIRL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")

@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from verirl.errors import ConfigError, ModelError
-from verirl.registry import Registry
+from verirl.core.errors import ConfigError, ModelError
+from verirl.core.registry import Registry
 
 DEVICES = Registry("model.device", {"auto": "cuda, then npu, then cpu", "cpu": "the CPU",
                                     "cuda": "cuda:LOCAL_RANK", "npu": "Ascend NPU through torch_npu"})
@@ -108,3 +108,15 @@ def compute_dtype(name: Optional[str], weights: torch.dtype, device: torch.devic
     if name in (None, "float32") or weights != torch.float32 or (name == "auto" and not native_bf16(device)):
         return None
     return torch.bfloat16
+
+
+def visible_devices(device: str) -> Optional[tuple[str, int]]:
+    """(kind, count) of the accelerators one rank per device would use, or None for the CPU
+    (model.device=cpu, or auto with no accelerator)."""
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return "CUDA", torch.cuda.device_count()
+    if device == "npu" or (device == "auto" and npu_available()):
+        return "NPU", torch.npu.device_count() if npu_available() else 0  # type: ignore[attr-defined]
+    return None

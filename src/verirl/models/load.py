@@ -13,10 +13,10 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from verirl.errors import ModelError
+from verirl.core.errors import ModelError
 from verirl.models.device import resolve_device
-from verirl.ops.linear import use_fast_linears
-from verirl.registry import Registry
+from verirl.core.ops.linear import use_fast_linears
+from verirl.core.registry import Registry
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 DTYPES = Registry("model.dtype", {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16})
@@ -132,7 +132,7 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
         raise ModelError(f"model.path='{path}' ({real}) cannot be loaded by transformers: "
                          f"{type(e).__name__}: {e} Check its config.json, tokenizer and weight files.") from e
     model.to(resolve_device(device))
-    use_fast_linears(model)  # float32 CPU products through oneDNN (verirl.ops.linear); elsewhere F.linear
+    use_fast_linears(model)  # float32 CPU products through oneDNN (verirl.core.ops.linear); elsewhere F.linear
     stops = stop_token_ids(path, model, tokenizer)
     return LoadedModel(model, tokenizer, stops, pad_token_id(tokenizer, stops), real)
 

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from verirl.cache import cache_root
+from verirl.core.cache import cache_root
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
-from verirl.errors import ConfigError
+from verirl.core.errors import ConfigError
 from verirl.rewards.rules import RULES
 
 LIST_PARAM_NAMES = {"responses", "completions", "solutions", "texts"}

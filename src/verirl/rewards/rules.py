@@ -19,7 +19,7 @@ from typing import Optional
 
 from math_verify import parse, verify
 
-from verirl.registry import Registry
+from verirl.core.registry import Registry
 
 # Outside a main thread math-verify runs without its signal-based timeouts (the bounds in
 # `_tractable` hold there too); its one-off warning about that is noise for our users.

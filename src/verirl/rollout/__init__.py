@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from verirl.registry import Registry
+from verirl.core.registry import Registry
 from verirl.rollout.base import Engine, SamplingParams, build_rollout, concat_rollouts, left_pad
 from verirl.rollout.hf import HFEngine
 from verirl.rollout.native import NativeEngine
@@ -51,8 +51,8 @@ def generate_chunked(engine: Engine, prompt_ids, n: int, params: SamplingParams,
 def check_grouped(rollout, prompt_ids, n: int, source: str) -> None:
     """The one order of samples, checked where rows come back from an engine: row i is a sample of
     prompt i // n (the n samples of a prompt contiguous, prompts in the order given). Every later
-    phase (rewards, group advantages, the update, the records) relies on it; seed 002's reward went
-    to 0 when one system's input interleave changed and its output one did not. A violation is a
+    phase (rewards, group advantages, the update, the records) relies on it; a reward goes to 0 when one system's input
+    interleave changes and its output one does not. A violation is a
     bug in ``source``, raised with the first row that breaks it."""
     rows, width = rollout.prompt_ids.shape
     if rows != len(prompt_ids) * n:

@@ -6,7 +6,7 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
-from verirl.types import Rollout
+from verirl.core.types import Rollout
 
 
 @dataclass

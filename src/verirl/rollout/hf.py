@@ -13,7 +13,7 @@ import torch
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.sampling import stream_seed
-from verirl.types import Rollout
+from verirl.core.types import Rollout
 
 
 class HFEngine:

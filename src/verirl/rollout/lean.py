@@ -8,7 +8,7 @@ products, attention) with
 * q/k/v and gate/up projections fused into one matmul each (weights concatenated once
   per generate call), the rotary applied to q and k together from a table built once,
 * a preallocated KV cache written in place, masks as additive key biases sliced per step,
-* short attention as two matmuls (`verirl.ops.attention`), long prefills through SDPA,
+* short attention as two matmuls (`verirl.core.ops.attention`), long prefills through SDPA,
 * nothing but tensors between the layers.
 With ``low`` (model.compute_dtype, mixed precision) the four products of each layer multiply in that
 dtype from weights cast once per generate call; the norms, rotary, attention, residual stream,
@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from verirl.ops.attention import small_attention, small_enough
-from verirl.ops.linear import PackedLinear
+from verirl.core.ops.attention import small_attention, small_enough
+from verirl.core.ops.linear import PackedLinear
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
 

@@ -26,12 +26,12 @@ from typing import Optional, Sequence
 import torch
 from transformers import DynamicCache
 
-from verirl.errors import env_choice
+from verirl.core.errors import env_choice
 from verirl.models.modes import eval_mode
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
 from verirl.rollout.sampling import keyed_uniforms, sample_and_score, sample_next
-from verirl.types import Rollout
+from verirl.core.types import Rollout
 
 
 # Finished rows are dropped from the cache once no more than this share of the batch is still running
@@ -216,7 +216,7 @@ class NativeEngine:
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         # inference mode, not only no_grad: no version counters or view records on the ~150 small
-        # operations of each decoding step (the embedded model's step ~7% faster on the CPU); what leaves
+        # operations of each decoding step (BENCHMARKS.md, "Kernel choices"); what leaves
         # the block is copied out of it below, since the trainer uses it with autograd
         with eval_mode(model), torch.inference_mode():
             run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype) if lean_supported(model) \

@@ -26,10 +26,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from verirl.errors import DataError
-from verirl.registry import Registry
+from verirl.core.errors import DataError
+from verirl.core.registry import Registry
 from verirl.rollout.base import SamplingParams, left_pad
-from verirl.types import Prompt, Rollout
+from verirl.core.types import Prompt, Rollout
 
 REPLAY_PROMPTS = Registry("rollout.replay_prompts", {
     "data": "the run's own prompts, each checked against the dump's at that step",

@@ -175,8 +175,7 @@ def inverse_cdf_total(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Ten
     holds many tokens below that, and they were drawn with probability 0 or twice their own. It
     also costs less: a float32 reduction instead of a (B, V) running sum. A token of weight 0
     spans an empty interval and is never picked. A vocabulary of at most one block takes one level,
-    the float64 running sum of the row (a third of the operations: the embedded model's rollout
-    4-5% faster)."""
+    the float64 running sum of the row (a third of the operations)."""
     B, V = weights.shape
     if V <= _BLOCK:  # one block (the embedded model's 366 tokens): the float64 running sum of the row itself
         local = weights.double().cumsum(-1)

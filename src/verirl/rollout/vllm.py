@@ -19,9 +19,9 @@
   over the kept tokens (it is larger by -log(kept mass)); vLLM 0.32 has no mode "after temperature,
   before truncation" (its modes: raw_logprobs, raw_logits, processed_logprobs, processed_logits), so
   ``rollout/logprob_diff`` then also measures the truncation, not only a stale push.
-* Weight push (``sync_weights``): the live parameters, one tensor at a time (gathered with
-  ``strategy.full`` when FSDP2 shards them), streamed as an iterator of (HF name, tensor) into the
-  worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` through
+* Weight push (``sync_weights``): the live parameters, one tensor at a time (made whole by the
+  ``whole`` the trainer passes in, `verirl.train.strategy.full`, when FSDP2 shards them), streamed
+  as an iterator of (HF name, tensor) into the worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` through
   ``LLM.collective_rpc``. That is vLLM's in-place reload: it restores each layer to checkpoint format,
   runs the model's ``load_weights`` (HF -> vLLM names, q/k/v and gate/up fusion) and then the layer's
   ``process_weights_after_loading`` again (the CPU backend's repacking of linear weights), copying the
@@ -50,12 +50,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
-from verirl.types import Rollout
+from verirl.core.types import Rollout
 
 # Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
 # values for them). Only for the tests that show a failed push is caught (the push check, rollout/logprob_diff).
@@ -145,12 +145,10 @@ def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
     return hf_name, ""
 
 
-def _trainer_tensors(model, packed: dict, dtype) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
+def _trainer_tensors(model, packed: dict, dtype, full: Callable) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
     """(engine name, HF name, the trainer's whole tensor in the engine's layout and dtype) for each tensor of
     ``model``, fused members concatenated when the last of them arrives; a fused tensor whose members do not
-    all exist comes last, with None. Gathers each tensor (``strategy.full``): a collective."""
-    from verirl.train.strategy import full
-
+    all exist comes last, with None. ``full`` makes each tensor whole (under FSDP2 a gather: a collective)."""
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         target, member = _engine_name(name, packed)
@@ -222,7 +220,8 @@ class VLLMEngine:
                  dtype: str = "float32", override_config: Optional[dict] = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256, max_num_batched_tokens: int = 0,
                  enable_chunked_prefill: bool = True, enforce_eager: bool = True, free_cache_engine: bool = True,
-                 max_model_len: int = 0, seed: int = 0, push_skip: Optional[str] = None):
+                 max_model_len: int = 0, seed: int = 0, push_skip: Optional[str] = None,
+                 whole: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         world, rank = _world()
         tp = int(tensor_parallel_size)
         if tp < 1 or world % tp:
@@ -287,6 +286,8 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         if world > 1:
             _guard_shutdown(self.llm)
+        # a trainer tensor made whole for the push (the training strategy's gather; as it is when unsharded)
+        self.whole = whole or (lambda t: t)
         self.pushes = 0  # weight pushes done (sync_weights calls)
         self.unchecked: list[str] = []  # trainer tensors the push check found no engine counterpart for
         self.last_push: list[str] = []  # the names pushed by the last sync_weights
@@ -305,8 +306,7 @@ class VLLMEngine:
         """(HF name, whole tensor) for every parameter and persistent buffer, one at a time: under FSDP2
         each is gathered just before vLLM consumes it (``strategy.full``: a collective, called for the
         same tensors in the same order on every rank, skipped ones included). Tied tensors once."""
-        from verirl.train.strategy import full
-
+        full = self.whole
         skip = re.compile(self.push_skip) if self.push_skip else None
         seen: set[int] = set()
         for name, t in model.state_dict(keep_vars=True).items():
@@ -344,7 +344,7 @@ class VLLMEngine:
         no more). Every rank calls it (``strategy.full`` gathers shards)."""
         engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
-        for target, name, whole in _trainer_tensors(model, packed, dtype):
+        for target, name, whole in _trainer_tensors(model, packed, dtype, self.whole):
             diff = None if whole is None or target not in engine else \
                 _difference(engine[target], whole, probed.get(target))
             if diff is None:
@@ -439,3 +439,14 @@ class VLLMEngine:
                                                        rollout.response_mask, rollout.stopped,
                                                        rollout.sample_logprobs)))
         return rollout
+
+
+def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:
+    """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`);
+    the context length at most the model's (vLLM refuses more)."""
+    max_model_len = min(max_model_len, getattr(lm.model.config, "max_position_embeddings", None) or max_model_len)
+    return dict(path=lm.path, tokenizer=lm.tokenizer, dtype=dtype, override_config=override_config,
+                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+                enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
+                free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)

@@ -13,148 +13,33 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
-from verirl.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossParams
-from verirl.config import Config, DataConfig, scale_rewards
-from verirl.data import PromptSampler, TASKS, encode_prompts
-from verirl.data.dataset import load_prompts
-from verirl.errors import CheckpointError, ConfigError, DataError
-from verirl.metrics import FlopModel, device_name, peak_flops
+from verirl.core.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossParams
+from verirl.config import Config, scale_rewards
+from verirl.data import PromptSampler
+from verirl.data.dataset import data_loading_options, load_data, load_prompts
+from verirl.core.errors import CheckpointError, ConfigError
+from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
-from verirl.plan import reward_workers_per_rank, threads_per_rank
+from verirl.config.layout import reward_workers_per_rank, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
-from verirl.rollout.sampling import stream_seed
 from verirl.rollout.replay import dump_prompts
-from verirl.train.actor import Correction, LogprobPass, UpdateParams, build_optimizer
+from verirl.rollout.vllm import vllm_options
+from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.distributed import Dist
 from verirl.train.packing import supports_packing
-from verirl.train.strategy import shard
-from verirl.train.rundir import RunDirLock, lock_held_by_launcher
-from verirl.types import Prompt
-
-
-@dataclass(frozen=True)
-class ActivationSettings:
-    """trainer.dump_activations: which steps' updates are recorded, and how (`verirl.align.dump`)."""
-    steps: frozenset[int]
-    modules: str  # a regular expression over module names
-    backward: bool
-    dir: Path
-    meta: dict  # written into each dump: what a comparison must know about the run
-
-
-@dataclass(frozen=True)
-class FilterSettings:
-    """algo.filter_groups: DAPO dynamic sampling."""
-    metric: str  # reward (the shaped total) or a rule's name
-    max_gen_batches: int  # generation batches per step at most; 0 = no limit
-
-
-@dataclass(frozen=True)
-class RewardShaping:
-    """What turns the rules' scores into each response's reward."""
-    aggregate: str = "sum"  # sum (the scorer's weighted sum) / normalize_then_sum (GDPO)
-    overlong: Optional[tuple[int, int, float]] = None  # (max_new_tokens, buffer, penalty factor): DAPO shaping
-
-
-@dataclass(frozen=True)
-class StepSettings:
-    """What one GRPO step needs, as plain values."""
-    prompts_per_step: int  # the global batch's prompts
-    group_size: int  # rollout.n: samples per prompt
-    sampling: SamplingParams  # its seed is replaced by the step's own (`sampling_at`)
-    seed: int  # trainer.seed
-    generate_batch: int  # sequences per generate call; 0 = the whole step at once
-    old_pass: Optional[LogprobPass]  # None: on-policy, the update uses its own log-probs, detached
-    ref_pass: Optional[LogprobPass]  # None: no KL term, no reference model
-    advantages: Callable[..., torch.Tensor]  # (N,) rewards of the GLOBAL batch, lengths= (N,) -> (N,) advantages
-    update: UpdateParams  # its mini_batch_prompts are this rank's share
-    dump_rollouts: bool  # the step returns one record per response
-    activations: Optional[ActivationSettings] = None  # record the update's activations at these steps
-    shaping: RewardShaping = RewardShaping()
-    filter: Optional[FilterSettings] = None  # None: every generated group is trained on
-    flops: Optional[FlopModel] = None  # the model's shape numbers for perf/mfu (`verirl.metrics`)
-    peak_flops: float = 0.0  # one device's peak FLOP/s (trainer.peak_flops, or measured)
-
-    def positions(self, rank: int, world: int) -> list[int]:
-        """The positions in the step's global batch of ``rank``'s prompts: its part of every global
-        mini-batch (whole groups), so its k-th mini-batch is its share of the global k-th one and N
-        ranks take the one-rank update mini-batch by mini-batch."""
-        mine = self.update.mini_batch_prompts  # this rank's part of each global mini-batch
-        every = mine * world
-        return [k * every + rank * mine + j for k in range(self.prompts_per_step // every) for j in range(mine)]
-
-    def sampling_at(self, step: int, gen_batch: int = 0) -> SamplingParams:
-        """The rollout's sampling parameters at ``step``: a seed of its own, so a resumed run samples
-        the same responses. A step's further generation batches (algo.filter_groups) are keyed by their
-        number too: (seed, step, generation batch, prompt position) picks every uniform."""
-        seed = self.seed * 1_000_003 + step
-        if gen_batch:
-            seed = stream_seed(seed, gen_batch)
-        return dataclasses.replace(self.sampling, seed=seed, step=step)
-
-    def fewer_groups(self, groups: int, world: int) -> "StepSettings":
-        """These settings for a step that trains on ``groups`` prompt groups (``groups`` a multiple of
-        the ranks' count): whole mini-batches of the configured size when there are enough, else one
-        mini-batch of them all (so an on-policy run stays on-policy)."""
-        mini = self.update.mini_batch_prompts * world
-        per_rank = self.update.mini_batch_prompts if groups >= mini else groups // world
-        return dataclasses.replace(self, prompts_per_step=groups,
-                                   update=dataclasses.replace(self.update, mini_batch_prompts=per_rank))
-
-    def trainable(self, informative: int, world: int) -> int:
-        """How many of ``informative`` groups a step can train on: a whole number of the configured
-        mini-batches, else a multiple of the ranks' count (at least one group per rank)."""
-        mini = self.update.mini_batch_prompts * world
-        unit = mini if informative >= mini else world
-        return min(self.prompts_per_step, max(informative // unit * unit, world))
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """Held-out evaluation during a run (`verirl.evaluate.evaluate`'s arguments and when to call it)."""
-    prompts: list[Prompt]
-    n: int
-    temperature: float
-    greedy: bool
-    max_new_tokens: int
-    seed: int
-    before_train: bool
-    every: int
-    at_end: bool
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def due(self, step: int, last: int) -> bool:
-        """Whether to evaluate after ``step``: every ``every`` steps, and after the last one."""
-        if not self.prompts:
-            return False
-        return bool(self.every and step % self.every == 0) or (step == last and (self.at_end or bool(self.every)))
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """AdamW's settings, put back into a restored optimizer (a resume may change them)."""
-    lr: float
-    betas: tuple[float, float]
-    weight_decay: float
-
-
-@dataclass(frozen=True)
-class LogSettings:
-    """What the run shows on the console, and where else its metrics go."""
-    progress: str  # log.progress: auto / rich / plain / off (`verirl.train.display`)
-    console_every: int  # a metrics line every N steps (0 = never)
-    backends: tuple[str, ...] = ("console", "jsonl")  # log.backends (`verirl.trackers`)
-    project: str = "verirl"
-    run_name: str = ""  # "" = the run directory's name
+from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, LogSettings, OptimizerSettings,
+                                   RewardShaping, StepSettings)
+from verirl.train.strategy import full, shard
+from verirl.run.rundir import RunDirLock, lock_held_by_launcher
+from verirl.core.types import Prompt
 
 
 @dataclass
@@ -187,8 +72,8 @@ class Run:
     resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
     nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
     nonfinite_in_a_row: int = 0
-    watchdog: Optional[object] = None  # the hang watchdog (`verirl.train.watchdog`), set by the trainer
-    device: str = ""  # what the model computes on, named (`verirl.metrics.device_name`): the summary says it
+    watchdog: Optional[object] = None  # the hang watchdog (`verirl.run.watchdog`), set by the trainer
+    device: str = ""  # what the model computes on, named (`verirl.models.perf.device_name`): the summary says it
     eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
 
 
@@ -272,7 +157,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
 def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
     """One device's peak FLOP/s at the model's dtype, on the device it computes on (not where offloaded
     parameters wait): measured by rank 0 alone (ranks sharing a CPU would slow each other's
-    measurement) and cached (`verirl.metrics.peak_flops`), then sent to every rank."""
+    measurement) and cached (`verirl.models.perf.peak_flops`), then sent to every rank."""
     p = next(model.parameters())
     dtype = p.dtype if p.dtype.is_floating_point else torch.float32
     value = peak_flops(resolve_device(cfg.model.device), dtype) if dist.is_main else None
@@ -284,12 +169,12 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
     takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order)."""
     r = cfg.rollout
     if r.engine == "vllm":
-        from verirl.plan import world_size
+        from verirl.config.layout import world_size
 
         seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // r.tensor_parallel_size, 1)
         options = vllm_options(r, lm, vllm_dtype(cfg, lm.model), dict(cfg.model.override_config), seqs,
                                cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
-        return build_engine("vllm", lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
+        return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=full, **options), train, cfg.data.shuffle
     if r.engine != "replay":
         options = {"compute_dtype": training_dtype(cfg, lm.model)} if r.engine == "native" else {}
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
@@ -307,17 +192,6 @@ def evaluation_engine(cfg: Config, lm, stop_ids: list[int]) -> Optional[Engine]:
     if cfg.rollout.engine != "replay":
         return None
     return build_engine("native", lm.model, lm.pad_id, stop_ids, compute_dtype=training_dtype(cfg, lm.model))
-
-
-def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:
-    """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`);
-    the context length at most the model's (vLLM refuses more)."""
-    max_model_len = min(max_model_len, getattr(lm.model.config, "max_position_embeddings", None) or max_model_len)
-    return dict(path=lm.path, tokenizer=lm.tokenizer, dtype=dtype, override_config=override_config,
-                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-                enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
-                free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
 
 
 def vllm_dtype(cfg: Config, model) -> str:
@@ -432,7 +306,7 @@ def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
 
 
 RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
-TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.trackers`)
+TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.run.trackers`)
 
 
 def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
@@ -469,40 +343,3 @@ def clear_previous_run(run_dir: Path) -> None:
         stall.unlink(missing_ok=True)
 
 
-def data_loading_options(data: DataConfig, too_long: str) -> dict:
-    """`load_prompts`' keyword arguments from the data config: template, handler, keys, length limit."""
-    return dict(prompt_type=data.prompt_type, templates_file=data.templates_file, handler_name=data.handler_name,
-                map_keys=data.map_keys, additional_keys=list(data.dataset_additional_keys),
-                max_prompt_length=data.max_prompt_length, too_long=too_long)
-
-
-def load_data(data: DataConfig, eval_size: int, lm) -> tuple[list[Prompt], list[Prompt], list[int]]:
-    """(train prompts, the built-in task's held-out prompts (empty for files), stop ids) from the
-    built-in task or the user's files."""
-    stop_ids = lm.stop_ids
-    if not data.train_path:
-        generated, val = TASKS[data.task](data.seed, data.train_size, eval_size)
-        train = encode_prompts(generated, lm.tokenizer, data.max_prompt_length, f"{data.task} train", data.too_long)
-        val = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", data.too_long)
-        dropped, source = len(generated) - len(train), f"the built-in {data.task} task"
-    else:
-        loaded = load_prompts(data.train_path, lm.path, **data_loading_options(data, data.too_long))
-        train, val, dropped, source = loaded.prompts, [], loaded.too_long, loaded.source
-        if loaded.stop_words:  # the template's stop words end a response (replace_eos: instead of the EOS)
-            stop_ids = _stop_word_ids(loaded.stop_words, loaded.replace_eos, lm)
-    if not train:
-        raise DataError(f"data: every prompt of {source} is over data.max_prompt_length={data.max_prompt_length}.")
-    if dropped:
-        print(f"data: dropped {dropped} prompts over data.max_prompt_length={data.max_prompt_length} from {source}")
-    return train, val, stop_ids
-
-
-def _stop_word_ids(words: list[str], replace_eos: bool, lm) -> list[int]:
-    ids = []
-    for w in words:
-        tok = lm.tokenizer(w, add_special_tokens=False)["input_ids"]
-        if len(tok) != 1:
-            raise DataError(f"template stop word {w!r} is {len(tok)} tokens in {lm.path}'s tokenizer; "
-                            f"stop words must be single tokens.")
-        ids.append(tok[0])
-    return sorted(set(ids) if replace_eos else set(ids) | set(lm.stop_ids))

@@ -46,7 +46,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from verirl.errors import CheckpointError
+from verirl.core.errors import CheckpointError
 from verirl.train.strategy import is_sharded, shard_optimizer_state, shard_state_dict
 
 FORMAT = 1

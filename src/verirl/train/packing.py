@@ -14,7 +14,7 @@ times (the gradient of the n responses flows back into the one prompt computatio
 the result is exact, not an approximation).
 
 Attention itself runs on segments gathered into a few buckets of similar length (one call
-per bucket and layer): short segments through `verirl.ops.attention.small_attention`,
+per bucket and layer): short segments through `verirl.core.ops.attention.small_attention`,
 long ones through torch's SDPA with the bucket's mask. A bucket costs about its number of
 segments times the square of its longest segment, whereas one block-diagonal mask over the
 whole row costs the square of the row length, most of it on pairs of tokens that may not
@@ -22,13 +22,13 @@ attend to each other.
 On CUDA with a half-precision model, all segments go instead through one call of a
 variable-length attention kernel per layer: flash-attn's `flash_attn_varlen_func` when it is
 installed, else torch's own `torch.nn.attention.varlen.varlen_attn` (a flash-attention kernel
-inside recent torch; run here with torch 2.11 on an H200) where its kernel runs: an Ampere or
+inside recent torch) where its kernel runs: an Ampere or
 newer GPU, a head size that is a multiple of 8 up to 256, no attention dropout. Segments are taken in packed order, so the queries are the packed row
 itself (no gather, no reordering) and only a shared prompt's keys are gathered once per response;
 causal is aligned to each segment's last key. The arguments are checked on CPU against a
-written-out kernel of the same semantics. On an H200 (bench/gpu_profile.py, SmolLM2's shape,
-42k tokens in 4 micro-batches) a forward went from 285 ms through the buckets to 166 ms through
-torch's kernel (buckets: one SDPA call per bucket and layer, bound by kernel launches there).
+written-out kernel of the same semantics. On a GPU the kernel's one call per layer takes the place
+of one SDPA call per bucket and layer, which is bound by kernel launches there (the figures:
+BENCHMARKS.md, "Kernel choices"; bench/gpu_profile.py measures them).
 """
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ from torch.autograd.function import once_differentiable
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verirl.errors import ConfigError, env_choice
-from verirl.ops.attention import small_attention, small_enough
-from verirl.ops.head_logprobs import head_logprobs
+from verirl.core.errors import ConfigError, env_choice
+from verirl.core.ops.attention import small_attention, small_enough
+from verirl.core.ops.head_logprobs import head_logprobs
 from verirl.train.strategy import final_hidden
-from verirl.train.taps import response_positions
-from verirl.types import Rollout
+from verirl.train.record import response_positions
+from verirl.core.types import Rollout
 
 ATTN_NAME = "verirl_packed"
 # The layout of the packed forward in progress. It travels beside the model call rather than as

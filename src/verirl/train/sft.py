@@ -13,11 +13,11 @@ import torch
 
 from verirl.config import SFTConfig
 from verirl.data import TASKS, encode_prompts, reference_response
-from verirl.evaluate import evaluate
+from verirl.train.evaluate import evaluate
 from verirl.models import load_model, save_hf
 from verirl.models.tiny import build_model, build_tokenizer
 from verirl.rollout import NativeEngine
-from verirl.train.actor import build_optimizer
+from verirl.train.update import build_optimizer
 from verirl.rewards import Scorer
 from verirl.train.build import seed_everything
 

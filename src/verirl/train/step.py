@@ -18,18 +18,20 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from verirl.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
-from verirl.errors import DataError
-from verirl.evaluate import decode_responses
-from verirl.metrics import Timer, advantage_metrics, length_metrics, mfu, step_flops, throughput
+from verirl.core.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
+from verirl.core.errors import DataError
+from verirl.train.evaluate import decode_responses
+from verirl.models.perf import mfu, step_flops
+from verirl.train.step_metrics import Timer, advantage_metrics, length_metrics, throughput
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
-from verirl.train.actor import Correction, compute_logprobs, update_policy
-from verirl.train.build import RewardShaping, Run, StepSettings
+from verirl.train.update import Correction, compute_logprobs, update_policy
+from verirl.train.build import Run
+from verirl.train.settings import RewardShaping, StepSettings
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
 from verirl.train.strategy import full_weights, memory_metrics
-from verirl.types import Prompt, Rollout, TrainBatch
+from verirl.core.types import Prompt, Rollout, TrainBatch
 
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights", "all")
 
@@ -253,12 +255,12 @@ def decoding_weights(run: Run):
 @contextlib.contextmanager
 def recording(run: Run, step: int) -> Iterator[None]:
     """trainer.dump_activations: the block's forwards and backwards recorded at the listed steps, saved
-    per rank (`verirl.align.dump`)."""
+    per rank (`verirl.train.record`)."""
     a = run.step.activations
     if a is None or step not in a.steps:
         yield
         return
-    from verirl.align.dump import ActivationRecorder, dump_path
+    from verirl.train.record import ActivationRecorder, dump_path
 
     with ActivationRecorder(run.model, a.modules, a.backward) as recorder:
         yield
@@ -270,7 +272,7 @@ def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float
     """``rollout/logprob_diff/mean`` and ``/max``: |log p under the engine - log p under the trainer|
     over the global batch's response tokens, both of the distribution each token was sampled from
     (after temperature), for engines that return their log-probs (vLLM). A weight push that did not
-    happen shows at once (seed 001's check: an importance ratio of about 1)."""
+    happen shows at once (the importance ratio engine / trainer is then far from 1)."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
     mask = rollout.response_mask.float()

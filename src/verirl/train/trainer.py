@@ -17,23 +17,24 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from verirl.checks import check_train
+from verirl.run.checks import check_train
 from verirl.config import Config, to_dict, to_yaml, upgrade_dict
-from verirl.errors import CheckpointError
-from verirl.evaluate import evaluate, val_metrics
-from verirl.metrics import JsonlSink, mean_of, read_jsonl, truncate
+from verirl.core.errors import CheckpointError
+from verirl.train.evaluate import evaluate, val_metrics
+from verirl.run.jsonl import JsonlSink, mean_of, read_jsonl, truncate
 from verirl.models import save_hf
 from verirl.launch import launch
 from verirl.models.device import resolve_device
-from verirl.plan import world_size
+from verirl.config.layout import world_size
 from verirl.train import distributed
-from verirl.train.build import LogSettings, Run, build_run
-from verirl.train.display import Dashboard, algorithm_name, plain_console, progress_mode
+from verirl.train.build import Run, build_run
+from verirl.train.settings import LogSettings
+from verirl.run.display import Dashboard, algorithm_name, plain_console, progress_mode
 from verirl.train.distributed import launched
 from verirl.train.checkpoint import restore_training_state, save_checkpoint
 from verirl.train.step import train_step
 from verirl.train.strategy import full_optimizer_state, full_state_dict, full_weights, nonfinite_parameter
-from verirl.train.watchdog import Watchdog
+from verirl.run.watchdog import Watchdog
 
 
 def train(cfg: Config, console: Optional[Console] = None) -> dict:
@@ -217,7 +218,7 @@ class RunLog:
         self.history: list[dict] = []
         self._board: Optional[Dashboard] = None
         self._total = 0
-        self.trackers = None  # log.backends beyond console and jsonl (`verirl.trackers`), rank 0 only
+        self.trackers = None  # log.backends beyond console and jsonl (`verirl.run.trackers`), rank 0 only
 
     def open(self, metrics_bytes: int, rollouts_bytes: int, config: Optional[dict] = None) -> None:
         """Cut the logs back to these sizes (where a checkpoint left them; 0 = start over) and open them.
@@ -238,7 +239,7 @@ class RunLog:
         self.history = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) > 0]
         s = self.settings
         if set(s.backends) - {"console", "jsonl"}:
-            from verirl.trackers import Trackers
+            from verirl.run.trackers import Trackers
 
             self.trackers = Trackers(s.backends, self.run_dir, s.project, s.run_name or self.run_dir.name, config,
                                      resume_step=self.history[-1]["step"] if self.history else 0)

@@ -1,0 +1,97 @@
+"""The layout of ranks, worked out from the config alone: the names of the launchers, strategies
+and offloads, the world size, the threads and reward workers of each rank, and the check that the
+layout fits the config (divisibility, devices)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from verirl.config import Config
+from verirl.core.errors import ConfigError
+from verirl.core.registry import Registry
+
+LAUNCHERS = Registry("trainer.launcher", {
+    "local": "torch.distributed.run (torchrun's elastic launcher) on this machine; nnodes > 1 with its rendezvous",
+    "ray": "one Ray actor per rank in a placement group on a Ray cluster (trainer.ray_address)"})
+STRATEGIES = Registry("actor.strategy", {
+    "fsdp2": "parameters, gradients and optimizer state sharded across the ranks (torch FSDP2 fully_shard)",
+    "ddp": "a full replica on every rank, gradients summed over the ranks by an all-reduce"})
+OFFLOADS = Registry("actor.offload", {
+    "none": "everything stays on the device", "optimizer": "the optimizer state leaves the device between phases",
+    "params": "parameters and optimizer state leave the device between phases"})
+
+REWARD_WORKERS_CAP = 8  # reward.workers=-1: one scoring process per core of the rank, at most this many
+
+
+def world_size(cfg: Config) -> int:
+    """Ranks in all: ``trainer.nproc_per_node x trainer.nnodes``."""
+    return cfg.trainer.nproc_per_node * cfg.trainer.nnodes
+
+
+def _world_words(cfg: Config) -> str:
+    t = cfg.trainer
+    return f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
+
+
+def _multiples(of: int, near: int) -> str:
+    """The multiples of ``of`` on either side of ``near``, for a fix."""
+    low, high = (near // of) * of, (near // of + 1) * of
+    return f"{low} or {high}" if low > 0 else f"{high}"
+
+
+def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None:
+    """The layout of ranks fits the config; raises `ConfigError` (one paragraph, the arithmetic spelled
+    out). Assumes `verirl.config.validate` has passed (it checks prompts_per_step against
+    mini_batch_prompts). ``devices``: (kind, count) of the accelerators visible to the local launcher
+    (`verirl.models.device.visible_devices`); None: the CPU, or ranks placed elsewhere (Ray), no limit."""
+    t, data, actor = cfg.trainer, cfg.data, cfg.actor
+    LAUNCHERS.check(t.launcher)
+    STRATEGIES.check(actor.strategy)
+    OFFLOADS.check(actor.offload)
+    world = world_size(cfg)
+    n = cfg.rollout.n
+    if data.prompts_per_step % world:
+        raise ConfigError(
+            f"data.prompts_per_step={data.prompts_per_step} is not divisible by {_world_words(cfg)}: "
+            f"{data.prompts_per_step} / {world} = {data.prompts_per_step / world:.3g} prompts per rank. "
+            f"Each rank takes whole groups (all rollout.n={n} samples of a prompt on one rank, so advantages "
+            f"need no communication), so the prompts of a step must split evenly: set data.prompts_per_step "
+            f"to a multiple of {world} "
+            f"(e.g. {_multiples(world, data.prompts_per_step)}) or change the number of ranks.")
+    if actor.mini_batch_prompts % world:
+        raise ConfigError(
+            f"actor.mini_batch_prompts={actor.mini_batch_prompts} is not divisible by {_world_words(cfg)}: "
+            f"{actor.mini_batch_prompts} / {world} = {actor.mini_batch_prompts / world:.3g} prompts per rank in each "
+            f"mini-batch. Every rank takes part in every optimizer step with whole groups of rollout.n={n} "
+            f"samples, so set actor.mini_batch_prompts to a multiple of {world} that divides data.prompts_per_step="
+            f"{data.prompts_per_step} (e.g. {_multiples(world, actor.mini_batch_prompts)}), or change the number "
+            f"of ranks. Both keys count prompts, not sequences.")
+    if devices is not None:
+        kind, count = devices
+        if t.nproc_per_node > count:
+            raise ConfigError(
+                f"trainer.nproc_per_node={t.nproc_per_node} local ranks but {count} {kind} device"
+                f"{'' if count == 1 else 's'} visible on this machine (model.device={cfg.model.device}; "
+                f"{kind.lower()}.device_count() = {count}): each rank takes one device of its own, "
+                f"{kind.lower()}:LOCAL_RANK. Set trainer.nproc_per_node to at most {count}"
+                f"{' (and trainer.nnodes for more machines)' if count else ''}, make more devices visible "
+                f"({'CUDA' if kind == 'CUDA' else 'ASCEND_RT'}_VISIBLE_DEVICES), or use model.device=cpu.")
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def threads_per_rank(cfg: Config, cores: Optional[int] = None) -> int:
+    """torch intra-op threads of one rank: trainer.threads, or 0 = the cores divided by the local ranks."""
+    if cfg.trainer.threads > 0:
+        return cfg.trainer.threads
+    return max(1, (cores or _cores()) // cfg.trainer.nproc_per_node)
+
+
+def reward_workers_per_rank(cfg: Config, cores: Optional[int] = None) -> int:
+    """Scoring processes of one rank: reward.workers, or -1 = min(cores // local ranks, 8), at least 1
+    (0 = scored in the rank's own process)."""
+    if cfg.reward.workers >= 0:
+        return cfg.reward.workers
+    return max(1, min((cores or _cores()) // cfg.trainer.nproc_per_node, REWARD_WORKERS_CAP))

@@ -1,0 +1,222 @@
+"""Checks that need more than the config itself: names looked up in the registries, and paths on
+the file system. `verirl.config.validate` has already checked types, ranges and batch shapes;
+`check_train` runs before anything heavy (no model loaded, nothing written), so a run that
+cannot start says why in one paragraph and leaves no trace."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from verirl.config import Config
+from verirl.core.errors import ConfigError
+
+
+def check_train(cfg: Config, import_rules: bool = True) -> None:
+    """Every name in ``cfg`` is known to its registry and every path exists; raises `ConfigError`.
+    ``import_rules=False`` (`verirl plan`): rule files are read, not run."""
+    from verirl.core.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
+    from verirl.data.prompts import SHUFFLES, TOO_LONG
+    from verirl.data.tasks import TASKS
+    from verirl.models.device import DEVICES, check_compute_dtype
+    from verirl.models.load import DTYPES
+    from verirl.rollout import ENGINES
+    from verirl.rollout.replay import REPLAY_EOS, REPLAY_PROMPTS
+
+    for registry, name in [(ENGINES, cfg.rollout.engine), (DTYPES, cfg.model.dtype), (DEVICES, cfg.model.device),
+                           (REPLAY_PROMPTS, cfg.rollout.replay_prompts), (REPLAY_EOS, cfg.rollout.replay_eos),
+                           (ADVANTAGE_ESTIMATORS, cfg.algo.adv_estimator), (KL_ESTIMATORS, cfg.algo.kl_type),
+                           (AGGREGATIONS, cfg.algo.loss_agg_mode), (SHUFFLES, cfg.data.shuffle),
+                           (TOO_LONG, cfg.data.too_long)]:
+        registry.check(name)
+    check_compute_dtype(cfg.model.compute_dtype, cfg.model.dtype)
+    if not cfg.data.train_path:
+        TASKS.check(cfg.data.task)
+    check_rules(cfg.reward.verifiers, cfg.reward.tasks, import_rules)
+    check_algorithms(cfg)
+    if os.environ.get("RANK", "0") == "0":  # rank 0 alone opens the trackers
+        from verirl.run.trackers import check_backends
+
+        check_backends(cfg.log.backends)
+    check_engine(cfg)
+    check_paths(cfg)
+    check_model_dir(cfg)
+    check_parallel(cfg)
+    if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
+        check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
+
+
+def check_data_reading(handler_name: str, prompt_type: str, templates_file: str) -> None:
+    """The handler is known and the template exists (in templates.json or the user's file)."""
+    from verirl.data.preprocess import HANDLERS
+    from verirl.data.templates import get_template
+
+    HANDLERS.check(handler_name)
+    if prompt_type != "tokenizer":
+        get_template(prompt_type, templates_file or None)
+
+
+def check_model_dir(cfg: Config) -> None:
+    """model.path passes `check_model` with the template its prompts are built with."""
+    template = cfg.data.prompt_type if (cfg.data.train_path or cfg.eval.data) else ""
+    check_model(cfg.model.path, template, cfg.data.templates_file)
+
+
+def check_model(path: str, template: str = "", templates_file: str = "", key: str = "model.path") -> None:
+    """`verirl doctor`'s error-level findings on a model directory (its config.json, tokenizer files and
+    weight file names; no weights read) stop a run, in one paragraph: each is a crash or a run that cannot
+    end. The shipped tiny model is consistent (its tests say so)."""
+    from verirl.tools.align.doctor import diagnose
+    from verirl.core.errors import ModelError
+
+    if path == "tiny":
+        return
+    try:
+        report = diagnose(path, template if template != "tokenizer" else "", templates_file)
+    except ModelError as e:
+        raise ModelError(f"{key}='{path}': {e}") from None
+    errors = [f for f in report.findings if f.level == "error" and not _other_systems_only(f, report)]
+    if errors:
+        raise ModelError(f"{key}='{path}' cannot be used as it is (`verirl doctor {path}` says more): "
+                         + " ".join(f"[{f.code}] {f.message}" for f in errors))
+
+
+def _other_systems_only(finding, report) -> bool:
+    """A chat template's turn end that verirl's own stop ids hold: only other systems' generation runs on."""
+    end = (report.chat_template or {}).get("turn_end") or {}
+    return finding.code == "turn-end-not-stop" and end.get("id") in report.ids["verirl"]["eos"]
+
+
+def check_parallel(cfg: Config) -> None:
+    """The layout of ranks (`verirl.config.layout.check_layout`: names, divisibility, devices), the launcher's
+    needs, offload settings that the strategy can honour, and a launch that matches the config."""
+    from verirl.config.layout import check_layout, world_size
+
+    check_layout(cfg, local_devices(cfg))
+    world = world_size(cfg)
+    if cfg.trainer.launcher == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("trainer.launcher=ray but Ray is not installed. Install it with pip install "
+                          "'verirl[ray]' (or pip install ray), or use trainer.launcher=local.")
+    if cfg.actor.offload == "params" and (world == 1 or cfg.actor.strategy != "fsdp2"):
+        why = "one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}"
+        raise ConfigError(f"actor.offload=params keeps the parameter shards on the host, which needs FSDP2: it is not "
+                          f"available with {why}. Use actor.strategy=fsdp2 with trainer.nproc_per_node >= 2, or "
+                          f"actor.offload=optimizer (the optimizer state leaves the device between updates).")
+    started = os.environ.get("WORLD_SIZE")
+    if started is not None and int(started) != world:
+        raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "
+                          f"torchrun) but trainer.nproc_per_node={cfg.trainer.nproc_per_node} x trainer.nnodes="
+                          f"{cfg.trainer.nnodes} = {world}. Set them to match the launch.")
+    if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local" and not cfg.trainer.rdzv_endpoint:
+        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} needs trainer.rdzv_endpoint=HOST:PORT, the same on every "
+                          f"machine (e.g. the first machine's address and a free port such as 29400).")
+
+
+def local_devices(cfg: Config):
+    """(kind, count) of the accelerators the local launcher's ranks take one each of; None for the CPU
+    or for ranks that Ray places."""
+    from verirl.models.device import visible_devices
+
+    return visible_devices(cfg.model.device) if cfg.trainer.launcher == "local" else None
+
+
+def check_rules(verifiers, tasks, import_rules: bool = True) -> None:
+    """Each verifier is a built-in rule or a ``file.py:fn`` / ``module:fn`` that defines the function
+    (read first, without running it: `verirl.rewards.check_reference`; then, with ``import_rules``,
+    imported, before training writes anything); each rule a task is routed to is one of the verifiers."""
+    from verirl.rewards import RULES, check_reference, load_rule
+
+    names_ok = set(verifiers)
+    for name in verifiers:
+        if name in RULES:
+            continue
+        try:
+            names_ok.add(check_reference(name))
+            if import_rules:
+                load_rule(name)
+        except ValueError as e:
+            raise ConfigError(str(e) if str(e).startswith("reward.verifiers") else f"reward.verifiers: {e}") from None
+    for task, names in tasks.items():
+        for name in names:
+            if name not in names_ok:
+                raise ConfigError(
+                    f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
+                    f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
+
+
+def check_algorithms(cfg: Config) -> None:
+    """The algorithm options' names: policy loss, reward scaling and aggregation, the mismatch guard's
+    modes, and the metric the group filter tests."""
+    from verirl.core.algo import POLICY_LOSSES
+    from verirl.core.algo.advantages import SCALES
+    from verirl.core.algo.correction import MODES_IS, MODES_RS
+
+    algo, rc = cfg.algo, cfg.algo.rollout_correction
+    POLICY_LOSSES.check(algo.policy_loss)
+    for key, value, known in [("algo.scale_rewards", algo.scale_rewards, SCALES),
+                              ("reward.aggregate", cfg.reward.aggregate, ("sum", "normalize_then_sum")),
+                              ("algo.rollout_correction.rollout_is", rc.rollout_is, MODES_IS),
+                              ("algo.rollout_correction.rollout_rs", rc.rollout_rs, MODES_RS)]:
+        if value not in known:
+            raise ConfigError(f"{key}={value!r} is not a known name; known: "
+                              f"{', '.join('null' if k is None else k for k in known)}.")
+    if algo.filter_groups.enable and cfg.rollout.engine == "replay":
+        raise ConfigError("algo.filter_groups.enable=true with rollout.engine=replay: a dump holds one generation "
+                          "batch per step, so there are no further responses to draw. Turn one of them off.")
+    metric, rules = algo.filter_groups.metric, [os.path.basename(v).split(":")[-1] for v in cfg.reward.verifiers]
+    if algo.filter_groups.enable and metric != "reward" and metric not in rules:
+        raise ConfigError(f"algo.filter_groups.metric={metric!r} is neither reward (the weighted total) nor one of "
+                          f"the rules in reward.verifiers ({', '.join(rules)}).")
+
+
+def check_engine(cfg: Config) -> None:
+    """An optional engine is installed and runs in this layout."""
+    from verirl.config.layout import world_size
+
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine=vllm but vLLM is not installed in this environment. Install it with pip "
+                          "install 'verirl[vllm]' (on a CPU: make test-vllm builds .venv-vllm; docs/vllm.md), or "
+                          "use rollout.engine=native.")
+    if cfg.rollout.engine == "vllm" and world_size(cfg) % cfg.rollout.tensor_parallel_size:
+        raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} must divide the "
+                          f"{world_size(cfg)} ranks: each group of tensor_parallel_size consecutive ranks runs one "
+                          f"vLLM engine (docs/vllm.md).")
+
+
+def check_paths(cfg: Config) -> None:
+    """Data files, the templates file, the evaluation data, the model directory and an explicit
+    resume checkpoint exist."""
+    if cfg.rollout.engine == "replay" and not cfg.rollout.replay_path:
+        raise ConfigError("rollout.engine=replay needs rollout.replay_path: a rollouts.jsonl (a run with "
+                          "trainer.dump_rollouts=true writes one) or another system's JSONL dump.")
+    for key, path in [("data.train_path", cfg.data.train_path), ("data.templates_file", cfg.data.templates_file),
+                      ("eval.data", cfg.eval.data), ("rollout.replay_path", cfg.rollout.replay_path)]:
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{key}='{path}' does not exist. Give an existing file or folder.")
+    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        what = "has no config.json" if os.path.isdir(cfg.model.path) else "is not a directory"
+        raise ConfigError(
+            f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
+            f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl.")
+    check_run_dir(cfg.trainer.run_dir)
+    resume = str(cfg.trainer.resume)
+    if resume.lower() not in ("auto", "false", "none", "") and not os.path.exists(resume):
+        raise ConfigError(f"trainer.resume={resume!r} is neither auto, false nor an existing path. Give auto "
+                          f"(continue the run in trainer.run_dir), false (start fresh) or a checkpoint directory.")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """trainer.run_dir is a directory this process may write in, or can be made one: its nearest existing
+    ancestor is a writable directory."""
+    path = Path(run_dir)
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"would be made inside {existing}, which is a file"
+        raise ConfigError(f"trainer.run_dir='{run_dir}' {where}, not a directory. Choose another trainer.run_dir "
+                          f"(a new directory, or the directory of a run to continue).")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.run_dir='{run_dir}' cannot be written: {existing.resolve()} is read-only (a "
+                          f"read-only file system, or no write permission for this user). Choose a trainer.run_dir "
+                          f"on a writable disk.")

@@ -1,0 +1,818 @@
+"""MindSpeed-RL's GRPO YAML -> verirl: the tables `verirl convert-config --from mindspeed-rl` reads.
+
+Keys, defaults and meanings as of Ascend/MindSpeed-RL master (2026; checked against 05a90d77, 2026-04-22, on
+every grpo_*, dapo_* and ppo_* file of its configs/, tests/scripts/convert_peers.py) and its 2.x branches
+(mindspeed_rl/config_cls/{megatron_config,rl_config,generate_config,validate_config}.py,
+cli/train_grpo.py, cli/train_dapo.py, mindspeed_rl/models/loss/{grpo,dapo}_actor_loss_func.py,
+mindspeed_rl/models/rule_verifier.py, mindspeed_rl/trainer/dapo_trainer_hybrid.py,
+mindspeed_rl/workers/dynamic_sampling.py, mindspeed_rl/datasets/dataloader.py), and the
+master of April-May 2025 ("pre-2.0"), where they differ:
+
+* rl_config.mini_batch_size: before 2.0 (commit 61effad, 2025-05-15) the YAML value was in
+  sequences, already multiplied by n_samples_per_prompt (configs had 256 for 32 prompts x 8);
+  since then MindSpeed-RL multiplies it by n itself (``mini_batch_size * n_samples_per_prompt``
+  in rl_config.py), so the YAML counts prompts, as verirl does.
+* the prompt order: before 2.0 Megatron's shuffled sample index; since 2.0 a torch RandomSampler
+  seeded with the actor's seed (the sampler veRL uses) over that index.
+
+The actor reads megatron_training updated by actor_config (``{**megatron_training, **actor_config}``
+in cli/train_grpo.py), so an actor_config key wins over the megatron_training key of the same name.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verirl.tools.align.convert import Direct, NeedsDecision, Translation
+
+MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
+SAMP = GEN + "sampling_config."
+
+# MindSpeed-RL's defaults (2.x) for the keys the translation reads; megatron keys under megatron_training.
+DEFAULTS: dict[str, Any] = {
+    MT + "global_batch_size": None, MT + "seq_length": None, MT + "train_iters": None, MT + "seed": 1234,
+    MT + "lr": None, MT + "lr_decay_style": "linear", MT + "min_lr": 0.0, MT + "weight_decay": 0.01,
+    MT + "lr_warmup_fraction": None, MT + "clip_grad": 1.0, MT + "adam_beta1": 0.9, MT + "adam_beta2": 0.999,
+    MT + "micro_batch_size": None, MT + "attention_dropout": 0.1, MT + "hidden_dropout": 0.1,
+    MT + "no_shuffle": False, MT + "tokenizer_name_or_path": None, MT + "stage": None,
+    RL + "n_samples_per_prompt": 1, RL + "mini_batch_size": 1, RL + "epochs": 1, RL + "max_prompt_length": 512,
+    RL + "clip_ratio": 0.2, RL + "clip_higher_enable": False, RL + "clip_ratio_low": 0.1, RL + "clip_ratio_high": 0.1,
+    RL + "entropy_coeff": 0.0, RL + "kl_penalty": "low_var_kl", RL + "kl_ctrl_type": "fixed", RL + "init_kl_coef": 0.01,
+    RL + "adv_estimator": "group_norm", RL + "verifier_function": ["base_acc"], RL + "verifier_weight": [1.0],
+    RL + "rule_reward": True, RL + "use_dynamic_bsz": False, RL + "max_packing_token_size": 4096,
+    RL + "update_max_packing_token_size": 4096, RL + "ref_max_packing_token_size": 4096,
+    RL + "token_level_loss": True, RL + "use_kl_in_reward": False, RL + "update_micro_batch_size": None,
+    RL + "overlong_buffer_enable": False, RL + "overlong_buffer": 0, RL + "overlong_buffer_penalty_factor": 1.0,
+    RL + "rollout_max_tokens": 2048, RL + "filter_groups_enable": False, RL + "filter_groups_metric": "acc",
+    RL + "filter_groups_max_batches": 1, RL + "filter_groups_train_batch_size": 1,
+}
+# Where the pre-2.0 RLConfig defaulted otherwise (mindspeed_rl/config_cls/rl_config.py before 2.0).
+PRE2_DEFAULTS: dict[str, Any] = {RL + "entropy_coeff": 0.001, RL + "kl_penalty": "kl"}
+# generate_config.sampling_config: MindSpeed-RL's when the section is left out; a section given replaces it
+# whole, and then a key it lacks takes vLLM's SamplingParams default.
+SAMPLING_DEFAULTS = {"max_tokens": 128, "top_p": 1.0, "top_k": 50, "min_p": 0.0, "temperature": 0.2}
+VLLM_DEFAULTS = {"max_tokens": 16, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "temperature": 1.0}
+
+# MindSpeed-RL's rule names (mindspeed_rl/models/rule_verifier.py): verirl's rules of the same names are written
+# after them (verirl.rewards.rules.RULES, docs/rewards.md); these have no verirl rule.
+NO_RULE = {
+    "math_verify_reward": "1/0 by math-verify (verirl's acc also uses math-verify but scores 1 / -0.5 / -1)",
+    "math_17k_acc": "1/0 on the math-17k labels", "acc_for_dapo": "DAPO's 1/-1 accuracy",
+    "acc_for_ppo": "PPO's accuracy", "retool_reward": "a tool-use reward",
+}
+def _kl_type(v: str) -> str:
+    from verirl.core.algo.kl import KL_ESTIMATORS
+
+    if v not in KL_ESTIMATORS:
+        raise NeedsDecision(f"kl_penalty {v!r} has no verirl estimator (verirl: {', '.join(KL_ESTIMATORS)}); "
+                            f"low_var_kl is left")
+    return v
+
+
+def _is_rule(name: str) -> bool:
+    """Whether verirl has a rule of this name (its rule registry)."""
+    from verirl.rewards.rules import RULES
+
+    return name in RULES
+
+
+def _top_k(v: Optional[int]) -> int:
+    return 0 if v is None or v < 0 else int(v)
+
+
+DIRECT = [
+    Direct(RL + "n_samples_per_prompt", "rollout.n", int, note="samples per prompt"),
+    Direct(RL + "epochs", "actor.epochs", int, note="passes over each step's rollouts"),
+    Direct(RL + "max_prompt_length", "data.max_prompt_length", int,
+           note="tokens; MindSpeed-RL drops longer prompts when it builds the data set (data.too_long=filter)"),
+    Direct(SAMP + "temperature", "rollout.temperature", float),
+    Direct(SAMP + "top_p", "rollout.top_p", float),
+    Direct(SAMP + "top_k", "rollout.top_k", _top_k, note="vLLM's -1 (off) is verirl's 0"),
+    Direct(RL + "use_remove_padding", "actor.use_remove_padding", bool, note="pack sequences, no compute on pads"),
+    Direct(MT + "dataset_additional_keys", "data.dataset_additional_keys", list,
+           note="extra columns kept for the rewards (task, data_source, ...)"),
+]
+
+_MEGATRON = "Megatron's model parallelism: verirl's data-parallel layout (FSDP2) replaces it, whole layers per rank"
+_KERNEL = "a Megatron/Ascend fusion or kernel switch: the same maths, another kernel"
+_LAYOUT = "the other run's devices; verirl's result does not depend on the number of ranks (docs/distributed.md): " \
+          "set trainer.nproc_per_node / nnodes for the machine that runs it"
+_VLLM = "a vLLM engine setting; verirl's rollout engine has its own (rollout.micro_batch_size)"
+_TD = "how MindSpeed-RL's transfer dock dispatches work: no effect on the maths"
+_OBS = "logging or profiling: verirl writes RUN_DIR/metrics.jsonl"
+_FILES = "the other machine's checkpoint files: verirl loads model.path and writes under trainer.run_dir"
+
+# (glob, why) for the keys verirl needs no equivalent of; the first match wins. Keys under megatron_training
+# and actor_config share one list (the actor reads both).
+_ACTOR_IGNORED: list[tuple[str, str]] = [
+    ("tensor_model_parallel_size", _MEGATRON), ("pipeline_model_parallel_size", _MEGATRON),
+    ("context_parallel_size", _MEGATRON), ("context_parallel_algo", _MEGATRON),
+    ("expert_model_parallel_size", _MEGATRON),
+    ("sequence_parallel", _MEGATRON), ("num_layer_list", _MEGATRON), ("noop_layers", _MEGATRON),
+    ("num_layers_per_virtual_pipeline_stage", _MEGATRON), ("moe_tp_extend_ep", _MEGATRON),
+    ("use_distributed_optimizer", "Megatron's sharded optimizer state: verirl's FSDP2 shards it too"),
+    ("use_tp_pp_dp_mapping", _MEGATRON),
+    ("recompute_*", "activation recomputation: memory only"), ("swap_*", "memory only"),
+    ("reuse_fp32_param", "memory only"), ("use_fused_*", _KERNEL), ("use_flash_attn", _KERNEL),
+    ("no_masked_softmax_fusion", _KERNEL), ("no_gradient_accumulation_fusion", _KERNEL),
+    ("gemm_gradient_accumulation_fusion", _KERNEL), ("attention_softmax_in_fp32", _KERNEL),
+    ("use_mcore_models", _KERNEL), ("moe_alltoall_overlap_comm", _KERNEL), ("use_ascend_coc", _KERNEL),
+    ("coc_*", _KERNEL), ("overlap_grad_reduce", _KERNEL), ("overlap_param_gather", _KERNEL),
+    ("transformer_impl", _KERNEL),
+    ("npu_deterministic", "NPU determinism switch"), ("use_cp_send_recv_overlap", _KERNEL),
+    ("use_fused_ring_attention_update", _KERNEL), ("attention_mask_type", "causal, as verirl's"),
+    ("bf16", "Megatron trains in bf16 with fp32 master weights: verirl's model.dtype=float32 with "
+             "model.compute_dtype=bfloat16 (model.dtype alone sets one dtype for weights and compute)"),
+    ("initial_loss_scale", "fp16 loss scaling: bf16 needs none"),
+    ("init_method_std", "initialises new weights only: the model is loaded (finetune)"),
+    ("distributed_backend", "verirl picks the backend for the device"), ("no_shared_storage", "checkpoint I/O"),
+    ("finetune", "load the weights without their optimizer state: verirl starts a run from model.path"),
+    ("load", _FILES), ("save", _FILES), ("no_load_optim", _FILES), ("no_load_rng", _FILES), ("no_save_optim", _FILES),
+    ("no_save_rng", _FILES), ("pretrained_checkpoint", _FILES), ("load_checkpoint_loosely", _FILES),
+    ("variable_seq_lengths", "padding layout: verirl packs sequences (actor.use_remove_padding)"),
+    ("no_pad_to_seq_lengths", "padding layout: verirl packs sequences"), ("reset_attention_mask", "padding layout"),
+    ("reset_position_ids", "padding layout"), ("pad_to_multiple_of", "padding layout"),
+    ("shape_order", "tensor layout"),
+    ("tokenizer_type", "a Hugging Face tokenizer, as verirl's"), ("tokenizer_not_use_fast", "the tokenizer class"),
+    ("tokenizer_padding_side", "verirl pads as it needs"), ("is_instruction_dataset", "the data format"),
+    ("full_shuffle_instruction_dataset", "Megatron's index shuffle across epochs (see no_shuffle)"),
+    ("num_workers", "data-loader processes"), ("log_interval", _OBS), ("log_throughput", _OBS),
+    ("eval_iters", "Megatron's own evaluation: not run in GRPO"), ("eval_interval", "Megatron's own evaluation"),
+    ("lora_*", "LoRA settings: LoRA is off (no lora_target_modules)"), ("ai_framework", "PyTorch, as verirl"),
+    ("use_kv_cache", "generation is vLLM's"), ("do_sample", "generation is vLLM's (generate_config)"),
+    ("optimizer", "adam: AdamW with weight_decay, as verirl's"),
+    ("ddp_bucket_size", _KERNEL), ("accumulate_allreduce_grads_in_fp32", _KERNEL),
+    ("no_check_for_nan_in_loss_and_grad", "verirl checks for non-finite losses itself (trainer.max_nonfinite_steps)"),
+    ("vocab_extra_ids", "none"), ("moe_*", "MoE settings of the model architecture"), ("skip_train", "false"),
+    ("enable_high_availability", "MindSpeed's fault tolerance"), ("dataloader_type", "Megatron's data-loader kind"),
+    ("prompt_type_path", "MindSpeed-RL's templates.json: verirl ships the same templates"),
+    *[(name, "the architecture: verirl reads it from model.path's config.json") for name in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "max_position_embeddings",
+        "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights", "add_qkv_bias", "disable_bias_linear",
+        "group_query_attention", "num_query_groups", "position_embedding_type", "normalization", "swiglu",
+        "use_rotary_position_embeddings", "kv_channels", "qk_layernorm", "attention_bias", "norm_topk_prob",
+        "num_experts", "mm_model")],
+]
+# Model numerics MindSpeed-RL may set in its own yaml: Megatron's name -> config.json's name.
+NUMERICS = {"norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta", "padded_vocab_size": "vocab_size"}
+
+IGNORED: list[tuple[str, str]] = [
+    ("defaults", "Hydra's defaults list (the model yaml): see megatron_training.model"),
+    ("hydra.*", "Hydra's own settings"),
+    *[(MT + p, why) for p, why in _ACTOR_IGNORED], *[(AC + p, why) for p, why in _ACTOR_IGNORED],
+    (RL + "actor_resource.*", _LAYOUT), (RL + "reference_resource.*", _LAYOUT), (RL + "reward_resource.*", _LAYOUT),
+    (RL + "critic_resource.*", _LAYOUT), (RL + "vit_resource.*", _LAYOUT),
+    (RL + "num_cpus_for_*", _LAYOUT), (RL + "*dispatch_size", _TD), (RL + "experience_count*", _TD),
+    (RL + "guarantee_order", _TD), (RL + "blocking", _TD), (RL + "async_engine", _TD), (RL + "zmq_communication", _TD),
+    (RL + "hccl_buffersize", _TD), (RL + "data_strategy", _TD), (RL + "transfer_queue_*", _TD),
+    (RL + "partial_rollout_max_split", _TD), (RL + "require_max_age_all_finished", _TD),
+    (RL + "use_dp_batch_balance", "verirl balances its token-budget micro-batches itself"),
+    (RL + "use_integrated_worker", "actor, reference and rollout share the devices, as verirl always does"),
+    (RL + "integrated_mode_config*", "colocation settings"),
+    (RL + "runtime_env_path", "Ray's runtime environment file"), (RL + "tp_split_expert", _MEGATRON),
+    (RL + "enable_sharding_validate", "a resharding self-check"), (RL + "share_backbone", "vision models only"),
+    (RL + "is_multimodal", "vision models only"), (RL + "reuse_image_embeds", "vision models only"),
+    (RL + "colocate_actor_and_vit", "vision models only"), (RL + "vit_*", "vision models only"),
+    (RL + "use_tensorboard", _OBS), (RL + "use_wandb", _OBS), (RL + "wandb_*", _OBS), (RL + "use_swanlab", _OBS),
+    (RL + "swanlab_*", _OBS), (RL + "log_max_throughput", _OBS),
+    (RL + "gamma", "GAE's discount: GRPO does not use it"), (RL + "lam", "GAE's lambda: GRPO does not use it"),
+    (RL + "advantage_whiten", "whitening of GAE advantages: GRPO normalises per group"),
+    (RL + "cliprange_value", "the critic's value clip: no critic"), (RL + "kl_horizon", "adaptive KL only"),
+    (RL + "kl_target", "adaptive KL only"), (RL + "beta", "weighs a reward model against the rules: rules only here"),
+    (RL + "num_samples_per_step", "unused by GRPO"),
+    (RL + "actor_forward_micro_batch_size", "the old-log-prob pass's micro-batch: verirl runs it in the actor's "
+                                            "micro-batches or token budget (and skips it when on-policy)"),
+    (RL + "ref_forward_micro_batch_size", "the reference pass's micro-batch: verirl runs it in the actor's "
+                                          "micro-batches or ref.log_prob_max_token_len_per_device"),
+    (RL + "actor_max_packing_token_size", "the old-log-prob pass's token budget: verirl's is the actor's"),
+    (RL + "*dynamic_max_batch_size", "a cap on sequences per dynamic micro-batch: verirl caps by tokens only"),
+    (RL + "shuffle_mini_batch", "false: the step's order, as verirl keeps it"),
+    (RL + "filter_groups_*", "DAPO's dynamic sampling: read with filter_groups_enable under stage ray_dapo only"),
+    (RL + "overlong_*", "DAPO's overlong penalty: read with overlong_buffer_enable only"),
+    (RL + "rollout_max_tokens", "the overlong penalty's length: read with overlong_buffer_enable only"),
+    (RL + "multi_turn_enable", "false: single-turn"), (RL + "tool_*", "tools are off"),
+    (RL + "max_tool_*", "tools are off"),
+    (RL + "max_parallel_calls", "tools are off"), (RL + "max_total_response_length", "tools are off"),
+    (RL + "verifier_parallel", "scoring processes: verirl's reward.workers is sized for this machine"),
+    (GEN + "infer_*_parallel_size", "vLLM's parallel layout: verirl's rollout runs on each data-parallel rank"),
+    (GEN + "offload_train_*", "memory placement during the rollout, not maths: set actor.offload for this machine"),
+    (GEN + "max_num_seqs", _VLLM), (GEN + "max_model_len", _VLLM), (GEN + "max_num_batched_tokens", _VLLM),
+    (GEN + "dtype", _VLLM + "; the rollout uses the model's weights as trained"),
+    (GEN + "gpu_memory_utilization", _VLLM), (GEN + "enforce_eager", _VLLM), (GEN + "torchair_graph", _VLLM),
+    (GEN + "enable_prefix_caching", _VLLM), (GEN + "num_scheduler_steps", _VLLM),
+    (GEN + "enable_expert_parallel", _VLLM),
+    (GEN + "expert_map_path", _VLLM), (GEN + "ascend_scheduler_config_enabled", _VLLM), (GEN + "eplb_*", _VLLM),
+    (GEN + "limit_mm_*", "vision models only"), (GEN + "trust_remote_code", "verirl loads the model's own class"),
+    (GEN + "micro_batch_size", _VLLM), (GEN + "data_parallel_size", _VLLM),
+    (SAMP + "logprobs", "vLLM returns sampling log-probs: verirl recomputes them with the training model"),
+    (SAMP + "detokenize", _VLLM), (SAMP + "min_p", "0: off, as verirl"),
+    (SAMP + "seed", "vLLM's sampling seed: verirl seeds its sampling with trainer.seed"),
+    ("profiler_config.*", _OBS), ("msprobe_config.*", _OBS),
+    ("ref_config.*", "the separate reference worker's layout: verirl colocates the reference with the actor"),
+    ("critic_config.*", "GRPO has no critic"),
+    ("reward_config.*", "the reward model's worker (see rl_config.rule_reward): verirl scores with rules"),
+]
+
+
+# ---------------------------------------------------------------- helpers
+
+def _actor_key(t: Translation, name: str) -> str:
+    """The key MindSpeed-RL's actor reads ``name`` from: actor_config's, else megatron_training's (or its default)."""
+    if t.given(AC + name):
+        if t.given(MT + name):
+            t.ignore(MT + name, f"overridden by actor_config.{name}, as MindSpeed-RL merges them")
+        return AC + name
+    return MT + name
+
+
+def _stage(t: Translation) -> Any:
+    return t.get(_actor_key(t, "stage"))
+
+
+def _filtering(t: Translation) -> bool:
+    """DAPO's dynamic sampling runs: filter_groups_enable, read by the DAPO trainer (stage ray_dapo) only."""
+    return _stage(t) == "ray_dapo" and bool(t.get(RL + "filter_groups_enable"))
+
+
+def _version(t: Translation) -> tuple[str, str]:
+    """('2.0+' | 'pre-2.0', why) for the MindSpeed-RL that ran the file."""
+    chosen = t.options.mindspeed_rl_version
+    if chosen != "auto":
+        return chosen, f"--mindspeed-rl-version {chosen}"
+    gbs, mini = t.get(MT + "global_batch_size"), int(t.get(RL + "mini_batch_size"))
+    if t.given(RL + "experience_count"):
+        return "pre-2.0", "read as MindSpeed-RL before 2.0 (rl_config.experience_count exists only there)"
+    if gbs and mini > int(gbs):
+        return "pre-2.0", (f"read as MindSpeed-RL before 2.0: mini_batch_size {mini} exceeds global_batch_size {gbs}, "
+                           f"so it counts sequences")
+    return "2.0+", "read as MindSpeed-RL 2.0 or later (pass --mindspeed-rl-version to say otherwise)"
+
+
+# ---------------------------------------------------------------- derived keys
+
+def _batches(t: Translation, version: str, why: str) -> None:
+    gbs_key, train_key = MT + "global_batch_size", RL + "filter_groups_train_batch_size"
+    gbs = t.get(gbs_key)
+    if gbs is None:
+        t.decide(gbs_key, "not set: MindSpeed-RL requires it (prompts per iteration); set data.prompts_per_step")
+    elif _filtering(t):
+        train = int(t.get(train_key))
+        t.put("data.prompts_per_step", train, train_key,
+              note="with dynamic sampling MindSpeed-RL trains on filter_groups_train_batch_size prompts per iteration")
+        if train != int(gbs):
+            t.decide(gbs_key, f"MindSpeed-RL generates global_batch_size={gbs} prompts per generation batch and trains "
+                              f"on the first {train} informative groups; verirl generates data.prompts_per_step="
+                              f"{train} at a time, so the prompts drawn and the groups trained on differ "
+                              f"(algo.filter_groups.max_num_gen_batches keeps the prompt budget)")
+        else:
+            t.translated(gbs_key, "the generation batch, equal to filter_groups_train_batch_size: verirl generates "
+                                  "data.prompts_per_step prompts at a time")
+        gbs = train
+    else:
+        t.put("data.prompts_per_step", int(gbs), gbs_key, note="prompts per step in both")
+    n, mini = int(t.get(RL + "n_samples_per_prompt")), int(t.get(RL + "mini_batch_size"))
+    mini_key = RL + "mini_batch_size"
+    if version == "pre-2.0":
+        prompts = mini // n
+        if mini % n or prompts == 0:
+            t.decide(mini_key, f"{mini} sequences is not a whole number of prompts of {n} samples; {max(prompts, 1)} "
+                               f"prompts written")
+        t.put("actor.mini_batch_prompts", max(prompts, 1), mini_key, RL + "n_samples_per_prompt",
+              note=f"{why}; it was already multiplied by n_samples_per_prompt: {mini} sequences / {n} = "
+                   f"{max(prompts, 1)} prompts")
+    else:
+        t.put("actor.mini_batch_prompts", mini, mini_key,
+              note=f"{why}; MindSpeed-RL 2.0+ counts prompts here and multiplies by n_samples_per_prompt itself")
+        if t.options.mindspeed_rl_version == "auto" and mini % n == 0 and mini // n >= 1 and n > 1:
+            t.warn(f"{mini_key}={mini} is read as {mini} prompts (MindSpeed-RL 2.0+). If the run used MindSpeed-RL "
+                   f"from before May 2025, the same number meant {mini} sequences = {mini // n} prompts: pass "
+                   f"--mindspeed-rl-version pre-2.0")
+    if gbs is not None and t.out.get("actor.mini_batch_prompts", 0) > int(gbs):
+        t.put("actor.mini_batch_prompts", int(gbs), mini_key,
+              note=f"more than the step's {gbs} prompts: MindSpeed-RL splits the step into one mini-batch, the whole "
+                   f"step (on-policy)")
+    micro_key = _actor_key(t, "micro_batch_size")
+    update_key = RL + "update_micro_batch_size"
+    if t.get(update_key) is not None:
+        micro_key = update_key
+        t.ignore(_actor_key(t, "micro_batch_size"), "rl_config.update_micro_batch_size replaces it for the update")
+    micro = t.get(micro_key)
+    dynamic = bool(t.get(RL + "use_dynamic_bsz"))
+    if micro is not None:
+        t.put("actor.micro_batch_size", int(micro), micro_key,
+              note="sequences per forward/backward (per model replica in MindSpeed-RL, per rank in verirl)")
+    _loss_agg(t, micro_key, micro, dynamic)
+    if dynamic:
+        _packing(t, version)
+    else:
+        t.translated(RL + "use_dynamic_bsz", "false: micro-batches of micro_batch_size sequences")
+        for key in (RL + "max_packing_token_size", RL + "update_max_packing_token_size",
+                    RL + "ref_max_packing_token_size"):
+            t.ignore(key, "read only with use_dynamic_bsz=true")
+
+
+def _packing(t: Translation, version: str) -> None:
+    """use_dynamic_bsz's token budgets. Since commit dd73eb3 (2025-08) rl_config.py sets update_, actor_ and
+    ref_max_packing_token_size to 4096 before reading the YAML, so max_packing_token_size alone reaches only the
+    critic; before, they defaulted to max_packing_token_size."""
+    update, ref, common = (RL + "update_max_packing_token_size", RL + "ref_max_packing_token_size",
+                           RL + "max_packing_token_size")
+    old = version == "pre-2.0"
+    if old:
+        t.defaults[update] = t.defaults[ref] = t.get(common)
+    budget = int(t.get(update))
+    t.put("actor.max_token_len_per_device", budget, RL + "use_dynamic_bsz", update,
+          *([common] if old and not t.given(update) else []),
+          note="use_dynamic_bsz: micro-batches of at most this many tokens"
+          + ("" if t.given(update) else "; update_max_packing_token_size is not set: "
+             + ("max_packing_token_size (MindSpeed-RL before 2.0)" if old else
+                "MindSpeed-RL's 4096 (since 2025-08 max_packing_token_size does not reach the actor)")))
+    if not old and t.given(common):
+        t.ignore(common, "the critic's token budget since MindSpeed-RL commit dd73eb3 (2025-08): the actor's is "
+                         "update_max_packing_token_size (a release between May and August 2025 gave it to the "
+                         "actor too)")
+    if int(t.get(ref)) != budget:
+        t.put("ref.log_prob_max_token_len_per_device", int(t.get(ref)), ref, note="the reference pass's token budget")
+    else:
+        t.translated(ref, "the actor's budget, as verirl's ref.log_prob_max_token_len_per_device=0 takes it")
+
+
+def _loss_agg(t: Translation, micro_key: str, micro: Optional[int], dynamic: bool) -> None:
+    """How MindSpeed-RL's loss averages tokens: its GRPO loss is the token mean of each micro-batch
+    (masked_mean in grpo_actor_loss_func.py), averaged over the micro-batches by Megatron; its DAPO
+    loss is token-level or sequence-level by rl_config.token_level_loss."""
+    key = RL + "token_level_loss"
+    if _stage(t) == "ray_dapo":
+        loss = "DAPO loss (token_level_loss: true)"
+        if not t.get(key):
+            t.put("algo.loss_agg_mode", "seq-mean-token-mean", key,
+                  note="token_level_loss false: the DAPO loss is the mean over sequences of each one's token mean "
+                       "(dapo_actor_loss_func.py), verirl's seq-mean-token-mean")
+            return
+        sources = [key]
+    else:
+        t.ignore(key, "read by MindSpeed-RL's DAPO loss only (stage ray_dapo)")
+        loss, sources = "GRPO loss", []
+    if dynamic:
+        t.put("algo.loss_agg_mode", "token-mean", RL + "use_dynamic_bsz", *sources)
+        t.decide(RL + "use_dynamic_bsz", f"MindSpeed-RL's {loss} takes the token mean of each dynamic micro-batch, "
+                                         f"scaled by its share of sequences: neither of verirl's modes exactly "
+                                         f"(token-mean written)")
+    elif micro is not None and int(micro) == 1:
+        t.put("algo.loss_agg_mode", "seq-mean-token-mean", micro_key, *sources,
+              note=f"MindSpeed-RL's {loss} is the token mean of each micro-batch, averaged over micro-batches by "
+                   f"Megatron: with one sequence per micro-batch, verirl's seq-mean-token-mean")
+    else:
+        t.put("algo.loss_agg_mode", "token-mean", micro_key, *sources)
+        t.decide(micro_key, f"MindSpeed-RL's {loss} is the token mean of each micro-batch of {micro} sequences, "
+                            f"averaged over micro-batches: between verirl's token-mean (written) and "
+                            f"seq-mean-token-mean (exact with micro_batch_size 1)")
+
+
+_SPLIT = ("data.max_prompt_length", "rollout.max_new_tokens")
+
+
+def _lengths(t: Translation) -> None:
+    """seq_length is prompt + response: the prompt cap is rl_config.max_prompt_length, the response cap vLLM's
+    max_tokens; seq_length is split into them, or checked against them."""
+    if float(t.get(SAMP + "min_p") or 0) > 0:
+        t.decide(SAMP + "min_p", f"min_p {t.get(SAMP + 'min_p')}: verirl samples without a min-p cut (top_p and top_k "
+                                 f"only)")
+    p_key, r_key, s_key = RL + "max_prompt_length", SAMP + "max_tokens", _actor_key(t, "seq_length")
+    prompt, seq = int(t.get(p_key)), t.get(s_key)
+    t.put("data.too_long", "filter", p_key, note="MindSpeed-RL drops prompts over max_prompt_length")
+    if t.given(r_key) or seq is None:
+        response = int(t.get(r_key))
+        t.put("rollout.max_new_tokens", response, r_key, note="vLLM's max_tokens: the response cap, tokens")
+        if seq is not None:
+            if int(seq) == prompt + response:
+                t.translated(s_key, f"seq_length = max_prompt_length {prompt} + max_tokens {response}: split into "
+                                    f"data.max_prompt_length + rollout.max_new_tokens", _SPLIT)
+            elif int(seq) < prompt + response:
+                t.translated(s_key, f"seq_length {seq} < max_prompt_length {prompt} + max_tokens {response}", _SPLIT)
+                t.warn(f"{s_key}={seq} is less than max_prompt_length {prompt} + max_tokens {response} = "
+                       f"{prompt + response}: MindSpeed-RL's actor is sized for {seq} tokens while rollouts can reach "
+                       f"{prompt + response}; verirl sizes by prompt + response. Check the other run's lengths")
+            else:
+                t.translated(s_key, f"seq_length {seq} >= max_prompt_length {prompt} + max_tokens {response}: room to "
+                                    f"spare, verirl sizes by prompt + response", _SPLIT)
+        return
+    response = int(seq) - prompt
+    if response <= 0:
+        t.decide(s_key, f"seq_length {seq} leaves no room for a response after max_prompt_length {prompt}")
+        return
+    t.put("rollout.max_new_tokens", response, s_key, p_key,
+          note=f"seq_length {seq} = prompt {prompt} + response {response}: split")
+    t.warn(f"generate_config.sampling_config has no max_tokens (vLLM's default would be 16 tokens): the response cap "
+           f"{response} is seq_length - max_prompt_length. Check the other run's response lengths")
+
+
+def _steps_and_warmup(t: Translation) -> None:
+    iters_key = _actor_key(t, "train_iters")
+    iters = t.get(iters_key)
+    if iters is None:
+        t.decide(iters_key, "not set: MindSpeed-RL requires it (iterations = steps); set trainer.total_steps")
+    else:
+        iters = int(iters)
+        gbs = t.get(MT + "global_batch_size") or 0
+        rows = t.options.train_rows
+        epochs = f"; with --train-rows {rows}: {iters * gbs / rows:.3g} passes over the data" if rows and gbs else ""
+        t.put("trainer.total_steps", iters, iters_key,
+              note="MindSpeed-RL counts iterations (steps of global_batch_size prompts), not epochs: it cycles the "
+                   "data as needed" + epochs)
+    frac_key = _actor_key(t, "lr_warmup_fraction")
+    frac = t.get(frac_key)
+    if frac is None or float(frac) == 0:
+        if t.given(frac_key):
+            t.put("actor.warmup_steps", 0, frac_key, note="no warm-up")
+        return
+    frac = float(frac)
+    gbs, mini = t.get(MT + "global_batch_size"), t.out.get("actor.mini_batch_prompts")
+    if iters is None or not gbs or not mini:
+        t.decide(frac_key, f"a warm-up of {frac:g}: the step count or batch sizes are not known, so it stays a ratio; "
+                           f"set actor.warmup_steps")
+        t.warn(f"warm-up left as a ratio ({frac:g}): actor.warmup_steps is not written")
+        return
+    per_iter = int(gbs) // int(mini)
+    steps = round(frac * iters * per_iter)
+    t.put("actor.warmup_steps", steps, frac_key, iters_key,
+          note=f"Megatron warms up over {frac:g} x train_iters x global_batch_size x n samples (MindSpeed-RL hands its "
+               f"workers global_batch_size x n) and advances by each mini-batch's sequences: {frac:g} x {iters} x "
+               f"{per_iter} mini-batches per step = {steps} optimizer steps; Megatron starts at lr 0, verirl at "
+               f"lr/warmup")
+    if _filtering(t) and int(t.get(RL + "filter_groups_train_batch_size")) != int(gbs):
+        t.note(frac_key, "with dynamic sampling a step trains filter_groups_train_batch_size prompts, but Megatron's "
+                         "warm-up still counts train_iters x global_batch_size samples, so the optimizer steps are "
+                         "as written")
+    if int(t.get(RL + "epochs")) > 1:
+        t.note(frac_key, "with rl_config.epochs > 1 the warm-up ends after that fraction of the iterations divided by "
+                         "the epochs, as in MindSpeed-RL")
+
+
+def _optimizer(t: Translation) -> None:
+    lr_key = _actor_key(t, "lr")
+    if t.get(lr_key) is None:
+        t.decide(lr_key, "not set: MindSpeed-RL requires it; set actor.lr")
+    else:
+        t.put("actor.lr", float(t.get(lr_key)), lr_key)
+    wd = _actor_key(t, "weight_decay")
+    t.put("actor.weight_decay", float(t.get(wd)), wd,
+          note="Megatron's default is 0.01, verirl's 0.0: written either way")
+    clip = _actor_key(t, "clip_grad")
+    t.put("actor.grad_clip", float(t.get(clip)), clip, note="max global gradient norm")
+    b1, b2 = _actor_key(t, "adam_beta1"), _actor_key(t, "adam_beta2")
+    t.put("actor.betas", [float(t.get(b1)), float(t.get(b2))], b1, b2,
+          note="Megatron's default beta2 is 0.999, verirl's 0.99: written either way")
+    style_key = _actor_key(t, "lr_decay_style")
+    style = t.get(style_key)
+    if style == "constant":
+        t.translated(style_key, "constant after the warm-up, as verirl's")
+        t.ignore(_actor_key(t, "min_lr"), "the decay's floor: no decay here")
+    else:
+        t.decide(style_key, f"lr_decay_style {style!r}" + (" (Megatron's default)" if not t.given(style_key) else "")
+                            + ": verirl keeps the lr constant after the warm-up")
+        t.ignore(_actor_key(t, "min_lr"), "the decay's floor, see lr_decay_style")
+
+
+def _algo(t: Translation, stage: str, version: str) -> None:
+    est = t.get(RL + "adv_estimator")
+    if est == "group_norm":
+        t.put("algo.adv_estimator", "grpo", RL + "adv_estimator", note="group mean / std normalisation")
+    else:
+        t.decide(RL + "adv_estimator", f"adv_estimator {est!r}: verirl has grpo (group_norm) and rloo; grpo is left")
+    entropy = RL + "entropy_coeff"
+    if version == "pre-2.0" and not stage == "ray_dapo":
+        t.put("algo.entropy_coef", 0.0, entropy,
+              note="MindSpeed-RL's GRPO loss had no entropy term before 2.0 (added 2025-05-19): 0, whatever the value")
+    else:
+        t.put("algo.entropy_coef", float(t.get(entropy)), entropy, note="the entropy bonus's weight")
+    dapo = stage == "ray_dapo"
+    clip_keys = (RL + "clip_higher_enable", RL + "clip_ratio_low", RL + "clip_ratio_high")
+    if dapo and t.get(RL + "clip_higher_enable"):
+        t.put("algo.clip_ratio_low", float(t.get(RL + "clip_ratio_low")), RL + "clip_ratio_low",
+              RL + "clip_higher_enable")
+        t.put("algo.clip_ratio_high", float(t.get(RL + "clip_ratio_high")), RL + "clip_ratio_high",
+              RL + "clip_higher_enable")
+        t.ignore(RL + "clip_ratio", "clip_higher_enable: the DAPO loss clips at clip_ratio_low / clip_ratio_high")
+    else:
+        ratio = float(t.get(RL + "clip_ratio"))
+        t.put("algo.clip_ratio_low", ratio, RL + "clip_ratio", note="one clip ratio for both sides")
+        t.put("algo.clip_ratio_high", ratio, RL + "clip_ratio")
+        for key in clip_keys:
+            t.ignore(key, "read by MindSpeed-RL's DAPO loss only (stage ray_dapo)" if not dapo
+                     else "clip_higher_enable is false: clip_ratio applies")
+    if dapo:
+        t.put("algo.kl_coef", 0.0, MT + "stage", note="MindSpeed-RL's DAPO loss has no KL term")
+        for key in (RL + "init_kl_coef", RL + "kl_penalty", RL + "kl_ctrl_type"):
+            t.ignore(key, "the DAPO loss has no KL term")
+    else:
+        t.put("algo.kl_coef", float(t.get(RL + "init_kl_coef")), RL + "init_kl_coef",
+              note="MindSpeed-RL's GRPO loss always adds init_kl_coef x KL (there is no use_kl_loss switch)")
+        if version == "pre-2.0":
+            t.put("algo.kl_type", "low_var_kl", RL + "kl_penalty",
+                  note="MindSpeed-RL's GRPO loss before 2.0 computed k3 (low_var_kl) whatever kl_penalty said "
+                       "(kl_penalty is read since 2025-05-20), and did not clamp it; verirl clamps at +-10")
+            if t.get(RL + "kl_penalty") != "low_var_kl":
+                t.warn(f"{RL}kl_penalty={t.get(RL + 'kl_penalty')} had no effect in MindSpeed-RL before 2.0: the run "
+                       f"used k3, so algo.kl_type=low_var_kl is written")
+        else:
+            try:
+                kind = _kl_type(t.get(RL + "kl_penalty"))
+                t.put("algo.kl_type", kind, RL + "kl_penalty",
+                      note="the same estimator" + ("; MindSpeed-RL also clamps the log-ratio at +-20 before the KL's "
+                                                   "+-10, as verirl" if kind == "low_var_kl" else ""))
+            except NeedsDecision as e:
+                t.decide(RL + "kl_penalty", str(e))
+        ctrl = t.get(RL + "kl_ctrl_type")
+        if ctrl == "fixed":
+            t.translated(RL + "kl_ctrl_type", "a fixed coefficient, as verirl's")
+        else:
+            t.decide(RL + "kl_ctrl_type", f"kl_ctrl_type {ctrl!r}: verirl's KL coefficient is fixed")
+    if t.get(RL + "use_kl_in_reward"):
+        t.decide(RL + "use_kl_in_reward", "a KL penalty in the reward: verirl has the KL loss only")
+    else:
+        t.translated(RL + "use_kl_in_reward", "false, as verirl (no KL in the reward)")
+    t.put("algo.policy_loss", "vanilla", _actor_key(t, "stage"),
+          note="MindSpeed-RL's GRPO and DAPO losses are the clipped surrogate without a dual clip: verirl's vanilla")
+    t.put("algo.rollout_correction.rollout_is", None)
+    t.put("algo.rollout_correction.rollout_rs", None)
+    t.warn("MindSpeed-RL has no rollout/trainer log-prob mismatch correction; verirl's default rejects sequences "
+           "(algo.rollout_correction.rollout_rs sequence, 3.0): rollout_is and rollout_rs null written")
+    _dynamic_sampling(t, stage)
+    _overlong(t)
+    if t.get(RL + "multi_turn_enable", False):
+        t.decide(RL + "multi_turn_enable", "multi-turn rollouts with tools: not available in verirl")
+        for key in [k for k in t.values if k.startswith((RL + "tool_", RL + "max_tool_")) or k in (
+                RL + "max_parallel_calls", RL + "max_total_response_length")]:
+            t.ignore(key, "part of the multi-turn tool setup, which needs a decision (multi_turn_enable)")
+    if t.given(RL + "shuffle_mini_batch") and t.get(RL + "shuffle_mini_batch"):
+        t.decide(RL + "shuffle_mini_batch", "MindSpeed-RL shuffles each step's mini-batches: verirl keeps their order")
+
+
+def _switched_off(t: Translation, en_key: str, others: tuple[str, ...], what: str) -> bool:
+    """Whether the feature switched by ``en_key`` is off: then the switch (when given) is translated as
+    verirl's default and its other keys are ignored."""
+    if t.get(en_key):
+        return False
+    if t.given(en_key):
+        t.translated(en_key, f"false: {what}, as verirl's default")
+    for key in others:
+        t.ignore(key, f"{en_key.rsplit('.', 1)[-1]} is false")
+    return True
+
+
+def _dynamic_sampling(t: Translation, stage: str) -> None:
+    """filter_groups_*: DAPO's dynamic sampling (dapo_trainer_hybrid.py, workers/dynamic_sampling.py): a group is
+    kept when its metric's std > 0 (or it has one sample); generation batches of global_batch_size prompts until
+    filter_groups_train_batch_size are kept, at most filter_groups_max_batches (<= 0: no limit), else an error."""
+    en_key, metric_key, max_key, train_key = (RL + "filter_groups_enable", RL + "filter_groups_metric",
+                                              RL + "filter_groups_max_batches", RL + "filter_groups_train_batch_size")
+    if _switched_off(t, en_key, (metric_key, max_key, train_key), "no dynamic sampling"):
+        return
+    if stage != "ray_dapo":
+        for key in (en_key, metric_key, max_key, train_key):
+            t.ignore(key, "read by MindSpeed-RL's DAPO trainer only (cli/train_dapo.py, stage ray_dapo): the GRPO "
+                          "trainer does not filter")
+        return
+    t.put("algo.filter_groups.enable", True, en_key,
+          note="DAPO's dynamic sampling: groups whose metric is equal for every sample are dropped and more prompts "
+               "generated")
+    metric, names = str(t.get(metric_key)), [str(n) for n in t.get(RL + "verifier_function")]
+    if metric in names:
+        t.put("algo.filter_groups.metric", metric, metric_key,
+              note="the rule's own score per sample (MindSpeed-RL's <rule>_rewards/mean, unweighted), as verirl's "
+                   "metric by rule name")
+    else:
+        t.decide(metric_key, f"filter_groups_metric {metric!r} is not in verifier_function {names}: MindSpeed-RL "
+                             f"refuses it; verirl's reward (the total) is left")
+    max_b = int(t.get(max_key))
+    gbs, train = t.get(MT + "global_batch_size"), int(t.get(train_key))
+    end = "; at the limit MindSpeed-RL stops the run with an error, verirl trains the step on the groups it has"
+    if max_b <= 0:
+        t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (MindSpeed-RL: <= 0)" + end)
+    elif not gbs or int(gbs) == train:
+        t.put("algo.filter_groups.max_num_gen_batches", max_b, max_key, note="generation batches per step" + end)
+    else:
+        batches = -(-max_b * int(gbs) // train)
+        t.put("algo.filter_groups.max_num_gen_batches", batches, max_key, MT + "global_batch_size",
+              note=f"MindSpeed-RL generates global_batch_size={gbs} prompts per batch, verirl data.prompts_per_step="
+                   f"{train}: {max_b} x {gbs} prompts = {batches} batches of {train}" + end)
+
+
+def _overlong(t: Translation) -> None:
+    """overlong_buffer_*: DAPO's soft overlong penalty, added to every score by the rule reward
+    (models/rule_verifier.py) whatever the stage: -factor x min(1, (L - (rollout_max_tokens - buffer)) / buffer)
+    when positive, as verirl's reward.overlong_buffer."""
+    en_key, len_key, factor_key, max_key = (RL + "overlong_buffer_enable", RL + "overlong_buffer",
+                                            RL + "overlong_buffer_penalty_factor", RL + "rollout_max_tokens")
+    if _switched_off(t, en_key, (len_key, factor_key, max_key), "no overlong penalty"):
+        return
+    t.put("reward.overlong_buffer.enable", True, en_key,
+          note="DAPO's soft overlong penalty, added to every response's score by MindSpeed-RL's rule reward")
+    length = int(t.get(len_key))
+    if length <= 0:
+        t.decide(len_key, f"overlong_buffer {length}" + ("" if t.given(len_key) else " (MindSpeed-RL's default)")
+                          + ": MindSpeed-RL divides by it (a response in the buffer fails); verirl's 0 means a fifth "
+                            "of rollout.max_new_tokens: set reward.overlong_buffer.len")
+    else:
+        t.put("reward.overlong_buffer.len", length, len_key, note="the buffer in tokens: the penalty starts at "
+                                                                  "rollout_max_tokens - overlong_buffer, in both")
+    t.put("reward.overlong_buffer.penalty_factor", float(t.get(factor_key)), factor_key,
+          note="the penalty at the response cap, in both")
+    max_tokens, response = int(t.get(max_key)), t.out.get("rollout.max_new_tokens")
+    if response is not None and max_tokens != int(response):
+        t.decide(max_key, f"rollout_max_tokens {max_tokens}" + ("" if t.given(max_key) else " (MindSpeed-RL's default)")
+                          + f" differs from the response cap {response}, which MindSpeed-RL refuses with the overlong "
+                            f"buffer on; verirl measures the buffer from rollout.max_new_tokens")
+    else:
+        t.translated(max_key, "= sampling_config.max_tokens (MindSpeed-RL requires it): the buffer is measured from "
+                              "rollout.max_new_tokens, as verirl's", ["reward.overlong_buffer.len"])
+
+
+def _reward(t: Translation, version: str) -> None:
+    fn_key, w_key = RL + "verifier_function", RL + "verifier_weight"
+    if not t.get(RL + "rule_reward"):
+        t.decide(RL + "rule_reward", "false: a reward model scores the run; verirl scores with rules only")
+    else:
+        t.translated(RL + "rule_reward", "rule rewards, as verirl's")
+    names = [str(n) for n in t.get(fn_key)]
+    t.put("reward.verifiers", names, fn_key,
+          note="verirl's rules of the same names, written after MindSpeed-RL's (docs/rewards.md)")
+    t.put("reward.weights", [float(w) for w in t.get(w_key)], w_key, note="one per rule, same order")
+    for name in names:
+        if not _is_rule(name):
+            hint = NO_RULE.get(name, "a rule of the other run's own")
+            skipped = " (MindSpeed-RL before 2.0 skipped a name it did not know, silently)" if version == "pre-2.0" \
+                else ""
+            t.decide(fn_key, f"'{name}' ({hint}) is not a verirl rule: write it as a verirl rule and name it in "
+                             f"reward.verifiers as path.py:function (kept as '{name}', which verirl refuses at "
+                             f"start){skipped}")
+    timeout = RL + "verifier_timeout"
+    if version == "pre-2.0" and int(t.get(RL + "verifier_parallel", 1) or 1) > 1 and t.given(timeout):
+        t.put("reward.timeout", float(t.get(timeout)), timeout,
+              note="seconds before a scoring worker is given up: MindSpeed-RL's for a worker's share of the "
+                   "responses (the whole share scores 0), verirl's for one response")
+    else:
+        t.ignore(timeout, "read by MindSpeed-RL before 2.0 only, with verifier_parallel > 1: verirl's reward.timeout "
+                          "keeps its default")
+
+
+def _data_and_model(t: Translation, version: str) -> None:
+    tok_key = _actor_key(t, "tokenizer_name_or_path")
+    path = t.get(tok_key)
+    if path is None:
+        t.decide(tok_key, "not set: give model.path (the Hugging Face directory of the model)")
+    else:
+        t.put("model.path", str(path), tok_key,
+              note="MindSpeed-RL loads Megatron weights from actor_config.load, converted from a Hugging Face "
+                   "directory, usually this tokenizer's; the other machine's path")
+        t.check(f"model.path ({path}) is the other machine's tokenizer directory: point it at the Hugging Face model "
+                f"the Megatron weights (actor_config.load) were converted from, and run `verirl doctor` on it")
+    gen_tok = GEN + "tokenizer_name_or_path"
+    if t.given(gen_tok):
+        if path is not None and t.get(gen_tok) != path:
+            t.decide(gen_tok, f"the rollout's tokenizer ({t.get(gen_tok)}) differs from the actor's ({path}): seed "
+                              f"000's first failure was two tokenizers; verirl uses one")
+        else:
+            t.translated(gen_tok, "the actor's tokenizer, as verirl uses one")
+    t.check("tokenizer ids: EOS, pad and BOS must agree between the two runs' tokenizers and configs (`verirl doctor`; "
+            "Qwen2.5-7B-Instruct's EOS 151645 vs the base model's 151643 strips every EOS as padding)")
+    model_key = _actor_key(t, "model")
+    name = t.get(model_key, None)
+    if name is not None:
+        t.decide(model_key, f"MindSpeed-RL takes the model's numerics from configs/model/{name}.yaml (norm_epsilon, "
+                            f"rotary_base, padded_vocab_size), not from config.json: compare them with `verirl doctor` "
+                            f"and set model.override_config where they differ (not written here)")
+        t.check(f"rms_norm_eps: MindSpeed-RL's configs/model/{name}.yaml norm_epsilon (Megatron's default 1e-5 if "
+                f"unset) must equal the Hugging Face config.json's rms_norm_eps the other run used (1e-6 vs "
+                f"1e-7 makes the reward drift down after about 1,500 steps); likewise rotary_base = rope_theta")
+        # the model yaml's section, at the top level or under model: (as Hydra composes the defaults list)
+        model_keys = [k for k in t.under(str(name)) + t.under(f"model.{name}")
+                      if not k.startswith(("megatron_training.", "actor_config."))]
+        for key in model_keys:
+            if key.rsplit(".", 1)[1] not in NUMERICS:
+                t.ignore(key, "the architecture: verirl reads it from model.path's config.json")
+        for key in t.under("model"):
+            t.ignore(key, f"a model YAML this config does not use (megatron_training.model is {name})")
+    else:
+        model_keys = []
+    numerics, sources = {}, []
+    for key in [MT + k for k in NUMERICS] + [AC + k for k in NUMERICS] + model_keys:
+        leaf = key.rsplit(".", 1)[1]
+        if t.given(key) and leaf in NUMERICS:
+            if leaf == "padded_vocab_size":  # Megatron pads the embedding; the values it computes are the same
+                t.decide(key, f"{leaf} {t.get(key)}: Megatron's padded embedding rows; compare with config.json's "
+                              f"vocab_size (`verirl doctor`)")
+                continue
+            numerics[NUMERICS[leaf]] = t.get(key)
+            sources.append(key)
+    if numerics:  # what the MindSpeed-RL run computed with, whatever config.json says (e.g. its rms_norm_eps)
+        t.put("model.override_config", numerics, *sources,
+              note="the run's own numerics; compare with config.json (`verirl doctor`)")
+    _lora(t)
+    _engine(t)
+    for name_ in ("attention_dropout", "hidden_dropout"):
+        key = _actor_key(t, name_)
+        value = float(t.get(key))
+        if value == 0:
+            t.translated(key, "no dropout, as verirl trains")
+        else:
+            t.decide(key, f"dropout {value:g}" + (" (Megatron's default, not set here)" if not t.given(key) else "")
+                          + ": verirl trains without dropout; MindSpeed-RL's run had it on")
+    data_key = _actor_key(t, "data_path")
+    if t.given(data_key):
+        t.decide(data_key, "MindSpeed-RL's preprocessed data (Megatron .bin/.idx files under this prefix) are not "
+                           "readable by verirl: run `verirl preprocess` on the raw data with the same keys "
+                           "(docs/data.md) and set data.train_path")
+    split_key = _actor_key(t, "split")
+    if t.given(split_key):
+        if str(t.get(split_key)).replace(" ", "").split(",")[0] == "100":
+            t.translated(split_key, "all rows train, as verirl's data.train_path")
+        else:
+            t.decide(split_key, f"split {t.get(split_key)}: verirl trains on every row of data.train_path; cut the "
+                                f"file to the training part")
+    if t.given(_actor_key(t, "prompt_type")):
+        key = _actor_key(t, "prompt_type")
+        t.put("data.prompt_type", str(t.get(key)), key, note="the templates.json name, as verirl's")
+    seed_key = _actor_key(t, "seed")
+    seed = int(t.get(seed_key))
+    unshuffled = bool(t.get(_actor_key(t, "no_shuffle")))
+    t.put("data.seed", seed, seed_key, note="no_shuffle: no prompt order to seed (written as the other run's seed)"
+          if unshuffled else "seeds the prompt order")
+    t.put("trainer.seed", seed, seed_key, note="seeds verirl's sampling too")
+    shuffle_key = _actor_key(t, "no_shuffle")
+    if t.get(shuffle_key):
+        t.put("data.shuffle", "sequential", shuffle_key, note="no_shuffle: the file's order")
+    elif version == "pre-2.0":
+        t.put("data.shuffle", "megatron", shuffle_key)
+        t.decide(shuffle_key, "MindSpeed-RL before 2.0 shuffled Megatron's sample index (verirl's megatron order is a "
+                              "numpy permutation per epoch: written); a run aligned with veRL may have replaced it with "
+                              "veRL's sampler, which is data.shuffle=verl: use what the other run used")
+    else:
+        t.put("data.shuffle", "verl", shuffle_key,
+              note="MindSpeed-RL 2.0+ draws with a torch RandomSampler seeded with seed, veRL's sampler")
+        t.check("prompt order: MindSpeed-RL 2.0+ samples over the index Megatron builds for train_iters x "
+                "global_batch_size samples (the rows repeated in order), so its order equals verirl's "
+                "data.shuffle=verl "
+                "only when that is the row count: compare the first steps' prompts (rollout dumps)")
+    save_key = _actor_key(t, "save_interval")
+    if t.get(save_key, None) is not None:
+        t.put("trainer.save_freq", int(t.get(save_key)), save_key, note="every N steps")
+    stage_key = _actor_key(t, "stage")
+    stage = t.get(stage_key)
+    if stage in ("ray_grpo", "ray_dapo"):
+        t.translated(stage_key, "GRPO" if stage == "ray_grpo" else "GRPO with DAPO's loss")
+    else:
+        t.decide(stage_key, f"stage {stage!r}: verirl runs GRPO (ray_grpo)")
+
+
+def _engine(t: Translation) -> None:
+    """MindSpeed-RL generates with vLLM (vllm-ascend on NPUs): verirl's vllm engine, with the same tensor
+    parallelism and memory share."""
+    tp, mem = GEN + "infer_tensor_parallel_size", GEN + "gpu_memory_utilization"
+    t.put("rollout.engine", "vllm", *[k for k in (tp, mem) if t.given(k)],
+          note="MindSpeed-RL generates with vLLM (vllm-ascend): verirl's vllm engine; on a machine without vLLM (a "
+               "CPU) use rollout.engine=native (docs/vllm.md)")
+    if t.given(tp):
+        t.put("rollout.tensor_parallel_size", int(t.get(tp)), tp, note="ranks per vLLM engine, the same setting")
+    if t.given(mem):
+        t.put("rollout.gpu_memory_utilization", float(t.get(mem)), mem, note="the same vLLM setting")
+
+
+def _lora(t: Translation) -> None:
+    """MindSpeed-RL trains LoRA adapters when lora_target_modules names modules (with lora_r, lora_alpha)."""
+    modules_key = _actor_key(t, "lora_target_modules")
+    if not t.get(modules_key, None):
+        return
+    r_key, alpha_key = _actor_key(t, "lora_r"), _actor_key(t, "lora_alpha")
+    what = (f"LoRA (rank {t.get(r_key, 16)}, alpha {t.get(alpha_key, 32)}, on {t.get(modules_key)}): verirl trains "
+            f"every weight, and at a LoRA learning rate (actor.lr) a full fine-tune moves the model far more: train "
+            f"without LoRA at a full fine-tune's learning rate, or wait for verirl's LoRA")
+    for key in (modules_key, r_key, alpha_key):
+        if t.given(key):
+            t.decide(key, what)
+    for key in t.values:
+        if key.startswith((MT + "lora_", AC + "lora_")) and key not in (modules_key, r_key, alpha_key):
+            t.ignore(key, "part of the LoRA setup (see lora_target_modules)")
+
+
+def _sampling_defaults(t: Translation) -> None:
+    """A sampling_config given replaces MindSpeed-RL's whole; a key it lacks is vLLM's default."""
+    given = any(k.startswith(SAMP) for k in t.values)
+    for key, value in (VLLM_DEFAULTS if given else SAMPLING_DEFAULTS).items():
+        t.defaults[SAMP + key] = value
+
+
+def translate(t: Translation) -> None:
+    version, why = _version(t)
+    if version == "pre-2.0":
+        t.defaults.update(PRE2_DEFAULTS)
+    _sampling_defaults(t)
+    stage = t.get(_actor_key(t, "stage"))
+    t.apply(DIRECT)
+    _batches(t, version, why)
+    _lengths(t)
+    _steps_and_warmup(t)
+    _optimizer(t)
+    _algo(t, stage, version)
+    _reward(t, version)
+    _data_and_model(t, version)

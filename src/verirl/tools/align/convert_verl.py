@@ -1,0 +1,1213 @@
+"""veRL's `ppo_trainer` config -> verirl: the tables `verirl convert-config --from verl` reads.
+
+Keys, defaults and meanings as of volcengine/verl main, January 2026, checked against verl-project/verl
+at 1dda039b (2026-08-22: its _generated_ppo_trainer.yaml and _generated_ppo_megatron_trainer.yaml with the
+overrides of examples/grpo_trainer/*.sh, tests/scripts/convert_peers.py; the reward section and
+experimental/reward_loop/reward_loop.py's migration of the old one, the v1 trainer, distillation, skip)
+(verl/trainer/config/ppo_trainer.yaml and its flattened _generated_ppo_trainer.yaml; the code paths
+named in the notes: verl/trainer/ppo/ray_trainer.py, verl/trainer/main_ppo.py,
+verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py, verl/trainer/ppo/core_algos.py,
+verl/trainer/ppo/rollout_corr_helper.py, verl/workers/reward_manager/dapo.py), and of its DAPO recipe
+(recipe/dapo: dapo_trainer.yaml, dapo_ray_trainer.py, main_dapo.py; in verl-project/verl-recipe since
+January 2026). Where an older veRL behaves differently and a config may come from it, the note says so.
+
+Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
+`translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
+and `IGNORED` (glob, why) for what verirl needs no equivalent of. Anything else is "unknown".
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verirl.tools.align.convert import Direct, NeedsDecision, Translation
+
+A = "actor_rollout_ref.actor."
+R = "actor_rollout_ref.rollout."
+REF = "actor_rollout_ref.ref."
+M = "actor_rollout_ref.model."
+PL = A + "policy_loss."
+RC = "algorithm.rollout_correction."
+FG = "algorithm.filter_groups."
+
+# veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
+DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 1024, "data.gen_batch_size": None, "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "data.shuffle": True, "data.seed": None, "data.filter_overlong_prompts": False, "data.truncation": "error",
+    "data.prompt_key": "prompt", "data.reward_fn_key": "data_source",
+    A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size": None, A + "ppo_micro_batch_size_per_gpu": None,
+    A + "use_dynamic_bsz": False, A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1,
+    A + "clip_ratio": 0.2, A + "clip_ratio_low": 0.2, A + "clip_ratio_high": 0.2, A + "loss_agg_mode": "token-mean",
+    A + "entropy_coeff": 0.0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
+    A + "grad_clip": 1.0, A + "optim.clip_grad": 1.0, A + "optim.lr": 1e-6, A + "optim.betas": [0.9, 0.999],
+    A + "optim.weight_decay": 0.01, A + "optim.lr_warmup_steps": -1, A + "optim.lr_warmup_steps_ratio": 0.0,
+    A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None, A + "optim.optimizer": "AdamW",
+    A + "policy_loss.loss_mode": "vanilla", A + "strategy": "fsdp", A + "clip_ratio_c": 3.0,
+    A + "loss_scale_factor": None, PL + "clip_cov_ratio": 0.0002, PL + "clip_cov_lb": 1.0, PL + "clip_cov_ub": 5.0,
+    PL + "kl_cov_ratio": 0.0002, PL + "ppo_kl_coef": 0.1, "trainer.use_legacy_worker_impl": "auto",
+    R + "calculate_log_probs": False,
+    RC + "rollout_is": None, RC + "rollout_is_threshold": 2.0, RC + "rollout_rs": None,
+    RC + "rollout_rs_threshold": None,
+    RC + "bypass_mode": False, RC + "rollout_is_batch_normalize": False,
+    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "do_sample": True,
+    R + "val_kwargs.n": 1, R + "val_kwargs.do_sample": False, R + "val_kwargs.temperature": 0.0,
+    R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
+    M + "use_remove_padding": True,
+    "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
+    "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.save_freq": -1,
+    "trainer.test_freq": -1, "trainer.val_before_train": True, "trainer.project_name": "verl_examples",
+    "trainer.experiment_name": "gsm8k", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1,
+    "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
+    "reward_model.enable": False,
+}
+
+# veRL's KL types, loss aggregations, advantage estimators and loss modes carry the names verirl's registries
+# use (verirl.core.algo: KL_ESTIMATORS, AGGREGATIONS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES): a name in the registry is
+# verirl's of the same meaning, except these loss modes. veRL's vanilla applies the dual clip
+# (compute_policy_loss_vanilla), which is verirl's dual_clip; verirl's vanilla has none.
+RENAMED_LOSS_MODES = {"vanilla": "dual_clip"}
+NO_LOSS_MODE = {
+    "gpg": "GPG's loss (no ratio, no clip)", "sapo": "SAPO's soft gate (tau_pos / tau_neg)",
+    "geo_mean": "GMPO's geometric-mean ratio", "bypass_mode": "the rollout-correction bypass loss",
+}
+
+
+def _kl_type(v: str) -> str:
+    from verirl.core.algo.kl import KL_ESTIMATORS
+
+    if v not in KL_ESTIMATORS:
+        raise NeedsDecision(f"kl_loss_type {v!r} has no verirl estimator (verirl: {', '.join(KL_ESTIMATORS)}; "
+                            f"'full' and the straight-through '+' variants are not available); verirl's default "
+                            f"low_var_kl is left")
+    return v
+
+
+def _loss_agg(v: str) -> str:
+    from verirl.core.algo.loss import AGGREGATIONS
+
+    if v not in AGGREGATIONS:
+        raise NeedsDecision(f"loss_agg_mode {v!r} is not one of verirl's ({', '.join(AGGREGATIONS)}); verirl's "
+                            f"token-mean is left")
+    return v
+
+
+def _top_k(v: Optional[int]) -> int:
+    return 0 if v is None or v < 0 else int(v)
+
+
+def _adv(v: str) -> str:
+    from verirl.core.algo.advantages import ADVANTAGE_ESTIMATORS
+
+    if v not in ADVANTAGE_ESTIMATORS:
+        raise NeedsDecision(f"algorithm.adv_estimator={v!r}: verirl has {', '.join(ADVANTAGE_ESTIMATORS)} (no critic, "
+                            f"so no GAE); grpo (verirl's default) is left")
+    return v
+
+
+def _loss_mode(mode: str) -> Optional[str]:
+    """verirl's algo.policy_loss for veRL's loss_mode, None where verirl has no such loss."""
+    from verirl.core.algo.loss import POLICY_LOSSES
+
+    target = RENAMED_LOSS_MODES.get(mode, mode)
+    return target if target in POLICY_LOSSES else None
+
+
+DIRECT = [
+    Direct("data.max_prompt_length", "data.max_prompt_length", note="tokens, the same cap"),
+    Direct("data.max_response_length", "rollout.max_new_tokens",
+           note="the response cap in tokens; both count a generated stop token inside it"),
+    Direct(R + "n", "rollout.n", note="samples per prompt"),
+    Direct(R + "temperature", "rollout.temperature"),
+    Direct(R + "top_p", "rollout.top_p"),
+    Direct(R + "top_k", "rollout.top_k", _top_k, note="vLLM's -1 (off) is verirl's 0"),
+    Direct(A + "ppo_epochs", "actor.epochs", note="passes over each step's rollouts"),
+    Direct(A + "entropy_coeff", "algo.entropy_coef", float),
+    Direct(A + "loss_agg_mode", "algo.loss_agg_mode", _loss_agg),
+    Direct(A + "optim.lr", "actor.lr", float),
+    Direct(A + "optim.betas", "actor.betas", lambda v: [float(b) for b in v]),
+    Direct(A + "optim.weight_decay", "actor.weight_decay", float,
+           note="veRL's default is 0.01, verirl's 0.0: written either way"),
+    Direct(M + "use_remove_padding", "actor.use_remove_padding",
+           note="verirl packs sequences with cumulative lengths; veRL's default was false before 2025"),
+    Direct("algorithm.adv_estimator", "algo.adv_estimator", _adv),
+    Direct("trainer.val_before_train", "eval.before_train", bool),
+    Direct(M + "path", "model.path", note="the other machine's path or hub id"),
+]
+
+_LAYOUT = "the other run's device layout; verirl's result does not depend on the number of ranks " \
+          "(docs/distributed.md): set trainer.nproc_per_node / nnodes for the machine that runs it"
+_MEMORY = "memory placement, not maths: set actor.offload / ref.offload for this machine"
+_VLLM = "a vLLM/SGLang engine setting; verirl's rollout engine has its own (rollout.micro_batch_size)"
+_KERNEL = "a kernel or compile switch: the same maths, another kernel"
+_OBS = "logging, profiling or tracing: verirl writes RUN_DIR/metrics.jsonl"
+
+# (glob, why) for the keys verirl needs no equivalent of; the first match wins.
+IGNORED: list[tuple[str, str]] = [
+    ("defaults", "Hydra's defaults list: the translation applies veRL's defaults to the keys it reads "
+                 "(rows marked default)"),
+    ("hydra.*", "Hydra's own settings"),
+    ("*._target_", "the Python class veRL builds the section with"),
+    ("*profiler*", _OBS), ("global_profiler.*", _OBS), ("*.prometheus.*", _OBS), ("*.trace.*", _OBS),
+    ("critic.*", "GRPO has no critic (veRL only uses it for GAE); verirl has none"),
+    ("reward_model.*", "reward_model.enable is false: rewards come from the reward function"),
+    ("reward.reward_model.*", "reward.reward_model.enable is false: rewards come from the reward function"),
+    ("reward.num_workers", "scoring processes: verirl's reward.workers is sized for this machine"),
+    ("*sandbox_fusion.*", "veRL's code-execution sandbox for code rewards: verirl's rules run no code"),
+    ("model_engine", "Hydra's choice of veRL's training engine (fsdp, megatron, ...): verirl's is FSDP2"),
+    ("*@*", "a Hydra config-group choice: veRL's engine layout"),
+    (A + "optim.zero_indexed_step", "where veRL's cosine schedule starts counting: the schedule here is constant"),
+    (A + "optim.muon_*", "a parameter of the Muon optimizer: read only with optimizer muon"),
+    (A + "optim.*_dtype", "the precision of Megatron's precision-aware optimizer state (off)"),
+    (A + "optim.use_precision_aware_optimizer", "Megatron's precision-aware optimizer: off, fp32 state as verirl's"),
+    (A + "optim.use_layer_wise_distributed_optimizer", "how Megatron shards the optimizer state: the same maths"),
+    (A + "optim.override_optimizer_config.*", _MEMORY + " (Megatron's optimizer offload)"),
+    (A + "veomni.*", _MEMORY + "; veOmni's parallel layout, replaced by verirl's FSDP2"),
+    (REF + "veomni.*", _MEMORY + "; veOmni's parallel layout"),
+    (A + "engine.*", "the training engine's parallel layout and offload: verirl's FSDP2 data parallelism"),
+    ("*entropy_from_logits_chunk_size", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
+    ("*pad_to_length*", "padding to fixed lengths for compiled kernels: verirl packs sequences"),
+    (R + "seed", "vLLM's sampling seed: verirl seeds its sampling with trainer.seed"),
+    (R + "full_determinism", _VLLM), (R + "moe_*", _VLLM), (R + "disaggregation.*", _VLLM + " (prefill/decode on "
+                                                                                         "separate devices)"),
+    (R + "qat", "the rollout's copy of actor.qat (quantization-aware training)"),
+    (R + "n_gpus_per_node", _LAYOUT), (R + "nnodes", _LAYOUT),
+    (FG + "max_inflight_gen_batches", "how many generation batches veRL's DAPO trainer keeps in flight: the same "
+                                      "prompts, drawn ahead"),
+    ("data.audio_key", "audio models only"), ("data.mm_processor_kwargs", "vision and audio models only"),
+    ("data.function_tool_path", "tools are off"),
+    ("reward_manager.*", "veRL's reward manager gathers the scores; verirl's rules are reward.verifiers"),
+    ("ray_kwargs.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
+    ("ray_init.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
+    ("transfer_queue.*", "veRL's data transfer queue: no equivalent needed"),
+    ("algorithm.gamma", "GAE's discount: GRPO does not use it"),
+    ("algorithm.lam", "GAE's lambda: GRPO does not use it"),
+    (RC + "loss_type", "the loss of bypass mode only (bypass_mode is false)"),
+    (RC + "*", "a rollout-correction setting the translation does not read (see rollout_is / rollout_rs)"),
+    ("algorithm.use_pf_ppo", "PF-PPO reweighting: not available, and off here"),
+    ("algorithm.pf_ppo.*", "PF-PPO reweighting: not available, and off here"),
+    (FG + "_target_", "the Python class veRL builds the section with"),
+    ("reward.reward_manager.*", "veRL's reward manager: dapo adds the overlong penalty (translated from its "
+                                "overlong_buffer_cfg); verirl's rules are reward.verifiers"),
+    ("*overlong_buffer*.log", "logs the overlong penalty: verirl logs it as the rule reward/overlong"),
+    (A + "rollout_n", "interpolated from rollout.n"), (REF + "rollout_n", "interpolated from rollout.n"),
+    (A + "fsdp_config.*", _MEMORY + "; sharding is FSDP2 with actor.strategy=fsdp2"),
+    (REF + "fsdp_config.*", _MEMORY), (A + "checkpoint.*", "what veRL's checkpoints hold: verirl's hold everything"),
+    (PL + "*", "a parameter of another policy-loss mode (read only with the loss_mode it belongs to)"),
+    (A + "tau_pos", "SAPO's parameter: read only with loss_mode sapo"),
+    (A + "tau_neg", "SAPO's parameter: read only with loss_mode sapo"),
+    (A + "optim.total_training_steps", "filled in by veRL's trainer at run time"),
+    (A + "optim.optimizer_impl", "where veRL imports the optimizer from"),
+    (A + "optim.override_optimizer_config", "extra optimizer arguments: none are set"),
+    (A + "optim.min_lr_ratio", "the cosine schedule's floor: the schedule here is constant"),
+    (A + "optim.num_cycles", "the cosine schedule's cycles: the schedule here is constant"),
+    (A + "optim.lr_decay_steps", "the decay's length: the schedule here is constant"),
+    (A + "optim.min_lr", "the decay's floor: the schedule here is constant"),
+    (A + "optim.weight_decay_incr_style", "constant weight decay, as verirl's"),
+    (A + "optim.lr_wsd_*", "the warmup-stable-decay schedule's decay: not used by a constant schedule"),
+    (A + "optim.use_checkpoint_opt_param_scheduler", "whether a checkpoint's scheduler state wins on resume"),
+    (A + "megatron.*offload", _MEMORY), (REF + "megatron.*offload", _MEMORY),
+    (A + "megatron.override_transformer_config.recompute_*", "activation recomputation: memory only"),
+    (A + "megatron.override_transformer_config.attention_backend", _KERNEL),
+    (A + "megatron.seed", "Megatron's seed for new weights and dropout: the model is loaded, without dropout"),
+    (A + "megatron.*", "Megatron's model parallelism and checkpoint format: verirl's FSDP2 data parallelism "
+                       "replaces it"),
+    (REF + "megatron.*", "Megatron's model parallelism for the reference: verirl colocates it with the actor"),
+    (A + "load_weight", "veRL's Megatron worker loads the weights, as verirl does"), (REF + "load_weight", "as above"),
+    (R + "layer_name_map.*", "weight names for veRL's Megatron-to-vLLM resharding"),
+    (R + "use_fire_sampling", "FIRE sampling is off"),
+    (M + "lora.*", "LoRA is off (lora.rank 0)"),
+    (A + "shuffle", "veRL's mini-batch shuffle (off by default): verirl keeps the step's order"),
+    (A + "data_loader_seed", "seeds veRL's mini-batch shuffle, which is off"),
+    (A + "ulysses_sequence_parallel_size", "sequence parallelism: verirl shards by data parallelism and keeps "
+                                           "whole sequences on a device"),
+    (REF + "ulysses_sequence_parallel_size", "sequence parallelism: not used by verirl"),
+    (A + "use_torch_compile", _KERNEL), (REF + "use_torch_compile", _KERNEL), (A + "use_fused_kernels", _KERNEL),
+    (A + "entropy_from_logits_with_chunking", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
+    (A + "entropy_checkpointing", _KERNEL), (REF + "entropy_from_logits_with_chunking", _KERNEL),
+    (REF + "entropy_checkpointing", _KERNEL), (A + "calculate_entropy", "verirl always logs the entropy"),
+    (A + "calculate_sum_pi_squared", "a diagnostic"), (A + "sum_pi_squared_checkpointing", "a diagnostic"),
+    (A + "use_prefix_grouper", "verirl computes a shared prompt once per group (actor.share_prompt)"),
+    (A + "use_remove_padding", "interpolated from actor_rollout_ref.model.use_remove_padding"),
+    (A + "freeze_vision_tower", "vision models only"), (A + "router_replay.*", "MoE router replay: off"),
+    (REF + "router_replay.*", "MoE router replay: off"),
+    (REF + "strategy", "the reference model follows the actor's strategy"),
+    (REF + "log_prob_micro_batch_size*", "verirl's reference pass runs in the actor's micro-batches "
+                                         "(actor.micro_batch_size) or ref.log_prob_max_token_len_per_device"),
+    (REF + "log_prob_use_dynamic_bsz", "follows actor.use_dynamic_bsz, as here"),
+    (R + "log_prob_*", "the old-log-prob pass: verirl runs it in the actor's micro-batches or token budget, and "
+                       "skips it when the update is on-policy"),
+    (R + "val_kwargs.*", "evaluation sampling"),
+    (R + "prompt_length", "interpolated from data.max_prompt_length"),
+    (R + "tensor_model_parallel_size", "the rollout engine's tensor parallelism: translated with the vllm engine "
+                                       "only (rollout.tensor_parallel_size)"),
+    (R + "data_parallel_size", _VLLM), (R + "expert_parallel_size", _VLLM), (R + "pipeline_model_parallel_size", _VLLM),
+    (R + "mode", "sync or async rollout server: verirl generates in the training processes"),
+    (R + "dtype", _VLLM + "; the rollout uses the model's weights as trained (model.dtype)"),
+    (R + "gpu_memory_utilization", _VLLM + "; translated with the vllm engine (rollout.gpu_memory_utilization)"),
+    (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
+    (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
+    (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
+    (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
+    (R + "disable_log_stats", _VLLM), (R + "engine_kwargs*", _VLLM),
+    (R + "agent.*", "veRL's agent loop workers"), (R + "checkpoint_engine.*", "how veRL moves weights to vLLM"),
+    (R + "skip_rollout", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
+    (R + "skip_dump_dir", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
+    (R + "skip_tokenizer_init", _VLLM), (R + "enable_rollout_routing_replay", "MoE routing replay: off"),
+    (R + "quantization*", _VLLM), (R + "layered_summon", _VLLM), (R + "over_sample_rate", "off"),
+    (R + "multi_stage_wake_up", _VLLM), (R + "mtp", _VLLM), (R + "multi_turn.*", "multi-turn rollouts are off"),
+    (R + "ignore_eos", "false, as verirl"),
+    (M + "enable_gradient_checkpointing", "memory only: activation checkpointing does not change the maths"),
+    (M + "enable_activation_offload", _MEMORY), (M + "use_shm", "how veRL copies the model files"),
+    (M + "trust_remote_code", "verirl loads the model's own transformers class"),
+    (M + "external_lib", "a module veRL imports to register a model class"),
+    (M + "use_liger", _KERNEL), (M + "use_fused_kernels", _KERNEL), (M + "fused_kernel_options.*", _KERNEL),
+    (M + "tiled_mlp.*", _KERNEL), (M + "mtp.*", "multi-token prediction: off"),
+    (M + "lora_alpha", "LoRA is off (lora_rank 0)"), (M + "target_modules", "LoRA is off (lora_rank 0)"),
+    (M + "exclude_modules", "LoRA is off"), (M + "lora_adapter_path", "LoRA is off"),
+    (M + "hf_config_path", "unset: the config.json of model.path"), (M + "tokenizer_path", "unset: model.path's"),
+    (M + "custom_chat_template", "unset: the tokenizer's own template"),
+    (M + "override_config", "empty: the model's config.json as it is"),
+    ("actor_rollout_ref.hybrid_engine", "verirl always colocates actor, rollout and reference"),
+    ("data.tokenizer", "unset: the model's tokenizer"), ("data.use_shm", "how veRL copies the data files"),
+    ("data.train_max_samples", "-1: the whole file"), ("data.val_max_samples", "-1: the whole file"),
+    ("data.val_batch_size", "verirl evaluates in the engine's batches"),
+    ("data.return_raw_input_ids", "veRL's data-loader output format"), ("data.return_raw_chat", "veRL's data-loader "
+                                                                                                "output format"),
+    ("data.return_full_prompt", "veRL's data-loader output format"),
+    ("data.return_multi_modal_inputs", "vision models only"), ("data.image_key", "vision models only"),
+    ("data.video_key", "vision models only"), ("data.image_patch_size", "vision models only"),
+    ("data.dataloader_num_workers", "data-loader processes: no effect on what is drawn"),
+    ("data.filter_overlong_prompts_workers", "processes for the overlong filter"),
+    ("data.validation_shuffle", "verirl evaluates in the file's order"),
+    ("data.trust_remote_code", "verirl loads the model's own tokenizer class"),
+    ("data.custom_cls.*", "unset: veRL's own data set class"), ("data.sampler.*", "unset: veRL's random sampler"),
+    ("data.datagen.*", "unset"), ("data.apply_chat_template_kwargs", "empty"),
+    ("data.tool_config_path", "tools are off"),
+    ("custom_reward_function.name", "no custom_reward_function.path: the name is unused"),
+    ("trainer.n_gpus_per_node", _LAYOUT), ("trainer.nnodes", _LAYOUT), ("trainer.device", _LAYOUT),
+    ("trainer.balance_batch", "verirl balances its token-budget micro-batches itself"),
+    ("trainer.critic_warmup", "no critic"), ("trainer.max_critic_ckpt_to_keep", "no critic"),
+    ("trainer.logger", _OBS), ("trainer.log_val_generations", _OBS), ("trainer.validation_data_dir", _OBS),
+    ("trainer.default_local_dir", "the other machine's checkpoint folder: verirl writes under trainer.run_dir"),
+    ("trainer.default_hdfs_dir", "HDFS copies of checkpoints"), ("trainer.del_local_ckpt_after_load", "HDFS only"),
+    ("trainer.resume_from_path", "the other machine's checkpoint"), ("trainer.esi_redundant_time", "ESI only"),
+    ("trainer.ray_wait_register_center_timeout", "Ray start-up"),
+    ("trainer.rollout_data_dir", "unset: no rollout dump"), ("trainer.val_only", "false: training"),
+    ("trainer.val_generations_to_log_to_wandb", _OBS),
+    ("trainer.remove_previous_ckpt_in_save", "verirl keeps trainer.keep_checkpoints checkpoints"),
+    ("trainer.max_actor_ckpt_to_keep", "unset: veRL keeps every checkpoint"),
+    ("trainer.use_legacy_worker_impl", "which veRL worker class runs the actor: the same maths (it matters only "
+                                       "for loss_scale_factor, see there)"),
+]
+
+
+# ---------------------------------------------------------------- derived keys
+
+def _batches(t: Translation) -> None:
+    """Step, mini-batch and micro-batch sizes, and token budgets."""
+    prompts = t.get("data.train_batch_size")
+    t.put("data.prompts_per_step", prompts, "data.train_batch_size", note="prompts per step in both")
+    if not t.given("data.gen_batch_size"):
+        pass
+    elif t.get("data.gen_batch_size") is None:
+        t.translated("data.gen_batch_size", "null: veRL draws train_batch_size prompts per batch (ray_trainer.py)")
+    elif t.get("data.gen_batch_size") == prompts:
+        t.translated("data.gen_batch_size", "= train_batch_size: one batch of prompts per step, as verirl draws")
+    else:
+        t.decide("data.gen_batch_size", "veRL draws gen_batch_size prompts and trains on train_batch_size of them "
+                                        "(DAPO's dynamic sampling): verirl draws and trains on data.prompts_per_step")
+    mini = t.get(A + "ppo_mini_batch_size")
+    t.put("actor.mini_batch_prompts", mini, A + "ppo_mini_batch_size",
+          note="prompts in both: veRL multiplies it by rollout.n inside its workers (ppo_mini_batch_size *= n), "
+               "verirl counts prompts and says so")
+    dynamic = bool(t.get(A + "use_dynamic_bsz"))
+    micro_keys = (A + "ppo_micro_batch_size_per_gpu", A + "ppo_micro_batch_size")
+    if dynamic:
+        budget = t.get(A + "ppo_max_token_len_per_gpu")
+        t.put("actor.max_token_len_per_device", budget, A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu",
+              note="use_dynamic_bsz: micro-batches of at most this many tokens per device in both")
+        if int(t.get(A + "ulysses_sequence_parallel_size", 1) or 1) > 1:
+            t.note(A + "ppo_max_token_len_per_gpu", "veRL packs budget x ulysses size tokens over that many devices; "
+                                                    "verirl keeps the per-device budget")
+        for key in micro_keys:
+            t.ignore(key, "with use_dynamic_bsz veRL sizes micro-batches by tokens (ppo_max_token_len_per_gpu)")
+        if t.given(REF + "log_prob_max_token_len_per_gpu") and t.get(REF + "log_prob_max_token_len_per_gpu") != budget:
+            t.put("ref.log_prob_max_token_len_per_device", t.get(REF + "log_prob_max_token_len_per_gpu"),
+                  REF + "log_prob_max_token_len_per_gpu", note="the reference pass's token budget per device")
+        else:
+            t.translated(REF + "log_prob_max_token_len_per_gpu",
+                         "the actor's budget, as verirl's ref.log_prob_max_token_len_per_device=0 takes it")
+    else:
+        t.ignore(A + "ppo_max_token_len_per_gpu", "read only with use_dynamic_bsz=true")
+        t.ignore(REF + "log_prob_max_token_len_per_gpu", "read only with use_dynamic_bsz=true")
+        if t.given(A + "use_dynamic_bsz"):
+            t.translated(A + "use_dynamic_bsz", "false: micro-batches of ppo_micro_batch_size_per_gpu sequences, "
+                                                "verirl's actor.micro_batch_size")
+        per_gpu = t.get(micro_keys[0])
+        if per_gpu is not None:
+            t.put("actor.micro_batch_size", int(per_gpu), micro_keys[0],
+                  note="sequences per forward/backward on one device in both")
+            t.ignore(micro_keys[1], "ppo_micro_batch_size_per_gpu is set")
+        elif t.get(micro_keys[1]) is not None:
+            world = int(t.get("trainer.n_gpus_per_node")) * int(t.get("trainer.nnodes"))
+            t.put("actor.micro_batch_size", max(1, int(t.get(micro_keys[1])) // world), micro_keys[1],
+                  "trainer.n_gpus_per_node", "trainer.nnodes",
+                  note=f"the deprecated global micro-batch, divided by the {world} devices as veRL does")
+
+
+def _gen_batch(t: Translation) -> int:
+    """Prompts per generation batch: data.gen_batch_size, where null means train_batch_size (ray_trainer.py)."""
+    gen = t.get("data.gen_batch_size")
+    return int(t.get("data.train_batch_size") if gen is None else gen)
+
+
+def _kl(t: Translation) -> None:
+    """KL: veRL's KL loss (use_kl_loss) is verirl's; its in-reward KL penalty has no verirl equivalent."""
+    if bool(t.get(A + "use_kl_loss")):
+        t.put("algo.kl_coef", float(t.get(A + "kl_loss_coef")), A + "use_kl_loss", A + "kl_loss_coef",
+              note="the KL-to-reference term of the loss")
+        try:
+            kind = _kl_type(t.get(A + "kl_loss_type"))
+            t.put("algo.kl_type", kind, A + "kl_loss_type",
+                  note="the same estimator" + (" (k3, clamped to [-10, 10] in both)" if kind == "low_var_kl" else ""))
+        except NeedsDecision as e:
+            t.decide(A + "kl_loss_type", str(e))
+    else:
+        t.put("algo.kl_coef", 0.0, A + "use_kl_loss", note="no KL loss: verirl skips the reference pass")
+        t.ignore(A + "kl_loss_coef", "use_kl_loss is false")
+        t.ignore(A + "kl_loss_type", "use_kl_loss is false")
+    if bool(t.get("algorithm.use_kl_in_reward")):
+        t.decide("algorithm.use_kl_in_reward", "veRL subtracts a KL penalty from the reward; verirl has the KL loss "
+                                               "only (algo.kl_coef): drop the penalty or move it to the loss")
+    else:
+        t.translated("algorithm.use_kl_in_reward", "false, as verirl (no KL in the reward)")
+        for key in ["algorithm.kl_penalty", *t.under("algorithm.kl_ctrl")]:
+            t.ignore(key, "use_kl_in_reward is false")
+
+
+def _clip(t: Translation) -> None:
+    """veRL clips at [1 - low, 1 + high], with low/high falling back to clip_ratio where null."""
+    ratio = t.get(A + "clip_ratio")
+    low, high = t.get(A + "clip_ratio_low"), t.get(A + "clip_ratio_high")
+    for name, value in (("low", low), ("high", high)):
+        key = A + f"clip_ratio_{name}"
+        if value is None:
+            t.put(f"algo.clip_ratio_{name}", float(ratio), A + "clip_ratio", key,
+                  note=f"clip_ratio_{name} is null: veRL uses clip_ratio")
+        else:
+            t.put(f"algo.clip_ratio_{name}", float(value), key)
+    if low is not None and high is not None:
+        t.ignore(A + "clip_ratio", "veRL reads clip_ratio only where clip_ratio_low/high are null; they are set "
+                                   "(veRL's defaults are 0.2 since April 2025)")
+        if t.given(A + "clip_ratio") and not (t.given(A + "clip_ratio_low") and t.given(A + "clip_ratio_high")) \
+                and float(ratio) != 0.2:
+            t.warn(f"{A}clip_ratio={ratio} has no effect in veRL since April 2025 (clip_ratio_low/high default to "
+                   f"0.2 and win): the translation uses 0.2, as veRL ran")
+
+
+def _pl(t: Translation, name: str, fallback: float) -> float:
+    """A policy_loss.* parameter as veRL's loss reads it (its code's fallback where the value is null)."""
+    value = t.get(PL + name)
+    return fallback if value is None else float(value)
+
+
+def _policy_loss(t: Translation) -> None:
+    """policy_loss.loss_mode and its parameters (core_algos.py, compute_policy_loss_*). veRL's vanilla loss is
+    the dual-clip PPO loss, verirl's dual_clip; the other modes map by name where verirl has them."""
+    mode_key, c_key = PL + "loss_mode", A + "clip_ratio_c"
+    mode = t.get(mode_key)
+    if mode != "vanilla":
+        t.ignore(c_key, "the dual-clip bound: read by veRL's vanilla loss only")
+    target = _loss_mode(mode)
+    if target is None:
+        from verirl.core.algo.loss import POLICY_LOSSES
+
+        what = NO_LOSS_MODE.get(mode, "a policy loss verirl does not have")
+        t.decide(mode_key, f"loss_mode {mode!r} ({what}) is not available in verirl (algo.policy_loss: "
+                           f"{', '.join(POLICY_LOSSES)}); verirl's vanilla "
+                           f"(the clipped loss without dual clip) is left")
+        return
+    if mode == "vanilla":
+        c = float(t.get(c_key))
+        t.put("algo.policy_loss", target, mode_key,
+              note="veRL's vanilla loss (compute_policy_loss_vanilla) is the clipped surrogate with the dual clip of "
+                   "clip_ratio_c: verirl's dual_clip (verirl's vanilla has no dual clip)")
+        if c <= 1.0:
+            t.decide(c_key, f"clip_ratio_c={c:g}: veRL's vanilla loss refuses a dual-clip bound <= 1 (an assert), "
+                            f"verirl's dual_clip too: give one above 1 (verirl's 3.0 is left)")
+        else:
+            t.put("algo.clip_ratio_c", c, c_key, note="the dual-clip bound: for a negative advantage the loss is at "
+                                                      "most -A x clip_ratio_c, in both")
+        return
+    t.put("algo.policy_loss", target, mode_key, note=f"veRL's {mode} loss (compute_policy_loss_{mode})")
+    low_high = [k for name in ("low", "high") for k in t.out_from.get(f"algo.clip_ratio_{name}", [])]
+    if mode == "gspo":
+        t.note(mode_key, "the log of the sequence ratio is clamped at 10 above in veRL, to [-20, 20] in verirl: only "
+                         "an extreme ratio tells them apart")
+        for key in low_high:
+            t.note(key, "written as veRL uses it: verirl's null would mean GSPO's own 3e-4 / 4e-4")
+        agg_key, agg = A + "loss_agg_mode", t.get(A + "loss_agg_mode")
+        t.put("algo.loss_agg_mode", "seq-mean-token-mean", mode_key,
+              note="veRL's gspo aggregates its policy loss with seq-mean-token-mean whatever loss_agg_mode says")
+        if agg != "seq-mean-token-mean":
+            if t.out.get("algo.kl_coef", 0) or t.out.get("algo.entropy_coef", 0):
+                t.decide(agg_key, f"with gspo veRL takes the policy loss's seq-mean-token-mean but aggregates the KL "
+                                  f"and entropy terms with {agg}; verirl uses one mode for all three "
+                                  f"(seq-mean-token-mean written)")
+            else:
+                t.note(agg_key, "not read by veRL's gspo policy loss, which is seq-mean-token-mean (written); it "
+                                "would aggregate the KL and entropy terms, which are off")
+    elif mode == "cispo":
+        low, high = t.out.get("algo.clip_ratio_low", 0.2), t.out.get("algo.clip_ratio_high", 0.2)
+        t.put("algo.clip_ratio_max", 1.0 + float(high), mode_key, *t.out_from.get("algo.clip_ratio_high", []),
+              note="1 + clip_ratio_high: veRL's cap on the stop-gradient importance weight")
+        t.decide(mode_key, f"veRL's cispo clamps the stop-gradient weight to [1 - clip_ratio_low, 1 + "
+                           f"clip_ratio_high] = [{1 - low:g}, {1 + high:g}]; verirl's cispo caps it above only "
+                           f"(algo.clip_ratio_max = {1 + high:g} written): a token whose ratio is below {1 - low:g} "
+                           f"weighs its ratio in verirl, {1 - low:g} in veRL")
+    elif mode == "clip_cov":
+        for name, fallback in (("clip_cov_ratio", 0.0002), ("clip_cov_lb", 1.0), ("clip_cov_ub", 5.0)):
+            t.put(f"algo.{name}", _pl(t, name, fallback), PL + name)
+        t.note(mode_key, "the tokens whose gradient is cut are drawn at random among the candidates: veRL with the "
+                         "global torch generator, verirl with one seeded by the batch's values, so the tokens cut "
+                         "differ (not their number); veRL does not clamp the log-ratio, verirl clamps it to [-20, 20]")
+    elif mode == "kl_cov":
+        t.put("algo.kl_cov_ratio", _pl(t, "kl_cov_ratio", 0.0002), PL + "kl_cov_ratio")
+        t.put("algo.ppo_kl_coef", _pl(t, "ppo_kl_coef", 1.0), PL + "ppo_kl_coef",
+              note="veRL's default 0.1, verirl's 1.0: written either way")
+        t.note(mode_key, "veRL does not clamp the log-ratio, verirl clamps it to [-20, 20]: only an extreme ratio "
+                         "tells them apart")
+
+
+def _loss_scale(t: Translation) -> None:
+    """seq-mean-token-sum-norm's divisor (actor.loss_scale_factor) and the scale veRL's actor gives that loss."""
+    key, agg_key = A + "loss_scale_factor", A + "loss_agg_mode"
+    if t.out.get("algo.loss_agg_mode") != "seq-mean-token-sum-norm":
+        t.ignore(key, "read by loss_agg_mode seq-mean-token-sum-norm only")
+        return
+    factor, impl = t.get(key), t.get("trainer.use_legacy_worker_impl")
+    if factor is None:
+        t.put("algo.loss_scale_factor", 0.0, key,
+              note="null: veRL divides by the response tensor's width, which its rollout pads to "
+                   "data.max_response_length; verirl's 0 means rollout.max_new_tokens, the same number")
+    elif impl != "disable":
+        t.put("algo.loss_scale_factor", 0.0, key)
+        t.decide(key, f"loss_scale_factor={factor}: veRL's legacy actor workers (trainer.use_legacy_worker_impl="
+                      f"{impl}, the default auto) do not hand it to the policy loss, which divides by the padded "
+                      f"response width, data.max_response_length (only the logged entropy uses it): 0 (= "
+                      f"rollout.max_new_tokens) written, as veRL ran; with use_legacy_worker_impl=disable it is "
+                      f"{factor}")
+    else:
+        t.put("algo.loss_scale_factor", float(factor), key, "trainer.use_legacy_worker_impl",
+              note="veRL's new engine workers divide by it, as verirl")
+    micro = t.get(A + "ppo_micro_batch_size_per_gpu")
+    scale = ("its loss is verirl's x the use_dynamic_bsz micro-batch's share of sequences, not a constant"
+             if t.get(A + "use_dynamic_bsz") else
+             f"with veRL's legacy actor (1 / gradient accumulation per micro-batch) its loss is verirl's x "
+             f"ppo_micro_batch_size_per_gpu ({micro}): actor.grad_clip = grad_clip / {micro} clips as veRL does "
+             f"(not written)")
+    t.decide(agg_key, "seq-mean-token-sum-norm: veRL divides each micro-batch's token sum by the factor alone "
+                      "(agg_loss), verirl by the factor x the mini-batch's sequences (TRL's dr_grpo): the same "
+                      "direction and the same AdamW step except where grad clipping acts; " + scale)
+
+
+def _advantages(t: Translation) -> None:
+    """norm_adv_by_std_in_grpo -> algo.scale_rewards; veRL reads it in its GRPO estimators only."""
+    est, key = t.get("algorithm.adv_estimator"), "algorithm.norm_adv_by_std_in_grpo"
+    if est == "rloo":
+        t.put("algo.scale_rewards", "none", "algorithm.adv_estimator",
+              note="veRL's rloo never divides by a std (compute_rloo_outcome_advantage); verirl's rloo divides as "
+                   "algo.scale_rewards says: none written")
+        t.ignore(key, "read by veRL's GRPO estimators only")
+    elif est == "reinforce_plus_plus_baseline":
+        t.ignore(key, "read by veRL's GRPO estimators only; REINFORCE++-baseline whitens over the batch's tokens, "
+                      "in both")
+    else:
+        t.put("algo.scale_rewards", "group" if t.get(key) else "none", key,
+              note="true: divide by the group's std (GRPO); false: Dr. GRPO, no division (verirl's scale_rewards none)")
+
+
+def _k1_bounds(spec: Any) -> tuple[float, float]:
+    """veRL's *_k1 threshold ("lower_upper", or one upper with lower 1 / upper) -> (lower, upper)."""
+    if isinstance(spec, bool) or spec is None:
+        raise NeedsDecision("no threshold")
+    if isinstance(spec, (int, float)):
+        upper = float(spec)
+        return 1.0 / upper, upper
+    text = str(spec).strip()
+    if "," in text:
+        raise NeedsDecision(f"several thresholds ({text})")
+    if "_" in text:
+        lower, upper = (float(x) for x in text.split("_", 1))
+        return lower, upper
+    upper = float(text)
+    return 1.0 / upper, upper
+
+
+RS_K1 = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+
+
+def _rollout_correction(t: Translation) -> None:
+    """algorithm.rollout_correction (rollout_corr_helper.py). Off in veRL by default, on in verirl (rollout_rs
+    sequence at 3.0): both modes are always written."""
+    is_key, rs_key, lp_key = RC + "rollout_is", RC + "rollout_rs", R + "calculate_log_probs"
+    is_mode, rs_mode = t.get(is_key), t.get(rs_key)
+    others = [RC + "rollout_is_threshold", RC + "rollout_rs_threshold", RC + "rollout_rs_threshold_lower",
+              RC + "rollout_is_batch_normalize"]
+    if is_mode is None and rs_mode is None:
+        note = "null: veRL's default, off; verirl's default rejects sequences (rollout_rs sequence, 3.0): null written"
+        t.put("algo.rollout_correction.rollout_is", None, is_key, note=note)
+        t.put("algo.rollout_correction.rollout_rs", None, rs_key, note=note)
+        for key in others:
+            t.ignore(key, "the correction is off")
+        t.ignore(lp_key, "rollout log-probs: only the rollout correction reads them, and it is off")
+    elif not t.get(lp_key):
+        note = (f"veRL corrects only with the rollout engine's log-probs, which it keeps only with "
+                f"{lp_key}=true (false here): it ran without the correction; null written (verirl's default would "
+                f"reject sequences)")
+        t.put("algo.rollout_correction.rollout_is", None, is_key, lp_key, note=note)
+        t.put("algo.rollout_correction.rollout_rs", None, rs_key, lp_key, note=note)
+        for key in others:
+            t.ignore(key, "the correction does not run (calculate_log_probs is false)")
+    else:
+        t.translated(lp_key, "the rollout engine's log-probs, which the correction compares with the trainer's: "
+                             "verirl's native and vllm engines return them")
+        _rollout_is(t, is_mode)
+        _rollout_rs(t, rs_mode)
+    if t.get(RC + "bypass_mode"):
+        t.decide(RC + "bypass_mode", "bypass mode: veRL takes the rollout's log-probs as the old policy's (no "
+                                     "recomputation, loss_type's loss); verirl always recomputes them")
+    else:
+        t.ignore(RC + "bypass_mode", "false: the old log-probs are recomputed, as verirl does")
+    for key, what in ((RC + "rollout_token_veto_threshold", "a per-token veto (veRL before January 2026)"),
+                      (RC + "bypass_old_logprob_for_rollout", "bypass of the old log-prob pass (veRL, November 2025)"),
+                      (RC + "use_pure_rollout_correction", "a pure policy-gradient loss (veRL, November 2025)"),
+                      (RC + "use_policy_gradient", "a policy-gradient loss without clipping (veRL, late 2025)")):
+        if t.get(key, None):
+            t.decide(key, f"{what}: not available in verirl")
+        else:
+            t.ignore(key, "off")
+
+
+def _rollout_is(t: Translation, mode: Optional[str]) -> None:
+    key, thr_key = RC + "rollout_is", RC + "rollout_is_threshold"
+    threshold = t.get(thr_key)
+    if mode is None or threshold is None:
+        t.put("algo.rollout_correction.rollout_is", None, key, *([thr_key] if mode is not None else []),
+              note="no importance weights" + (" (veRL applies none without rollout_is_threshold)" if mode else ""))
+        t.ignore(thr_key, "rollout_is is null")
+    elif mode in ("token", "sequence"):
+        t.put("algo.rollout_correction.rollout_is", mode, key,
+              note="truncated importance weights exp(old - rollout log-prob), per token or per sequence, on the "
+                   "policy loss, as veRL")
+        lower, _, upper = str(threshold).strip().rpartition("_")
+        t.put("algo.rollout_correction.rollout_is_threshold", float(upper), thr_key, note="the weights' cap")
+        if lower:
+            t.decide(thr_key, f"'{threshold}' is veRL's lower_upper form: veRL also raises a weight under {lower} to "
+                              f"{lower}, verirl caps the weights above only (cap {upper} written)")
+    else:
+        t.put("algo.rollout_correction.rollout_is", None, key)
+        t.decide(key, f"rollout_is {mode!r}: verirl has token and sequence; none written")
+    if t.get(RC + "rollout_is_batch_normalize") and mode is not None:
+        t.decide(RC + "rollout_is_batch_normalize", "veRL rescales the weights to mean 1 over the batch: verirl does "
+                                                    "not")
+    else:
+        t.ignore(RC + "rollout_is_batch_normalize", "false (or no weights): raw truncated weights, as verirl")
+
+
+def _rollout_rs(t: Translation, mode: Optional[str]) -> None:
+    key, thr_key, low_key = RC + "rollout_rs", RC + "rollout_rs_threshold", RC + "rollout_rs_threshold_lower"
+    if mode is None:
+        t.put("algo.rollout_correction.rollout_rs", None, key, note="no rejection (verirl's default rejects: null "
+                                                                    "written)")
+        t.ignore(thr_key, "rollout_rs is null")
+        t.ignore(low_key, "rollout_rs is null")
+        return
+    spec = t.get(thr_key)
+    if spec is None:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(thr_key, "rollout_rs is set without rollout_rs_threshold, which veRL refuses: give the threshold "
+                          "(null written meanwhile)")
+        return
+    if mode in ("token", "sequence", "geometric"):  # veRL of November-December 2025
+        upper = float(spec)
+        lower = t.get(low_key, None)
+        lower = 1.0 / upper if lower is None else float(lower)
+        target, how = mode, (f"rollout_rs_threshold_lower is null: veRL's lower bound is 1 / upper = {lower:g}, "
+                             f"verirl's 0 would mean none; {lower:g} written" if t.get(low_key, None) is None
+                             else "the ratio's lower bound")
+        sources = [low_key] if t.given(low_key) else [thr_key]
+        t.put("algo.rollout_correction.rollout_rs_threshold", upper, thr_key, note="the ratio's upper bound")
+    elif mode in RS_K1:
+        try:
+            lo, hi = _k1_bounds(spec)
+        except (NeedsDecision, ValueError) as e:
+            t.put("algo.rollout_correction.rollout_rs", None, key)
+            t.decide(thr_key, f"rollout_rs_threshold {spec!r} ({e}): one 'lower_upper' or one upper bound per "
+                              f"option; null written")
+            return
+        target, lower, upper = RS_K1[mode], 1.0 / hi, 1.0 / lo
+        how = (f"veRL keeps a ratio r when -log r lies in [log {lo:g}, log {hi:g}], i.e. r in [1/{hi:g}, 1/{lo:g}] "
+               f"= [{lower:.6g}, {upper:.6g}] (the same interval when lower = 1 / upper): written as verirl's lower "
+               f"and upper bounds")
+        sources = [thr_key]
+    else:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(key, f"rollout_rs {mode!r}: verirl rejects by the ratio of a token (token_k1), of a sequence "
+                      f"(seq_sum_k1) or by its geometric mean (seq_mean_k1) only; the k2 / k3 divergences, max and "
+                      f"chained options are not available; null written")
+        return
+    if not 0 <= lower < upper:
+        t.put("algo.rollout_correction.rollout_rs", None, key)
+        t.decide(thr_key, f"bounds [{lower:g}, {upper:g}] keep no ratio: null written")
+        return
+    t.put("algo.rollout_correction.rollout_rs", target, key,
+          note=f"reject by the ratio exp(old - rollout log-prob) of a token / sequence / its geometric mean "
+               f"({mode} -> {target})")
+    if mode in RS_K1:
+        t.put("algo.rollout_correction.rollout_rs_threshold", upper, *sources, note=how)
+    t.put("algo.rollout_correction.rollout_rs_threshold_lower", lower, *sources, note=how)
+    t.warn("rollout rejection: veRL removes a rejected token from the response mask, so it leaves the loss's token "
+           "and sequence counts; verirl gives it weight 0 and keeps it in them (as TRL): the same tokens are "
+           "rejected, the loss is divided by a larger count when any is")
+
+
+def _filter_groups(t: Translation) -> None:
+    """DAPO's dynamic sampling (recipe/dapo/dapo_ray_trainer.py; verl.trainer.main_ppo does not read it)."""
+    en_key, metric_key, max_key = FG + "enable", FG + "metric", FG + "max_num_gen_batches"
+    if not t.get(en_key, False):
+        if t.given(en_key):
+            t.translated(en_key, "false: no dynamic sampling, as verirl's default")
+        t.ignore(metric_key, "filter_groups is off")
+        t.ignore(max_key, "filter_groups is off")
+        return
+    t.put("algo.filter_groups.enable", True, en_key,
+          note="DAPO's dynamic sampling: groups whose metric is equal for every sample are dropped and more prompts "
+               "generated (veRL's DAPO trainer, recipe/dapo; verl.trainer.main_ppo does not read it)")
+    metric = t.get(metric_key, None)
+    custom = t.get("custom_reward_function.path")
+    if metric in ("seq_reward", "seq_final_reward"):
+        t.put("algo.filter_groups.metric", "reward", metric_key,
+              note="the sum of the token-level " + ("scores" if metric == "seq_reward" else "rewards (scores less "
+                                                                                            "the in-reward KL)")
+                   + ": the reward function's score plus the overlong penalty, verirl's total (reward)")
+    elif metric in ("acc", "score") and custom is not None:
+        name = str(t.get("custom_reward_function.name"))
+        t.put("algo.filter_groups.metric", name, metric_key, "custom_reward_function.name",
+              note=f"veRL's dapo reward manager records the function's score as {metric} (a number returned is both "
+                   f"acc and score; a dict, its '{metric}' entry): verirl's rule of the function, named {name} (name "
+                   f"your wrapper's rule here if it has another name)")
+    else:
+        t.put("algo.filter_groups.metric", "reward", metric_key)
+        t.decide(metric_key, (f"metric {metric!r}: " if metric is not None else "null: veRL's DAPO trainer needs one; ")
+                 + "verirl filters on the total (reward) or a rule's score; reward written: name a rule of "
+                   "reward.verifiers if the other run filtered on one")
+    max_b = int(t.get(max_key, 0) or 0)
+    train = int(t.get("data.train_batch_size"))
+    gen = _gen_batch(t)
+    end = "; at the limit veRL stops the run with an error, verirl trains the step on the groups it has"
+    if max_b <= 0:
+        t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (veRL: non-positive)" + end)
+    elif gen == train:
+        t.put("algo.filter_groups.max_num_gen_batches", max_b, max_key, note="generation batches per step" + end)
+    else:
+        batches = -(-max_b * gen // train)
+        t.put("algo.filter_groups.max_num_gen_batches", batches, max_key, "data.gen_batch_size",
+              note=f"veRL generates data.gen_batch_size={gen} prompts per batch, verirl data.prompts_per_step={train}: "
+                   f"{max_b} x {gen} prompts = {batches} batches of {train}" + end)
+
+
+OVERLONG = (("reward.reward_kwargs.overlong_buffer_cfg.", "reward.reward_kwargs.max_resp_len"),
+            ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward_model.reward_kwargs.max_resp_len"),
+            ("reward_model.overlong_buffer.", None))
+"""Where veRL configs hold DAPO's overlong penalty: reward_kwargs of the reward section (veRL after January 2026,
+and the verl-recipe DAPO configs), reward_kwargs of reward_model (main_ppo's reward manager arguments
+before), and the DAPO recipe's own reward_model.overlong_buffer (recipe/dapo until January 2026, which measures it
+from data.max_response_length)."""
+
+
+def _overlong(t: Translation) -> None:
+    """DAPO's overlong penalty (workers/reward_manager/dapo.py): -factor x min(1, (L - (max - len)) / len) when
+    positive, as verirl's reward.overlong_buffer."""
+    found = [(prefix, max_key) for prefix, max_key in OVERLONG if t.under(prefix[:-1])]
+    if not found:
+        return
+    (prefix, max_key), rest = found[0], found[1:]
+    for other, _ in rest:
+        for key in t.under(other[:-1]):
+            t.decide(key, f"a second overlong-penalty section: {prefix[:-1]} is read")
+    en_key, len_key, factor_key = prefix + "enable", prefix + "len", prefix + "penalty_factor"
+    t.ignore(prefix + "log", "logs the overlong penalty: verirl logs it as the rule reward/overlong")
+    if not t.get(en_key, False):
+        if t.given(en_key):
+            t.translated(en_key, "false: no overlong penalty, as verirl's default")
+        for key in (len_key, factor_key, *([max_key] if max_key else [])):
+            t.ignore(key, "the overlong penalty is off")
+        return
+    t.put("reward.overlong_buffer.enable", True, en_key,
+          note="DAPO's soft overlong penalty, added to the score by veRL's dapo reward manager")
+    length = int(t.get(len_key, 0) or 0)
+    if length <= 0:
+        t.decide(len_key, f"len {length}: veRL divides by it (a response in the buffer fails); verirl's 0 means a "
+                          f"fifth of rollout.max_new_tokens: set reward.overlong_buffer.len")
+    else:
+        t.put("reward.overlong_buffer.len", length, len_key, note="the buffer in tokens: the penalty starts at "
+                                                                  "max - len, in both")
+    t.put("reward.overlong_buffer.penalty_factor", float(t.get(factor_key, 0.0) or 0.0), factor_key,
+          note="the penalty at the response cap, in both")
+    response = int(t.get("data.max_response_length"))
+    if max_key is None:
+        t.translated("data.max_response_length", "the DAPO recipe measures the overlong buffer from it, verirl from "
+                                                 "rollout.max_new_tokens, the same number")
+    else:
+        max_len = t.get(max_key, None)
+        if max_len is None:
+            t.decide(max_key if t.given(max_key) else en_key,
+                     f"{max_key} is not set: veRL's dapo reward manager refuses the overlong buffer without it; "
+                     f"verirl measures the buffer from rollout.max_new_tokens ({response})")
+        elif int(max_len) != response:
+            t.decide(max_key, f"veRL measures the buffer from max_resp_len {max_len}, verirl from "
+                              f"rollout.max_new_tokens ({response}): the penalty starts at another length")
+        else:
+            t.translated(max_key, "= data.max_response_length: the buffer is measured from rollout.max_new_tokens, as "
+                                  "verirl's", ["reward.overlong_buffer.len"])
+    key = _reward_manager_key(t)
+    if key is not None and t.get(key) != "dapo":
+        t.decide(key, f"reward manager {t.get(key)!r}: only veRL's dapo manager applies the overlong penalty "
+                      f"(written enabled, as the config asks)")
+
+
+def _reward_manager_key(t: Translation) -> Optional[str]:
+    """The reward-manager key veRL reads: reward_model.reward_manager where set (veRL copies it over
+    reward.reward_manager.name, reward_loop.py), else reward.reward_manager.name, else the old reward_manager.name."""
+    keys = [k for k in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name")
+            if t.values.get(k) is not None]
+    return keys[0] if keys else None
+
+
+def _reward_manager(t: Translation) -> None:
+    key = _reward_manager_key(t)
+    if key is None:
+        return
+    for other in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name"):
+        if other != key:
+            t.ignore(other, f"{key} is the reward manager veRL uses")
+    name = t.get(key)
+    if name == "dapo":
+        t.translated(key, "dapo: the reward function's score, plus the overlong penalty where overlong_buffer_cfg "
+                          "enables it (reward.overlong_buffer)")
+    elif name == "naive":
+        t.translated(key, "naive: the reward function's score per response, as verirl's rules")
+    else:
+        t.decide(key, f"reward manager {name!r}: verirl scores each response with reward.verifiers, as veRL's naive "
+                      f"manager; check what {name!r} adds")
+
+
+def _optimizer(t: Translation) -> None:
+    name = str(t.get(A + "optim.optimizer"))
+    if name.lower() == "adamw":
+        t.translated(A + "optim.optimizer", "AdamW, as verirl's")
+    elif name.lower() == "adam" and t.get(A + "strategy") == "megatron":
+        t.translated(A + "optim.optimizer", "Megatron's adam decouples the weight decay: AdamW, as verirl's")
+    else:
+        t.decide(A + "optim.optimizer", f"optimizer {name!r}: verirl trains with AdamW")
+    legacy, new = A + "grad_clip", A + "optim.clip_grad"
+    if t.given(legacy) and t.given(new) and t.get(legacy) != t.get(new):
+        t.warn(f"{legacy}={t.get(legacy)} and {new}={t.get(new)} differ: veRL's legacy workers read grad_clip, its "
+               f"new engine optim.clip_grad; the translation takes grad_clip")
+    key = legacy if t.given(legacy) or not t.given(new) else new
+    t.put("actor.grad_clip", float(t.get(key)), key, note="max global gradient norm")
+    if key == legacy and t.given(new):
+        t.translated(new, "see grad_clip")
+    schedule = t.get(A + "optim.warmup_style") or t.get(A + "optim.lr_scheduler_type")
+    sched_key = A + ("optim.warmup_style" if t.get(A + "optim.warmup_style") else "optim.lr_scheduler_type")
+    if schedule == "constant":
+        t.translated(sched_key, "constant after the warm-up, as verirl's")
+        t.ignore(A + "optim.warmup_style", "deprecated name of lr_scheduler_type")
+    else:
+        t.decide(sched_key, f"lr schedule {schedule!r}: verirl keeps the lr constant after the warm-up")
+    style = t.get(A + "optim.lr_decay_style", None)  # the Megatron optimizer's own schedule
+    if style is not None:
+        if style == "constant":
+            t.translated(A + "optim.lr_decay_style", "constant after the warm-up, as verirl's")
+        else:
+            t.decide(A + "optim.lr_decay_style", f"lr_decay_style {style!r}: verirl keeps the lr constant after the "
+                                                 f"warm-up")
+    init = t.get(A + "optim.lr_warmup_init", None)
+    if init is not None:
+        if float(init) == 0:
+            t.translated(A + "optim.lr_warmup_init", "the warm-up starts from 0, as verirl's")
+        else:
+            t.decide(A + "optim.lr_warmup_init", f"the warm-up starts from {init}: verirl's starts from 0")
+
+
+def _steps(t: Translation) -> Optional[int]:
+    """trainer.total_steps: total_training_steps, else total_epochs x batches per epoch (needs the rows)."""
+    steps_key, epochs_key = "trainer.total_training_steps", "trainer.total_epochs"
+    batch = _gen_batch(t)
+    if t.get(steps_key) is not None:
+        steps = int(t.get(steps_key))
+        t.put("trainer.total_steps", steps, steps_key, note="GRPO steps, one rollout each, in both")
+        t.ignore(epochs_key, "total_training_steps is set, and wins over total_epochs in veRL")
+        return steps
+    t.ignore(steps_key, "null: the steps come from total_epochs")
+    epochs, rows = int(t.get(epochs_key)), t.options.train_rows
+    if rows is None:
+        t.decide(epochs_key, "veRL counts epochs; verirl counts steps = total_epochs x floor(rows / "
+                             "train_batch_size) (veRL's data loader drops the last partial batch): pass "
+                             "--train-rows N (the rows left after veRL's overlong-prompt filter), or set "
+                             "trainer.total_steps")
+        return None
+    per_epoch = rows // batch
+    if per_epoch == 0:
+        from verirl.core.errors import ConfigError
+
+        raise ConfigError(f"--train-rows {rows} is less than one batch of data.train_batch_size={batch} prompts: "
+                          f"veRL would run 0 steps. Give the number of training rows.")
+    steps = epochs * per_epoch
+    t.put("trainer.total_steps", steps, epochs_key,
+          note=f"{epochs} epochs x floor({rows} rows / {batch}) = {epochs} x {per_epoch} steps (--train-rows)")
+    if epochs > 1 and rows % batch:
+        t.warn(f"veRL drops the last {rows % batch} rows of each epoch (drop_last); verirl's prompt order runs on "
+               f"across epochs, so from epoch 2 its steps draw other prompts than veRL's. For identical steps use a "
+               f"row count divisible by {batch}")
+    return steps
+
+
+def _warmup(t: Translation, steps: Optional[int]) -> None:
+    """veRL warms up over RL steps (its scheduler steps once per update_actor call); verirl over optimizer steps."""
+    ratio_key, steps_key = A + "optim.lr_warmup_steps_ratio", A + "optim.lr_warmup_steps"
+    per_step = (int(t.get("data.train_batch_size")) // int(t.get(A + "ppo_mini_batch_size"))) * int(
+        t.get(A + "ppo_epochs"))
+    explicit = t.get(steps_key)
+    ratio = float(t.get(ratio_key))
+    if explicit is not None and int(explicit) > 0:
+        rl_steps, source = int(explicit), steps_key
+        t.ignore(ratio_key, "lr_warmup_steps is set, and wins over the ratio in veRL")
+        how = f"{rl_steps} veRL steps"
+    elif ratio > 0:
+        if steps is None:
+            t.decide(ratio_key, f"a warm-up of {ratio:g} of the run's steps, which are not known (epochs without "
+                                f"--train-rows): set actor.warmup_steps = {ratio:g} x total steps x {per_step} "
+                                f"optimizer steps per step")
+            t.warn(f"warm-up left as a ratio ({ratio:g}): actor.warmup_steps is not written until the step count is "
+                   f"known")
+            t.ignore(steps_key, "unset (-1): the ratio applies")
+            return
+        rl_steps, source = int(ratio * steps), ratio_key
+        how = f"int({ratio:g} x {steps} steps) = {rl_steps} veRL steps"
+        t.ignore(steps_key, "unset (-1): the ratio applies")
+    else:
+        if t.given(ratio_key) or t.given(steps_key):
+            t.put("actor.warmup_steps", 0, *[k for k in (ratio_key, steps_key) if t.given(k)], note="no warm-up")
+        return
+    t.put("actor.warmup_steps", rl_steps * per_step, source,
+          note=f"{how} x {per_step} optimizer steps per step (train_batch_size / ppo_mini_batch_size x ppo_epochs); "
+               f"veRL holds the lr for a whole step and starts at 0, verirl ramps per optimizer step from lr/warmup")
+
+
+def _data(t: Translation) -> None:
+    files = t.get("data.train_files", None)
+    if files is None:
+        t.check("data.train_files is not set: point data.train_path at the training parquet")
+    else:
+        listed = list(files) if isinstance(files, (list, tuple)) else [files]
+        t.put("data.train_path", str(listed[0]), "data.train_files", note="the other machine's path")
+        t.put("data.handler_name", "VerlParquetHandler", "data.train_files",
+              note="veRL's rows: chat-message prompt, reward_model.ground_truth, data_source, ability")
+        t.put("data.prompt_type", "tokenizer", "data.train_files", note="veRL applies the tokenizer's chat template")
+        if len(listed) > 1:
+            t.decide("data.train_files", f"{len(listed)} files; verirl reads one file or folder: put them in one "
+                                         f"folder and point data.train_path at it (the first file stands in)")
+        t.check(f"data.train_path ({listed[0]}) is the other machine's: copy the data and point it at the copy")
+    val = t.get("data.val_files", None)
+    if val is not None:
+        listed = list(val) if isinstance(val, (list, tuple)) else [val]
+        t.put("eval.data", str(listed[0]), "data.val_files", note="the other machine's path")
+        if len(listed) > 1:
+            t.decide("data.val_files", f"{len(listed)} files; verirl evaluates one file or folder (the first "
+                                       f"stands in)")
+    key = t.get("data.prompt_key")
+    if key != "prompt":
+        t.put("data.map_keys", {"prompt": key}, "data.prompt_key", note="the column holding the prompt")
+    else:
+        t.translated("data.prompt_key", "'prompt', the VerlParquetHandler's default")
+    shuffle = bool(t.get("data.shuffle"))
+    t.put("data.shuffle", "verl" if shuffle else "sequential", "data.shuffle",
+          note="verl: torch RandomSampler with a seeded generator, veRL's order" if shuffle else
+          "false: the file's order (veRL's SequentialSampler)")
+    seed = t.get("data.seed")
+    if not shuffle:
+        t.ignore("data.seed", "data.shuffle is false: no seed orders the prompts")
+    elif seed is None:
+        t.put("data.seed", 1, "data.seed")
+        t.decide("data.seed", "veRL before October 2025 seeded the order with 1 when data.seed was absent "
+                              "(written: 1); "
+                              "since then an absent or null seed leaves veRL's order unseeded, a different order each "
+                              "run, which no other run can match step by step")
+    else:
+        t.put("data.seed", int(seed), "data.seed", note="seeds the sampler's generator, as veRL does")
+    t.put("data.too_long", "filter" if t.get("data.filter_overlong_prompts") else "error",
+          "data.filter_overlong_prompts", note="drop prompts over data.max_prompt_length (filter), or refuse (error)")
+    trunc = t.get("data.truncation")
+    if trunc == "error":
+        t.translated("data.truncation", "error: verirl never truncates a prompt either")
+    else:
+        t.decide("data.truncation", f"veRL truncates over-long prompts ({trunc}); verirl never does: it drops them "
+                                    f"(data.too_long=filter) or refuses (error)")
+    for key in ("data.tokenizer", "data.custom_cls.path", "data.sampler.class_path", "data.datagen.path"):
+        if t.get(key, None) is not None:
+            t.decide(key, f"{key} is set ({t.get(key)}): verirl has no such hook; make the data and order match "
+                          f"by hand")
+    for key in [k for k in ["data.apply_chat_template_kwargs", *t.under("data.apply_chat_template_kwargs")]
+                if t.values.get(k) not in (None, {})]:
+        t.decide(key, "extra chat-template arguments (e.g. enable_thinking): check that "
+                                                    "verirl's template gives the same prompt ids")
+    if int(t.get("data.train_max_samples", -1) or -1) > 0:
+        t.decide("data.train_max_samples", "veRL trains on the first N rows: cut the file to them")
+
+
+def _model(t: Translation) -> None:
+    path = t.get(M + "path", None)
+    if path is not None:
+        t.check(f"model.path ({path}) is the other machine's path or a hub id: run `verirl doctor` on both copies "
+                f"(EOS / pad / BOS ids, rms_norm_eps, rope_theta, vocabulary size)")
+    overrides, sources = {}, []
+    for key in t.under(M + "override_config"):
+        name = key[len(M + "override_config."):]
+        if t.get(key) == {} or name.startswith("moe_config."):
+            t.ignore(key, "empty, or MoE router settings: nothing of the model's numerics")
+            continue
+        overrides[name] = t.get(key)
+        sources.append(key)
+    if overrides:  # the same key, the same meaning: values that replace the model's config.json at load
+        t.put("model.override_config", overrides, *sources)
+        t.check(f"veRL's run overrides the model's config.json ({', '.join(f'{k}={v}' for k, v in overrides.items())}); "
+                f"model.override_config carries them. A key the model's config does not have is refused at load.")
+    for key in t.under(A + "megatron.override_transformer_config"):
+        leaf = key.rsplit(".", 1)[1]
+        if not (leaf.startswith("recompute_") or leaf == "attention_backend"):
+            t.decide(key, f"a Megatron transformer-config override ({leaf}={t.get(key)}): if it changes the model's "
+                          f"numerics, set the same in model.override_config (check with `verirl doctor`)")
+    if int(t.get(M + "lora.rank", 0) or 0) > 0:
+        t.decide(M + "lora.rank", "LoRA: verirl trains all weights")
+    if int(t.get(M + "lora_rank", 0) or 0) > 0:
+        t.decide(M + "lora_rank", "LoRA: verirl trains all weights")
+    elif t.given(M + "lora_rank"):
+        t.ignore(M + "lora_rank", "0: LoRA is off")
+    for key in (M + "custom_chat_template", M + "tokenizer_path", M + "hf_config_path"):
+        if t.get(key, None) is not None:
+            t.decide(key, f"{key} is set: make verirl's tokenizer and template give the same ids (`verirl doctor`)")
+    t.check("tokenizer ids: EOS, pad and BOS must agree between the two runs' tokenizers and configs (`verirl doctor`; "
+            "an EOS equal to pad is stripped as padding and training collapses)")
+
+
+def _engine(t: Translation) -> None:
+    name = t.get(R + "name", None)
+    if name in ("vllm", "hf"):
+        t.put("rollout.engine", name, R + "name", note=f"veRL's {name} engine, verirl's {name} engine"
+              + ("; on a machine without vLLM (a CPU) use rollout.engine=native (docs/vllm.md)" if name == "vllm"
+                 else ""))
+        _vllm_layout(t, name)
+    elif name is not None:
+        t.put("rollout.engine", "native", R + "name",
+              note=f"veRL's {name} engine: verirl has none; its native engine (or vllm on a GPU) samples with the same "
+                   f"temperature / top_p / top_k")
+    else:
+        t.ignore(R + "name", "unset (???): the run script names veRL's engine; verirl's default (native) stands")
+    response = t.get(R + "response_length", None)
+    if response is not None and response != t.get("data.max_response_length"):
+        t.put("rollout.max_new_tokens", int(response), R + "response_length",
+              note="veRL caps generation at rollout.response_length (data.max_response_length is its default)")
+    elif response is not None:
+        t.translated(R + "response_length", "= data.max_response_length: the generation cap, rollout.max_new_tokens",
+                     ["rollout.max_new_tokens"])
+    if not t.get(R + "do_sample"):
+        t.put("rollout.temperature", 0.0, R + "do_sample", note="do_sample=false: greedy decoding")
+    elif t.given(R + "do_sample"):
+        t.translated(R + "do_sample", "sampling, as verirl's")
+    if t.get(R + "multi_turn.enable", False):
+        t.decide(R + "multi_turn.enable", "multi-turn rollouts: not available in verirl")
+        for key in [*t.under(R + "multi_turn"), "data.tool_config_path", "data.function_tool_path"]:
+            t.ignore(key, "part of the multi-turn setup, which needs a decision (multi_turn.enable)")
+    if t.get(R + "ignore_eos", False):
+        t.decide(R + "ignore_eos", "veRL ignores EOS while sampling: verirl always stops at it")
+
+
+def _vllm_layout(t: Translation, name: str) -> None:
+    """vLLM's tensor parallelism and memory share, which verirl's vllm engine takes too."""
+    if name != "vllm":
+        return
+    for key, target, kind in ((R + "tensor_model_parallel_size", "rollout.tensor_parallel_size", int),
+                              (R + "gpu_memory_utilization", "rollout.gpu_memory_utilization", float)):
+        if t.get(key, None) is not None:
+            t.put(target, kind(t.get(key)), key, note="the same vLLM setting")
+
+
+# (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
+SWITCHES = [
+    ("distillation.enabled", "distillation from teacher models: not available in verirl", "distillation"),
+    (A + "qat.enable", "quantization-aware training: not available in verirl", A + "qat"),
+    *[(f"skip.{name}.enable", "veRL reuses rollouts cached in dump_dir: verirl's rollout.engine=replay replays a "
+                              "rollouts.jsonl (docs/alignment.md)", f"skip.{name}")
+      for name in ("rollout", "rollout_tq", "async_rollout")],
+]
+
+
+def _v1_trainer(t: Translation) -> None:
+    """trainer.use_v1 (true at veRL's head): the v1 trainer, whose sync mode is one rollout then its update, as verirl
+    trains; its asynchronous modes train on rollouts of older weights."""
+    mode_key = "trainer.v1.trainer_mode"
+    mode = t.get(mode_key, "sync")
+    if not t.get("trainer.use_v1", False):
+        t.ignore("trainer.use_v1", "false: veRL's classic trainer, one rollout then its update, as verirl")
+        for key in t.under("trainer.v1"):
+            t.ignore(key, "read only with trainer.use_v1, which is off")
+        return
+    if mode == "sync":
+        t.translated("trainer.use_v1", "veRL's v1 trainer, here in sync mode: one rollout then its update, as verirl")
+        t.translated(mode_key, "sync: on-policy rollouts, as verirl's")
+    else:
+        t.decide(mode_key, f"veRL's v1 trainer in {mode} mode trains on rollouts of older weights: verirl trains "
+                           f"synchronously, one rollout then its update")
+        t.translated("trainer.use_v1", "veRL's v1 trainer (see trainer.v1.trainer_mode)")
+    for key in t.under("trainer.v1"):
+        if key != mode_key:
+            t.ignore(key, f"a setting of the v1 trainer's {key.split('.')[2]} mode or sampler"
+                          + (", not used in sync mode" if mode == "sync" else "; see trainer_mode"))
+
+
+def _switches(t: Translation) -> None:
+    for key, what, section in SWITCHES:
+        if t.get(key, False):
+            t.decide(key, what)
+        else:
+            t.ignore(key, "false: off")
+            for other in t.under(section):
+                t.ignore(other, f"read only with {key}, which is off")
+
+
+def _reward_function_keys(t: Translation) -> tuple[str, str]:
+    """(path key, name key) veRL reads: the top-level custom_reward_function where any of its values is set (veRL
+    copies it over reward.custom_reward_function, reward_loop.py), else reward.custom_reward_function."""
+    legacy, new = ("custom_reward_function.path", "custom_reward_function.name"), (
+        "reward.custom_reward_function.path", "reward.custom_reward_function.name")
+    if any(t.values.get(k) is not None for k in legacy) or not any(t.given(k) for k in new):
+        for key in new:
+            t.ignore(key, "the top-level custom_reward_function is set: veRL copies it over this section")
+        return legacy
+    for key in legacy:
+        t.ignore(key, "null: veRL reads reward.custom_reward_function")
+    return new
+
+
+def _reward(t: Translation) -> None:
+    path_key, name_key = _reward_function_keys(t)
+    path = t.get(path_key, None)
+    _reward_manager(t)
+    if path is not None:
+        name = t.get(name_key, None) or "compute_score"
+        t.put("reward.verifiers", [f"{path}:{name}"], path_key, name_key)
+        t.put("reward.weights", [1.0], path_key)
+        t.decide(path_key,
+                 f"veRL calls {name}(data_source, solution_str, ground_truth, extra_info); verirl passes the response "
+                 f"first and the rest by name (label or ground_truth, data_source, task): wrap it, e.g. "
+                 f"def rule(response, ground_truth, data_source): return {name}(data_source, response, ground_truth), "
+                 f"and name the wrapper in reward.verifiers")
+        t.check(f"the reward function {path} is the other machine's file: copy it")
+        t.ignore("data.reward_fn_key", "the column veRL hands the reward function as data_source: verirl passes "
+                                       "data_source by name to a rule that takes it")
+    else:
+        t.ignore(path_key, "null: veRL's default reward, by data_source")
+        t.ignore(name_key, f"{path_key} is null: the name is unused")
+        t.decide("data.reward_fn_key",
+                 "veRL's default reward picks a scorer by each row's data_source (gsm8k: 1/0 on the number after "
+                 "####, as verirl's gsm8k rule; MATH sets: 1/0 on the boxed answer, nearest verirl rule exact); "
+                 "name verirl's rules in reward.verifiers (verirl's defaults [acc, format] are left)")
+    enable_key = "reward_model.enable" if t.values.get("reward_model.enable") is not None or not t.given(
+        "reward.reward_model.enable") else "reward.reward_model.enable"
+    if t.get(enable_key, False):
+        t.decide(enable_key, "a reward model: verirl scores with rules only")
+        for key in t.under("reward_model") + t.under("reward.reward_model"):
+            t.ignore(key, "part of the reward model, which verirl does not run")
+
+
+def _trainer(t: Translation) -> None:
+    save = int(t.get("trainer.save_freq"))
+    t.put("trainer.save_freq", max(save, 0), "trainer.save_freq",
+          note="every N steps" if save > 0 else "veRL's -1 never saves; verirl's 0 saves only at the end")
+    test = int(t.get("trainer.test_freq"))
+    t.put("eval.every", max(test, 0), "trainer.test_freq", note="evaluate every N steps")
+    t.put("eval.at_end", test > 0, "trainer.test_freq",
+          note="veRL also evaluates after the last step when test_freq > 0")
+    if t.given(R + "val_kwargs.do_sample") or t.given(R + "val_kwargs.n") or t.given("trainer.test_freq"):
+        if t.get(R + "val_kwargs.do_sample"):
+            t.put("eval.n", int(t.get(R + "val_kwargs.n")), R + "val_kwargs.n", R + "val_kwargs.do_sample",
+                  note="sampled responses per problem")
+            t.put("eval.temperature", float(t.get(R + "val_kwargs.temperature")), R + "val_kwargs.temperature")
+            t.put("eval.greedy", False, R + "val_kwargs.do_sample")
+            if t.given(R + "val_kwargs.top_p"):
+                t.put("eval.top_p", float(t.get(R + "val_kwargs.top_p")), R + "val_kwargs.top_p")
+            if t.given(R + "val_kwargs.top_k"):
+                t.put("eval.top_k", _top_k(t.get(R + "val_kwargs.top_k")), R + "val_kwargs.top_k",
+                      note="vLLM's -1 (off) is verirl's 0")
+        else:
+            t.put("eval.n", 0, R + "val_kwargs.do_sample", note="do_sample=false: veRL validates greedily, once")
+            t.put("eval.greedy", True, R + "val_kwargs.do_sample")
+            t.ignore(R + "val_kwargs.n", "do_sample=false: one greedy response")
+            t.ignore(R + "val_kwargs.temperature", "do_sample=false: greedy")
+            t.ignore(R + "val_kwargs.top_p", "do_sample=false: greedy")
+            t.ignore(R + "val_kwargs.top_k", "do_sample=false: greedy")
+    if t.given("trainer.experiment_name") or t.given("trainer.project_name"):
+        run_dir = f"runs/{t.get('trainer.project_name')}/{t.get('trainer.experiment_name')}"
+        t.put("trainer.run_dir", run_dir, "trainer.project_name", "trainer.experiment_name",
+              note="verirl's run folder, named after the experiment")
+    mode = t.get("trainer.resume_mode", "auto")
+    if not t.given("trainer.resume_mode"):
+        pass
+    elif mode in ("auto", "disable"):
+        t.put("trainer.resume", "auto" if mode == "auto" else "false", "trainer.resume_mode",
+              note="auto: continue from the run folder's newest checkpoint")
+    else:
+        t.decide("trainer.resume_mode", f"resume_mode={mode}: the checkpoint is the other machine's (veRL's format); "
+                                        f"start fresh or convert it")
+    keep = t.get("trainer.max_actor_ckpt_to_keep", None)
+    if keep is not None:
+        t.put("trainer.keep_checkpoints", int(keep), "trainer.max_actor_ckpt_to_keep")
+    if t.get("trainer.rollout_data_dir", None) is not None:
+        t.put("trainer.dump_rollouts", True, "trainer.rollout_data_dir",
+              note="verirl writes RUN_DIR/rollouts.jsonl (with token ids, for replay)")
+    if t.get("trainer.val_only", False):
+        t.decide("trainer.val_only", "evaluation only: use `verirl eval`")
+    if t.given("actor_rollout_ref.nccl_timeout"):
+        t.put("trainer.dist_timeout_s", int(t.get("actor_rollout_ref.nccl_timeout")), "actor_rollout_ref.nccl_timeout",
+              note="seconds before a stuck collective ends the run")
+    strategy = t.get(A + "strategy")
+    if t.given(A + "strategy"):
+        t.put("actor.strategy", "fsdp2", A + "strategy",
+              note="verirl shards by data parallelism with FSDP2" + (
+                  "; Megatron's tensor and pipeline parallelism are replaced by it" if strategy == "megatron" else ""))
+
+
+def translate(t: Translation) -> None:
+    """Every veRL key the tables know, in the order a step uses them."""
+    t.apply(DIRECT)
+    _advantages(t)
+    _batches(t)
+    _engine(t)
+    _kl(t)
+    _clip(t)
+    _policy_loss(t)
+    _loss_scale(t)
+    _rollout_correction(t)
+    _optimizer(t)
+    steps = _steps(t)
+    _warmup(t, steps)
+    _data(t)
+    _model(t)
+    _reward(t)
+    _filter_groups(t)
+    _overlong(t)
+    _trainer(t)
+    _switches(t)
+    _v1_trainer(t)

@@ -1,0 +1,502 @@
+"""`verirl plan` (and `verirl train --dry-run`): the layout of a run, worked out before it starts.
+
+`make_plan` resolves nothing itself: it takes the `Config` that `verirl train` would run, runs
+every check that needs no model (`verirl.run.checks.check_train` and `check_layout`), and derives,
+per step and per rank, how many prompts and sequences each rank holds, how many mini-batches and
+optimizer steps a step takes, the micro-batches or token budgets of the passes, which passes run,
+the threads and reward workers of each rank, and an estimate of the memory of each rank. The
+model is never loaded: only its config.json is read (transformers' `AutoConfig`).
+
+The layout's own arithmetic and names (`verirl.config.layout`) are the trainer's and the launcher's.
+
+The counting rules (docs/plan.md): ``data.prompts_per_step`` and ``actor.mini_batch_prompts``
+count PROMPTS, each sampled ``rollout.n`` times; ``actor.micro_batch_size`` and
+``rollout.micro_batch_size`` count SEQUENCES; token budgets count tokens per forward, per rank.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from verirl.config import Config
+from verirl.core.errors import ModelError
+from verirl.config.layout import (REWARD_WORKERS_CAP, _cores, check_layout, reward_workers_per_rank, threads_per_rank,
+                                  world_size)
+from verirl.models.device import visible_devices
+
+__all__ = ["make_plan", "render", "Plan", "count_parameters"]
+
+OPTIMIZER_BYTES = 8  # AdamW: two float32 moments per parameter
+LOGITS_BYTES = 4  # the output layer's logits are float32
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# The activations kept for the backward of one decoder layer, per token, in elements of model.dtype
+# (no activation checkpointing; fused attention, which keeps no T x T scores): the input and the
+# output of both norms (4 h), the rotated queries and keys and the values before and after the
+# attention (about 3 h_q + 4 kv), the attention output (h), the MLP's gate, up, activation and
+# product (4 i; for a mixture of experts, i of the experts a token visits).
+ACTIVATION_FORMULA = "(8 h + 4 kv + 4 i) x bytes per token per layer"
+
+
+# ---------------------------------------------------------------- parameters from config.json
+
+FORMULA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+
+
+@dataclass
+class Shape:
+    """What the estimate needs of a model's config.json."""
+    model_type: str
+    hidden: int  # h
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # i of a dense MLP
+    vocab: int
+    tied: bool  # the output layer shares the embedding matrix
+    active_intermediate: float  # i per token, averaged over layers (a mixture of experts: the experts a token visits)
+
+
+def _moe_layers(c, model_type: str) -> list[bool]:
+    """Which decoder layers are a mixture of experts."""
+    L = c.num_hidden_layers
+    if model_type == "mixtral":
+        return [True] * L
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        only = set(getattr(c, "mlp_only_layers", None) or [])
+        return [i not in only and c.num_experts > 0 and (i + 1) % c.decoder_sparse_step == 0 for i in range(L)]
+    return [False] * L
+
+
+def model_shape(config) -> Shape:
+    """The shape of the decoder stack (the text model of a multimodal config)."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(config, "model_type", "") or ""
+    h, L = c.hidden_size, c.num_hidden_layers
+    heads = c.num_attention_heads
+    kv = getattr(c, "num_key_value_heads", None) or heads
+    hd = getattr(c, "head_dim", None) or h // heads
+    inter = getattr(c, "intermediate_size", None) or 4 * h
+    tied = bool(getattr(c, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+    moe = _moe_layers(c, model_type) if model_type in FORMULA_FAMILIES else [False] * L
+    if any(moe):
+        k = getattr(c, "num_experts_per_tok", 1)
+        expert_i = c.intermediate_size if model_type == "mixtral" else c.moe_intermediate_size
+        shared = getattr(c, "shared_expert_intermediate_size", 0) or 0
+        per_layer = [k * expert_i + shared if m else inter for m in moe]
+        active = sum(per_layer) / L
+    else:
+        active = float(inter)
+    return Shape(model_type, h, L, heads, kv, hd, inter, c.vocab_size, tied, active)
+
+
+def count_parameters(config) -> tuple[int, dict[str, int]]:
+    """(total, by part) parameters of a causal LM of a known family (`FORMULA_FAMILIES`), counted from
+    its config: embeddings, each layer's attention (with its biases and q/k norms), MLP or experts
+    (with the router and a shared expert), norms, and the output layer unless tied to the
+    embeddings. Raises ValueError for another family."""
+    model_type = getattr(config, "model_type", "")
+    if model_type not in FORMULA_FAMILIES:
+        raise ValueError(f"no parameter formula for model_type {model_type!r}")
+    c = config
+    s = model_shape(config)
+    h, hd, q_width, kv_width = s.hidden, s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    qkv_bias = {"qwen2": True, "qwen2_moe": bool(getattr(c, "qkv_bias", True)),
+                "llama": bool(getattr(c, "attention_bias", False)), "qwen3": bool(getattr(c, "attention_bias", False)),
+                "qwen3_moe": bool(getattr(c, "attention_bias", False))}.get(model_type, False)
+    o_bias = qkv_bias and model_type in ("llama", "qwen3", "qwen3_moe")
+    attention = h * q_width + 2 * h * kv_width + q_width * h
+    attention += (q_width + 2 * kv_width if qkv_bias else 0) + (h if o_bias else 0)
+    attention += 2 * hd if model_type in ("qwen3", "qwen3_moe") else 0  # q_norm, k_norm
+    mlp_bias = model_type == "llama" and bool(getattr(c, "mlp_bias", False))
+    dense = 3 * h * s.intermediate + (2 * s.intermediate + h if mlp_bias else 0)
+    mlp = 0
+    for is_moe in _moe_layers(c, model_type):
+        if not is_moe:
+            mlp += dense
+            continue
+        experts = c.num_local_experts if model_type == "mixtral" else c.num_experts
+        expert_i = c.intermediate_size if model_type == "mixtral" else c.moe_intermediate_size
+        mlp += experts * 3 * h * expert_i + experts * h  # the experts and the router
+        if model_type == "qwen2_moe":
+            mlp += 3 * h * c.shared_expert_intermediate_size + h  # the shared expert and its gate
+    parts = {"embeddings": s.vocab * h, "attention": s.layers * attention, "mlp": mlp,
+             "norms": s.layers * 2 * h + h, "output layer": 0 if s.tied else s.vocab * h}
+    return sum(parts.values()), parts
+
+
+def count_parameters_on_meta(config) -> int:
+    """The exact count for any architecture transformers knows: the model built on the meta device
+    (shapes only, no memory, no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def read_model_config(path: str):
+    """The model's config.json through transformers' AutoConfig (no weights, no tokenizer)."""
+    from transformers import AutoConfig
+
+    from verirl.models.load import resolve_path
+
+    real = resolve_path(path)
+    try:
+        return AutoConfig.from_pretrained(real)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"model.path='{path}': its config.json cannot be read by transformers' AutoConfig: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())} Check the file, or update transformers "
+                         f"for a newer architecture.") from None
+
+
+class EstimateUnavailable(Exception):
+    """The model's config does not give what the memory estimate needs (the plan goes on without it)."""
+
+
+# ---------------------------------------------------------------- the plan
+
+@dataclass
+class Layout:
+    world_size: int
+    nproc_per_node: int
+    nnodes: int
+    launcher: str
+    strategy: str  # fsdp2 / ddp, or "none" with one rank
+    group_size: int  # rollout.n
+    prompts_per_step: int
+    prompts_per_rank: int
+    sequences_per_step: int
+    sequences_per_rank: int
+    mini_batch_prompts: int
+    mini_batches_per_step: int
+    epochs: int
+    optimizer_steps_per_step: int
+    mini_batch_prompts_per_rank: int
+    mini_batch_sequences_per_rank: int
+    max_sequence_length: int  # data.max_prompt_length + rollout.max_new_tokens
+    micro_batch_size: int  # sequences per forward/backward when token_budget is 0
+    token_budget: int  # actor.max_token_len_per_device: tokens per forward/backward, per rank (0 = by sequences)
+    micro_batches_per_mini_batch: int  # per rank; with a token budget, at most (every sequence at full length)
+    old_log_prob_pass: bool  # False: on-policy, the update's own log-probs are the old ones
+    old_log_prob_micro_batches: int  # per rank per step (0 when skipped)
+    reference_pass: bool  # algo.kl_coef > 0
+    ref_token_budget: int  # tokens per reference forward (0 = by sequences)
+    ref_micro_batches: int  # per rank per step (0 when skipped); with a budget, at most
+    generate_calls_per_rank: int
+    sequences_per_generate_call: int
+
+
+@dataclass
+class Resources:
+    cores: int
+    local_ranks: int
+    threads_per_rank: int
+    threads_from: str
+    reward_workers_per_rank: int
+    reward_workers_from: str
+
+
+@dataclass
+class Memory:
+    """Bytes per rank, an estimate from the model's config (see `leaves_out`)."""
+    model_type: str
+    parameters: int
+    parameters_by_part: dict[str, int]  # empty when counted on the meta device
+    counted: str  # "formula" or "meta device"
+    dtype: str
+    bytes_per_parameter: int
+    shards: int  # parameters, gradients, optimizer state and the reference divided by this (fsdp2)
+    tokens_per_forward: int
+    params: int
+    grads: int
+    optimizer: int
+    reference: int
+    activations: int
+    output_layer: int
+    kv_cache: int
+    rollout_params: int  # the full parameters generation runs on (and, sharded, the shard too)
+    update_phase: int
+    rollout_phase: int
+    peak: int
+    formulas: dict[str, str] = field(default_factory=dict)
+    leaves_out: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    source: str  # the --config given (a recipe name or a file)
+    model_path: str
+    layout: Layout
+    resources: Resources
+    memory: Optional[Memory]
+    memory_note: str = ""  # why there is no estimate, when there is none
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _micro_batches(sequences: int, micro_batch_size: int, budget: int, longest: int) -> int:
+    """Micro-batches for ``sequences`` sequences: by count, or (budget) at most, every sequence at
+    its longest."""
+    if sequences == 0:
+        return 0
+    if budget > 0:
+        return _ceil(sequences, max(1, budget // longest))
+    return _ceil(sequences, micro_batch_size)
+
+
+def make_layout(cfg: Config) -> Layout:
+    t, data, actor, rollout = cfg.trainer, cfg.data, cfg.actor, cfg.rollout
+    world, n = world_size(cfg), rollout.n
+    per_rank = data.prompts_per_step // world
+    mb_per_rank = actor.mini_batch_prompts // world
+    mini_batches = data.prompts_per_step // actor.mini_batch_prompts
+    longest = data.max_prompt_length + rollout.max_new_tokens
+    on_policy = mini_batches == 1 and actor.epochs == 1
+    ref = cfg.algo.kl_coef > 0
+    ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
+    per_call = per_rank if rollout.micro_batch_size <= 0 else min(per_rank, max(1, rollout.micro_batch_size // n))
+    return Layout(
+        world_size=world, nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, launcher=t.launcher,
+        strategy=actor.strategy if world > 1 else "none", group_size=n,
+        prompts_per_step=data.prompts_per_step, prompts_per_rank=per_rank,
+        sequences_per_step=data.prompts_per_step * n, sequences_per_rank=per_rank * n,
+        mini_batch_prompts=actor.mini_batch_prompts, mini_batches_per_step=mini_batches, epochs=actor.epochs,
+        optimizer_steps_per_step=mini_batches * actor.epochs,
+        mini_batch_prompts_per_rank=mb_per_rank, mini_batch_sequences_per_rank=mb_per_rank * n,
+        max_sequence_length=longest, micro_batch_size=actor.micro_batch_size,
+        token_budget=actor.max_token_len_per_device,
+        micro_batches_per_mini_batch=_micro_batches(mb_per_rank * n, actor.micro_batch_size,
+                                                    actor.max_token_len_per_device, longest),
+        old_log_prob_pass=not on_policy,
+        old_log_prob_micro_batches=0 if on_policy else _micro_batches(
+            per_rank * n, actor.micro_batch_size, actor.max_token_len_per_device, longest),
+        reference_pass=ref, ref_token_budget=ref_budget if ref else 0,
+        ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget, longest) if ref else 0,
+        generate_calls_per_rank=_ceil(per_rank, per_call), sequences_per_generate_call=per_call * n)
+
+
+def make_resources(cfg: Config, cores: Optional[int] = None) -> Resources:
+    cores = cores or _cores()
+    local = cfg.trainer.nproc_per_node
+    threads = threads_per_rank(cfg, cores)
+    threads_from = (f"trainer.threads={cfg.trainer.threads}" if cfg.trainer.threads > 0
+                    else f"trainer.threads=0: cores {cores} // local ranks {local}")
+    workers = reward_workers_per_rank(cfg, cores)
+    if cfg.reward.workers > 0:
+        workers_from = f"reward.workers={cfg.reward.workers}"
+    elif cfg.reward.workers == 0:
+        workers_from = "reward.workers=0: scored in the rank's own process, no timeout"
+    else:
+        workers_from = f"reward.workers=-1: min(cores {cores} // local ranks {local}, {REWARD_WORKERS_CAP}), at least 1"
+    return Resources(cores, local, threads, threads_from, workers, workers_from)
+
+
+def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
+    """Bytes per rank: the model's states (sharded by fsdp2 over the world), the activations of one
+    forward/backward at the token budget, one chunk of the output layer's logits, and the rollout's
+    KV cache. An estimate: see ``leaves_out``."""
+    try:
+        shape = model_shape(config)
+    except AttributeError as e:  # not a decoder-only language model's config
+        raise EstimateUnavailable(f"its config has no {e.name or 'expected key'}") from None
+    try:
+        total, parts = count_parameters(config)
+        counted = "formula"
+    except ValueError:  # another family: build it on the meta device
+        try:
+            total, parts, counted = count_parameters_on_meta(config), {}, "meta device"
+        except Exception as e:  # noqa: BLE001 - whatever transformers raises for a model it cannot build
+            why = " ".join(str(e).split())
+            why = why if len(why) <= 160 else why[:160] + "..."
+            raise EstimateUnavailable(
+                f"transformers cannot build it as a causal LM ({type(e).__name__}: {why})") from None
+    b = DTYPE_BYTES[cfg.model.dtype]
+    shards = layout.world_size if layout.strategy == "fsdp2" else 1
+    params = total * b // shards
+    grads = total * b // shards
+    optimizer = total * OPTIMIZER_BYTES // shards
+    reference = total * b // shards if layout.reference_pass else 0
+    if layout.token_budget > 0:
+        tokens = layout.token_budget
+    else:
+        tokens = min(layout.micro_batch_size, layout.mini_batch_sequences_per_rank) * layout.max_sequence_length
+    kv_width = shape.kv_heads * shape.head_dim
+    per_token_layer = 8 * shape.hidden + 4 * kv_width + 4 * shape.active_intermediate
+    activations = int(tokens * shape.layers * per_token_layer * b)
+    from verirl.core.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
+
+    chunk = cfg.actor.logprob_chunk or auto_chunk(shape.vocab, "cpu" if visible_devices(cfg.model.device) is None else "cuda")
+    output_layer = 3 * min(chunk, tokens) * shape.vocab * LOGITS_BYTES + tokens * shape.hidden * b
+    kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call
+    rollout_params = total * b + (params if shards > 1 else 0)
+    update = params + grads + optimizer + reference + activations + output_layer
+    rollout = rollout_params + optimizer + reference + kv_cache
+    where = "sharded over the world size " + str(shards) + " (actor.strategy=fsdp2)" if shards > 1 else ""
+    formulas = {
+        "params": f"{total:,} x {b} B ({cfg.model.dtype})" + (f" / {shards}" if shards > 1 else ""),
+        "grads": f"{total:,} x {b} B, as the parameters" + (f" / {shards}" if shards > 1 else ""),
+        "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {total:,}" + (f" / {shards}" if shards > 1 else ""),
+        "reference": (f"parameters only, {total:,} x {b} B" + (f" / {shards}" if shards > 1 else "")
+                      if layout.reference_pass else "algo.kl_coef=0: no reference model"),
+        "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + 4 x {kv_width} + 4 x "
+                        f"{shape.active_intermediate:g}) x {b} B; {ACTIVATION_FORMULA}"),
+        "output_layer": f"3 x {min(chunk, tokens):,} rows x vocab {shape.vocab:,} x 4 B (one chunk of float32 "
+                        f"logits, probabilities and their gradient) + the last hidden states",
+        "kv_cache": (f"2 x {shape.layers} layers x {shape.kv_heads} kv heads x {shape.head_dim} x {b} B x "
+                     f"{layout.max_sequence_length} tokens x {layout.sequences_per_generate_call} sequences per "
+                     f"generate call"),
+        "rollout_params": ("the full parameters, gathered for generation, + the shard" if shards > 1
+                           else "the parameters"),
+        "update_phase": "params + grads + optimizer + reference + activations + output layer",
+        "rollout_phase": "full params + optimizer + reference + KV cache (gradients are freed after each update)",
+        "shards": where or "not sharded" + (" (actor.strategy=ddp: a full replica per rank)"
+                                            if layout.world_size > 1 else " (one rank)"),
+    }
+    leaves_out = [
+        "the framework's own memory: the CUDA/NPU context and the allocator's cache and fragmentation "
+        "(often 1-3 GiB per device)",
+        "temporary buffers: attention kernels' workspaces, the optimizer step's temporaries, the rollout's "
+        "per-token logits, and the forwards of the old-log-prob and reference passes (no stored activations)",
+        "FSDP2's all-gather and reduce-scatter buffers (a layer or two of full parameters at a time)"
+        if shards > 1 else "the gradient all-reduce's buffers (up to one more copy of the gradients)"
+        if layout.world_size > 1 else "collective buffers (one rank: none)",
+        "offload: actor.offload and ref.offload move states to the host between phases; the estimate "
+        "keeps everything on the device",
+        "packing and prompt sharing make real forwards shorter than the worst case counted here "
+        "(every sequence at data.max_prompt_length + rollout.max_new_tokens)",
+    ]
+    return Memory(shape.model_type, total, parts, counted, cfg.model.dtype, b, shards, tokens, params, grads,
+                  optimizer, reference, activations, output_layer, kv_cache, rollout_params, update, rollout,
+                  max(update, rollout), formulas, leaves_out)
+
+
+def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
+              devices: Optional[tuple[str, int]] = None) -> Plan:
+    """Every check `verirl train` runs before loading anything (names, paths, layout, devices), then
+    the derived layout, resources and memory estimate. Raises `UserError` when a check fails."""
+    from verirl.run.checks import check_train, local_devices
+
+    check_layout(cfg, local_devices(cfg) if devices is None else devices)  # first: its paragraphs spell the layout's arithmetic out in full
+    check_train(cfg, import_rules=False)  # a rule file is read, not run
+    layout = make_layout(cfg)
+    resources = make_resources(cfg, cores)
+    config = read_model_config(cfg.model.path)
+    memory, note = None, ""
+    try:
+        memory = estimate_memory(cfg, layout, config)
+    except EstimateUnavailable as e:  # the checks passed; only the estimate is missing
+        note = f"no memory estimate for model.path={cfg.model.path}: {e}"
+    return Plan(source, cfg.model.path, layout, resources, memory, note)
+
+
+# ---------------------------------------------------------------- text
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _rows(plan: Plan) -> list[tuple[str, str, str]]:
+    """(section or label, value, how it is counted); a row with an empty value and how is a heading."""
+    L, R, M = plan.layout, plan.resources, plan.memory
+    s = lambda k, one, many: f"{k} {one if k == 1 else many}"  # noqa: E731
+    ranks = f"/ world size {L.world_size}"
+    rows = [("layout", "", ""),
+            ("world size", f"{L.world_size}",
+             f"trainer.nproc_per_node {L.nproc_per_node} x trainer.nnodes {L.nnodes}; launcher {L.launcher}; "
+             + (f"actor.strategy {L.strategy}" if L.world_size > 1 else "one rank, no data parallelism")),
+            ("prompts per step", f"{L.prompts_per_step}", "data.prompts_per_step (counts prompts)"),
+            ("prompts per rank", f"{L.prompts_per_rank}",
+             f"{L.prompts_per_step} {ranks}, whole groups (all rollout.n samples of a prompt on one rank)"),
+            ("sequences per step", f"{L.sequences_per_step}",
+             f"{L.prompts_per_step} prompts x rollout.n {L.group_size}"),
+            ("sequences per rank", f"{L.sequences_per_rank}",
+             f"{L.prompts_per_rank} prompts x rollout.n {L.group_size}"),
+            ("mini-batches per step", f"{L.mini_batches_per_step}",
+             f"data.prompts_per_step {L.prompts_per_step} / actor.mini_batch_prompts {L.mini_batch_prompts}"),
+            ("optimizer steps per step", f"{L.optimizer_steps_per_step}",
+             f"{s(L.mini_batches_per_step, 'mini-batch', 'mini-batches')} x actor.epochs {L.epochs}"),
+            ("mini-batch per rank", f"{L.mini_batch_sequences_per_rank} seq",
+             f"actor.mini_batch_prompts {L.mini_batch_prompts} {ranks} = {L.mini_batch_prompts_per_rank} prompts "
+             f"x rollout.n {L.group_size}")]
+    if L.token_budget > 0:
+        rows.append(("token budget per forward", f"{L.token_budget:,} tok",
+                     f"actor.max_token_len_per_device, per rank; at most "
+                     f"{s(L.micro_batches_per_mini_batch, 'micro-batch', 'micro-batches')} per mini-batch "
+                     f"(when every sequence is {L.max_sequence_length} tokens long)"))
+    else:
+        rows.append(("micro-batches per mini-batch", f"{L.micro_batches_per_mini_batch}",
+                     f"ceil({L.mini_batch_sequences_per_rank} sequences / actor.micro_batch_size "
+                     f"{L.micro_batch_size}), per rank"))
+    if L.old_log_prob_pass:
+        why = (f"{L.mini_batches_per_step} mini-batches per step" if L.mini_batches_per_step > 1
+               else f"actor.epochs {L.epochs}")
+        rows.append(("old-log-prob pass", "runs",
+                     f"off-policy ({why}): {'at most ' if L.token_budget else ''}"
+                     f"{s(L.old_log_prob_micro_batches, 'micro-batch', 'micro-batches')} per rank per step"))
+    else:
+        rows.append(("old-log-prob pass", "skipped",
+                     "on-policy: one mini-batch per step and one epoch, the update's own log-probs are the old ones"))
+    if L.reference_pass:
+        budget = (f"a budget of {L.ref_token_budget:,} tokens, at most "
+                  f"{s(L.ref_micro_batches, 'micro-batch', 'micro-batches')}" if L.ref_token_budget else
+                  f"{s(L.ref_micro_batches, 'micro-batch', 'micro-batches')} of <= {L.micro_batch_size} sequences")
+        rows.append(("reference pass", "runs", f"algo.kl_coef > 0: {budget} per rank per step"))
+    else:
+        rows.append(("reference pass", "skipped", "algo.kl_coef 0: no reference model, no KL term"))
+    rows.append(("generate calls per rank", f"{L.generate_calls_per_rank}",
+                 f"of {L.sequences_per_generate_call} sequences (rollout.micro_batch_size, whole groups; "
+                 f"0 = all at once)"))
+    rows += [("resources per rank", "", ""),
+             ("threads", f"{R.threads_per_rank}", R.threads_from),
+             ("reward workers", f"{R.reward_workers_per_rank}", R.reward_workers_from)]
+    if R.local_ranks * R.threads_per_rank > R.cores:
+        rows.append(("", "", f"note: {R.local_ranks} local ranks x {R.threads_per_rank} threads > {R.cores} cores: "
+                             f"oversubscribed, lower trainer.threads"))
+    if M is None:
+        rows += [("memory per rank", "", ""), ("", "", plan.memory_note)]
+        return rows
+    f = M.formulas
+    rows += [("memory per rank", "", f"an ESTIMATE from config.json ({M.model_type}, {M.parameters:,} parameters "
+                                     f"counted by {M.counted}), not a measurement; {f['shards']}"),
+             ("parameters", human_bytes(M.params), f["params"]),
+             ("gradients", human_bytes(M.grads), f["grads"]),
+             ("optimizer state", human_bytes(M.optimizer), f["optimizer"]),
+             ("reference model", human_bytes(M.reference), f["reference"]),
+             ("activations", human_bytes(M.activations), f["activations"]),
+             ("output layer", human_bytes(M.output_layer), f["output_layer"]),
+             ("rollout KV cache", human_bytes(M.kv_cache), f["kv_cache"]),
+             ("update phase", human_bytes(M.update_phase), f["update_phase"]),
+             ("rollout phase", human_bytes(M.rollout_phase), f["rollout_phase"] + "; params: " + f["rollout_params"]),
+             ("peak (estimate)", human_bytes(M.peak), "the larger of the two phases")]
+    rows += [("", "", "the estimate leaves out:")] + [("", "", "- " + w) for w in M.leaves_out]
+    return rows
+
+
+def render(plan: Plan) -> str:
+    """The plan as aligned text: label, value, how it is counted."""
+    head = [f"verirl plan: --config {plan.source}, model.path={plan.model_path}",
+            "checks passed: names, paths, run directory, model directory (doctor), batch shapes, layout, devices "
+            "(nothing loaded, nothing written)"]
+    out = []
+    for label, value, how in _rows(plan):
+        if not value and not how:
+            out += ["", label]
+        elif not value and not label:
+            out.append(f"  {'':<30} {'':>12}  {how}")
+        elif not value:
+            out += ["", f"{label}: {how}"]
+        else:
+            out.append(f"  {label:<30} {value:>12}  {how}")
+    return "\n".join(head + out) + "\n"
