@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from verirl.config import Config
+from verirl.config.schema import Config
 from verirl.core.errors import ConfigError
 from verirl.core.registry import Registry
 

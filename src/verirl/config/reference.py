@@ -1,0 +1,76 @@
+"""docs/config.md: every key of the config with its default and meaning (`python -m verirl.config >
+docs/config.md`; a test checks that it is current)."""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import fields, is_dataclass
+
+from verirl.config.load import RECIPES, RENAMED
+from verirl.config.schema import Config, PreprocessConfig, SFTConfig
+
+# Defaults that changed when the tiny model's values moved into the `tiny` recipe (documented in docs/config.md).
+CHANGED_DEFAULTS = [
+    ("actor.lr", 1e-4, 1e-6, "veRL's actor default; 1e-4 diverges on a real model"),
+    ("data.max_prompt_length", 128, 512, "veRL's default; real prompts with a template run past 128 tokens"),
+    ("rollout.max_new_tokens", 32, 512, "veRL's default; reasoning responses run past 32 tokens"),
+]
+
+_DOC_HEAD = """# Configuration reference
+
+Generated from `src/verirl/config/schema.py` by `python -m verirl.config > docs/config.md` (a test
+checks that it is current).
+
+A run is `verirl train --config FILE.yaml key.sub=value ...`: the defaults below, then the
+file, then the overrides. `--config` also takes the name of a recipe shipped inside the package
+(`src/verirl/recipes/NAME.yaml`); `verirl train` with no `--config` runs the `tiny` recipe, the
+embedded default that `make run` runs. The defaults below are for a real model; the `tiny`
+recipe sets what the 1M-parameter model needs. `verirl train --help-config` prints every key with
+its default. Unknown keys and wrong types are refused with the closest valid names; impossible
+batch shapes are refused with the arithmetic spelled out. The resolved config is written to
+`RUN_DIR/config.yaml`.
+
+**Counting rule**: `data.prompts_per_step` and `actor.mini_batch_prompts` count *prompts*;
+each prompt is sampled `rollout.n` times, so a step holds `prompts_per_step * n` sequences.
+`actor.micro_batch_size` and `rollout.micro_batch_size` count *sequences*. veRL's
+`ppo_mini_batch_size` also counts prompts; MindSpeed-RL's mini-batch is already multiplied by n.
+"""
+
+
+def _table(cls: type, prefix: str) -> list[str]:
+    src = inspect.getsource(cls)
+    inst = cls()
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for f in fields(cls):
+        m = re.search(rf"^\s+{f.name}:[^\n]*?(?:#\s*([^\n]*))?$", src, re.M)
+        comment = ((m.group(1) or "") if m else "").replace("|", "/")
+        value = getattr(inst, f.name)
+        if is_dataclass(value):  # a nested section: its own rows, after a line of what it is
+            doc = " ".join(line.strip().lstrip("# ") for line in inspect.getsource(type(value)).splitlines()
+                           if line.strip().startswith("#"))
+            rows.append(f"| `{prefix}{f.name}.*` | | {(comment + ' ' + doc).strip().replace('|', '/')} |")
+            rows += _table(type(value), f"{prefix}{f.name}.")[2:]
+            continue
+        rows.append(f"| `{prefix}{f.name}` | `{'null' if value is None else value}` | {comment} |")
+    return rows
+
+
+def markdown_reference() -> str:
+    out = [_DOC_HEAD]
+    for f in fields(Config):
+        out += [f"## `{f.name}`", ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
+    out += ["## `verirl sft`", ""] + _table(SFTConfig, "") + [""]
+    out += ["## `verirl preprocess`", "", "MindSpeed-RL's data keys; see docs/data.md.", ""]
+    out += _table(PreprocessConfig, "") + [""]
+    out += ["## Recipes", "", "| `--config` | what |", "|---|---|"]
+    out += [f"| `{name}` | {what} |" for name, what in RECIPES.items()] + [""]
+    out += ["## Defaults changed for real models", "",
+            "A `--config FILE` starts from the defaults above, chosen for a real model. Before the `tiny` recipe",
+            "existed, three of them were the tiny model's; a file that relied on them now gets:", "",
+            "| key | was | now | why |", "|---|---|---|---|"]
+    out += [f"| `{key}` | `{was}` | `{now}` | {why} |" for key, was, now, why in CHANGED_DEFAULTS] + [""]
+    out += ["## Renamed keys", "", "The old name still works and prints one line naming the new one.", "",
+            "| old | new |", "|---|---|"]
+    for renamed in RENAMED.values():
+        out += [f"| `{old}` | `{new}` |" for old, new in renamed.items()]
+    return "\n".join(out) + "\n"
