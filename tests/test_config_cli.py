@@ -136,14 +136,56 @@ def test_help_config_lists_every_section(capsys):
     assert "lr: 7.0e-05" in capsys.readouterr().out  # resolved for the tiny recipe
 
 
-def test_docs_config_reference_is_current():
+def _keys(cls, prefix=""):
+    """(dotted key, its dataclasses.Field) for every key and section of ``cls``."""
+    from dataclasses import fields, is_dataclass
+
+    for f in fields(cls):
+        yield f"{prefix}{f.name}", f
+        if isinstance(f.default_factory, type) and is_dataclass(f.default_factory):
+            yield from _keys(f.default_factory, f"{prefix}{f.name}.")
+
+
+def test_every_key_has_a_meaning_and_the_docs_show_it():
     from pathlib import Path
 
-    from verirl.config import markdown_reference
-    doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
-    assert doc.read_text() == markdown_reference(), "regenerate: python -m verirl.config > docs/config.md"
-    for key in ("eval.every", "eval.n", "eval.before_train", "trainer.test_freq"):
-        assert f"`{key}`" in doc.read_text()
+    from verirl.config import PreprocessConfig, SFTConfig, markdown_reference
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    keys = [*_keys(Config), *_keys(SFTConfig), *_keys(PreprocessConfig)]
+    assert len(keys) > 150
+    empty = [key for key, f in keys if not f.metadata.get("help", "").strip()]
+    assert not empty, f"keys without a meaning in their setting(...): {empty}"
+    for key, f in _keys(Config):
+        assert " ".join(f.metadata["help"].split()).replace("|", "/") in doc, key
+    assert doc == markdown_reference(), "regenerate: python -m verirl.config > docs/config.md"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.total_steps=0", r"trainer.total_steps=0 must be > 0\."),
+    ("eval.top_p=1.5", r"eval.top_p=1.5 must be in \(0, 1\]\."),
+    ("algo.clip_ratio_low=-0.1", r"algo.clip_ratio_low=-0.1 must be >= 0\."),
+    ("rollout.n=1", r"rollout.n=1 must be >= 2: group advantages compare the samples of one prompt"),
+    ("reward.aggregate=mean", r"reward.aggregate='mean' is not a known name; known: sum, normalize_then_sum"),
+    ("trainer.on_stall=stop", r"trainer.on_stall='stop' is not a known name; known: warn, abort"),
+    ("log.progress=fancy", r"log.progress='fancy' is not a known name; known: auto, rich, plain, off"),
+])
+def test_declared_bounds_and_names_are_refused_at_load(override, message):
+    """The bounds and registries declared in each key's setting(...), checked by one rule over the metadata."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_log_progress_is_read_where_it_is_used_not_rewritten():
+    """Loading keeps log.progress as given (YAML's false is the string False); the console resolves it."""
+    from rich.console import Console
+
+    from verirl.run.display import progress_mode
+
+    cfg = load_config(None, ["log.progress=false"])
+    assert cfg.log.progress == "False"
+    assert progress_mode(cfg.log.progress, Console()) == "off"
+    assert progress_mode(load_config(None, ["log.progress=true"]).log.progress, Console(force_terminal=True)) == "rich"
 
 
 def test_too_long_builtin_prompts_can_be_filtered(tmp_path):
@@ -203,7 +245,7 @@ def test_a_yaml_file_indented_with_a_tab_says_tab(tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("reward.workers=-5", r"reward.workers=-5: give -1 \(one scoring process per core"),
+    ("reward.workers=-5", r"reward.workers=-5 must be >= -1: give -1 \(one scoring process per core"),
     ("rollout.dtype=bf16", r"rollout.dtype='bf16' is not null \(model.dtype\), compute"),
     ("rollout.dtype=bfloat16", r"rollout.dtype=bfloat16 sets the dtype vLLM decodes in, but rollout.engine=native"),
 ])

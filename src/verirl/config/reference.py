@@ -2,12 +2,11 @@
 docs/config.md`; a test checks that it is current)."""
 from __future__ import annotations
 
-import inspect
-import re
 from dataclasses import fields, is_dataclass
 
 from verirl.config.load import RECIPES, RENAMED
 from verirl.config.schema import Config, PreprocessConfig, SFTConfig
+from verirl.config.values import bounds_text
 
 # Defaults that changed when the tiny model's values moved into the `tiny` recipe (documented in docs/config.md).
 CHANGED_DEFAULTS = [
@@ -37,28 +36,39 @@ each prompt is sampled `rollout.n` times, so a step holds `prompts_per_step * n`
 """
 
 
+def _allowed(meta) -> str:
+    """What a key must be, from its `setting`: a range or the names of its registry."""
+    if meta.get("choices") is not None:
+        return " / ".join(meta["choices"])
+    if all(meta.get(k) is None for k in ("ge", "gt", "le")):
+        return ""
+    return bounds_text(meta.get("ge"), meta.get("gt"), meta.get("le"))
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "/")
+
+
 def _table(cls: type, prefix: str) -> list[str]:
-    src = inspect.getsource(cls)
+    """The rows of ``cls``'s keys: default, what it must be, meaning; a nested section is a row of what it is
+    for, then its own keys."""
     inst = cls()
-    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows = ["| key | default | must be | meaning |", "|---|---|---|---|"]
     for f in fields(cls):
-        m = re.search(rf"^\s+{f.name}:[^\n]*?(?:#\s*([^\n]*))?$", src, re.M)
-        comment = ((m.group(1) or "") if m else "").replace("|", "/")
         value = getattr(inst, f.name)
-        if is_dataclass(value):  # a nested section: its own rows, after a line of what it is
-            doc = " ".join(line.strip().lstrip("# ") for line in inspect.getsource(type(value)).splitlines()
-                           if line.strip().startswith("#"))
-            rows.append(f"| `{prefix}{f.name}.*` | | {(comment + ' ' + doc).strip().replace('|', '/')} |")
+        if is_dataclass(value):
+            rows.append(f"| `{prefix}{f.name}.*` | | | {_cell(f.metadata['help'])} |")
             rows += _table(type(value), f"{prefix}{f.name}.")[2:]
             continue
-        rows.append(f"| `{prefix}{f.name}` | `{'null' if value is None else value}` | {comment} |")
+        rows.append(f"| `{prefix}{f.name}` | `{'null' if value is None else value}` | {_allowed(f.metadata)} | "
+                    f"{_cell(f.metadata['help'])} |")
     return rows
 
 
 def markdown_reference() -> str:
     out = [_DOC_HEAD]
     for f in fields(Config):
-        out += [f"## `{f.name}`", ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
+        out += [f"## `{f.name}`", "", f.metadata["help"], ""] + _table(f.default_factory, f"{f.name}.") + [""]  # type: ignore[arg-type]
     out += ["## `verirl sft`", ""] + _table(SFTConfig, "") + [""]
     out += ["## `verirl preprocess`", "", "MindSpeed-RL's data keys; see docs/data.md.", ""]
     out += _table(PreprocessConfig, "") + [""]

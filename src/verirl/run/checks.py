@@ -154,7 +154,6 @@ def check_algorithms(cfg: Config) -> None:
     algo, rc = cfg.algo, cfg.algo.rollout_correction
     POLICY_LOSSES.check(algo.policy_loss)
     for key, value, known in [("algo.scale_rewards", algo.scale_rewards, SCALES),
-                              ("reward.aggregate", cfg.reward.aggregate, ("sum", "normalize_then_sum")),
                               ("algo.rollout_correction.rollout_is", rc.rollout_is, MODES_IS),
                               ("algo.rollout_correction.rollout_rs", rc.rollout_rs, MODES_RS)]:
         if value not in known:

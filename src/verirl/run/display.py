@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from verirl.config.schema import progress_name
 from verirl.run.jsonl import mean_of
 
 MODES = ("auto", "rich", "plain", "off")
@@ -44,6 +45,7 @@ def algorithm_name(algo) -> str:
 
 def progress_mode(setting: str, console: Console) -> str:
     """``log.progress`` resolved for this console: auto is rich on a terminal, plain elsewhere."""
+    setting = progress_name(setting)
     if setting == "auto":
         return "rich" if console.is_terminal else "plain"
     return setting
