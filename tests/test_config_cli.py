@@ -56,12 +56,12 @@ def test_other_refusals():
 ])
 def test_names_and_paths_are_checked_before_anything_heavy(override, message):
     """The registry owns the unknown-name message; the schema check alone lets the name through."""
-    from verirl.run.checks import check_train
+    from verirl.run.checks import check
 
     weights = ["reward.weights=[1]"] if override.startswith("reward.verifiers") else []
     cfg = load_config(None, [override, *weights])  # types and ranges are fine
     with pytest.raises(ConfigError, match=message):
-        check_train(cfg)
+        check(cfg)
 
 
 def test_verirl_train_alone_runs_the_tiny_recipe(tmp_path, capsys):

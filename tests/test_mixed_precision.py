@@ -34,11 +34,11 @@ def test_bad_compute_dtype_is_refused_before_the_run_touches_its_directory(tmp_p
     import subprocess
     import sys
 
-    from verirl.run.checks import check_train
+    from verirl.run.checks import check
     from verirl.config import load_config
 
     with pytest.raises(ConfigError, match="model.compute_dtype='half'"):
-        check_train(load_config("tiny", [f"trainer.run_dir={tmp_path}", "model.compute_dtype=half"]))
+        check(load_config("tiny", [f"trainer.run_dir={tmp_path}", "model.compute_dtype=half"]))
     run = tmp_path / "previous"
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")

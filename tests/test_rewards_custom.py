@@ -32,15 +32,15 @@ def test_module_spec(monkeypatch):
 
 
 def test_bad_specs_are_config_errors():
-    from verirl.run.checks import check_train
+    from verirl.run.checks import check
     from verirl.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="does not exist"):
-        check_train(load_config(None, ["reward.verifiers=[nope.py:f]", "reward.weights=[1]"]))
+        check(load_config(None, ["reward.verifiers=[nope.py:f]", "reward.weights=[1]"]))
     with pytest.raises(ConfigError, match="has no function 'missing'"):
-        check_train(load_config(None, [f"reward.verifiers=[{spec('missing')}]", "reward.weights=[1]"]))
+        check(load_config(None, [f"reward.verifiers=[{spec('missing')}]", "reward.weights=[1]"]))
     cfg = load_config(None, [f"reward.verifiers=[acc,{spec('boom')}]", "reward.weights=[1,1]",
                              "reward.tasks={math: [acc, boom]}"])  # routing may use the function's name
-    check_train(cfg)
+    check(cfg)
     assert cfg.reward.tasks["math"] == ["acc", "boom"]
 
 

@@ -50,7 +50,7 @@ def test_a_rule_is_a_plain_function(tmp_path):
 
 
 def test_plan_reads_a_rule_file_without_running_it(tmp_path):
-    from verirl.run.checks import check_train
+    from verirl.run.checks import check
     from verirl.config import load_config
     from verirl.tools.plan import make_plan
 
@@ -65,11 +65,11 @@ def test_plan_reads_a_rule_file_without_running_it(tmp_path):
     make_plan(cfg)
     assert not marker.exists()
     with pytest.raises(ConfigError, match="has no function 'other'"):
-        check_train(load_config(None, [f"reward.verifiers=[{rules}:other]", "reward.weights=[1]"]), import_rules=False)
+        check(load_config(None, [f"reward.verifiers=[{rules}:other]", "reward.weights=[1]"]), import_rules=False)
     broken = write(tmp_path, "broken.py", "def score(response, label)\n    return 1.0\n")
     with pytest.raises(ConfigError, match="line 1"):
         check_reference(f"{broken}:score")
-    check_train(cfg)  # training's checks import it, before anything is written: then the top level runs
+    check(cfg)  # training's checks import it, before anything is written: then the top level runs
     assert marker.exists()
 
 

@@ -1,20 +1,59 @@
-"""Checks that need more than the config itself: names looked up in the registries, and paths on
-the file system. `verirl.config.validate` has already checked types, ranges and batch shapes;
-`check_train` runs before anything heavy (no model loaded, nothing written), so a run that
-cannot start says why in one paragraph and leaves no trace."""
+"""The one check of a config before a run: `check` runs `RULES` in order, and the first rule that fails
+raises one paragraph (`ConfigError` or another `UserError`) naming the key, the value and the fix.
+
+The rules: the values alone (`verirl.config.values.VALUE_RULES`: finiteness, each key's declared
+bounds and names, the batch arithmetic), the layout of ranks (`verirl.config.layout.check_layout`),
+the names each room's registry knows, the reward rules, the algorithm options, then what needs this
+machine: installed packages, paths, the run directory, the model directory (`verirl.models.diagnose`,
+no weights read), the launch, the data's template. They live here, above the config, because the
+names are the rooms' (models, data, rollout, rewards). `verirl train`, `verirl plan` and
+`verirl eval` run them before anything heavy (no model loaded, nothing written); `verirl
+convert-config` runs the values and names alone, for a config that names another machine's files.
+"""
 from __future__ import annotations
 
 import importlib.util
 import os
 from pathlib import Path
+from typing import Callable, NamedTuple, Optional
 
 from verirl.config import Config
+from verirl.config.layout import check_layout, world_size
+from verirl.config.values import VALUE_RULES
 from verirl.core.errors import ConfigError
 
 
-def check_train(cfg: Config, import_rules: bool = True) -> None:
-    """Every name in ``cfg`` is known to its registry and every path exists; raises `ConfigError`.
-    ``import_rules=False`` (`verirl plan`): rule files are read, not run."""
+class Ask(NamedTuple):
+    """What one `check` was asked for, as its rules read it."""
+    paths: bool  # this machine's files may be read
+    import_rules: bool  # custom reward rules are imported (their top level runs), not only read
+    devices: Optional[tuple[str, int]]  # (kind, count) of the local launcher's devices; None: no limit
+
+
+class Rule(NamedTuple):
+    name: str
+    run: Callable[[Config, Ask], None]
+    machine: bool  # reads this machine: files, the model directory, installed packages, imports, the launch
+
+
+def check(cfg: Config, *, paths: bool = True, import_rules: bool = True,
+          devices: Optional[tuple[str, int]] = None) -> None:
+    """Every rule of `RULES`, in order; raises the first failure's one paragraph.
+
+    ``paths=False``: names and values only (no files, no model directory, no imports, no devices, no
+    installed packages). ``import_rules=False`` (`verirl plan`): rule files are read, not run.
+    ``devices``: (kind, count) of the accelerators the local launcher would use; None: those visible here
+    (`local_devices`)."""
+    if paths and devices is None:
+        devices = local_devices(cfg)
+    ask = Ask(paths, import_rules and paths, devices if paths else None)
+    for rule in RULES:
+        if paths or not rule.machine:
+            rule.run(cfg, ask)
+
+
+def check_names(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """Every name of the config is known to its room's registry."""
     from verirl.core.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS
     from verirl.data.prompts import SHUFFLES, TOO_LONG
     from verirl.data.tasks import TASKS
@@ -32,18 +71,10 @@ def check_train(cfg: Config, import_rules: bool = True) -> None:
     check_compute_dtype(cfg.model.compute_dtype, cfg.model.dtype)
     if not cfg.data.train_path:
         TASKS.check(cfg.data.task)
-    check_rules(cfg.reward.verifiers, cfg.reward.tasks, import_rules)
-    check_algorithms(cfg)
-    if os.environ.get("RANK", "0") == "0":  # rank 0 alone opens the trackers
-        from verirl.run.trackers import check_backends
 
-        check_backends(cfg.log.backends)
-    check_engine(cfg)
-    check_paths(cfg)
-    check_model_dir(cfg)
-    check_parallel(cfg)
-    if cfg.data.train_path or cfg.eval.data:  # how the user's files are read
-        check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
+
+def _value_rule(fn: Callable[[Config], None]) -> Rule:
+    return Rule(fn.__name__, lambda cfg, ask: fn(cfg), False)
 
 
 def check_data_reading(handler_name: str, prompt_type: str, templates_file: str) -> None:
@@ -56,18 +87,12 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
         get_template(prompt_type, templates_file or None)
 
 
-def check_model_dir(cfg: Config) -> None:
-    """model.path passes `check_model` with the template its prompts are built with."""
-    template = cfg.data.prompt_type if (cfg.data.train_path or cfg.eval.data) else ""
-    check_model(cfg.model.path, template, cfg.data.templates_file)
-
-
 def check_model(path: str, template: str = "", templates_file: str = "", key: str = "model.path") -> None:
-    """`verirl doctor`'s error-level findings on a model directory (its config.json, tokenizer files and
-    weight file names; no weights read) stop a run, in one paragraph: each is a crash or a run that cannot
-    end. The shipped tiny model is consistent (its tests say so)."""
-    from verirl.tools.align.doctor import diagnose
+    """`verirl.models.diagnose`'s error-level findings on a model directory (its config.json, tokenizer files
+    and weight file names; no weights read) stop a run, in one paragraph: each is a crash or a run that
+    cannot end. The shipped tiny model is consistent (its tests say so)."""
     from verirl.core.errors import ModelError
+    from verirl.models.diagnose import diagnose
 
     if path == "tiny":
         return
@@ -87,31 +112,6 @@ def _other_systems_only(finding, report) -> bool:
     return finding.code == "turn-end-not-stop" and end.get("id") in report.ids["verirl"]["eos"]
 
 
-def check_parallel(cfg: Config) -> None:
-    """The layout of ranks (`verirl.config.layout.check_layout`: names, divisibility, devices), the launcher's
-    needs, offload settings that the strategy can honour, and a launch that matches the config."""
-    from verirl.config.layout import check_layout, world_size
-
-    check_layout(cfg, local_devices(cfg))
-    world = world_size(cfg)
-    if cfg.trainer.launcher == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("trainer.launcher=ray but Ray is not installed. Install it with pip install "
-                          "'verirl[ray]' (or pip install ray), or use trainer.launcher=local.")
-    if cfg.actor.offload == "params" and (world == 1 or cfg.actor.strategy != "fsdp2"):
-        why = "one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}"
-        raise ConfigError(f"actor.offload=params keeps the parameter shards on the host, which needs FSDP2: it is not "
-                          f"available with {why}. Use actor.strategy=fsdp2 with trainer.nproc_per_node >= 2, or "
-                          f"actor.offload=optimizer (the optimizer state leaves the device between updates).")
-    started = os.environ.get("WORLD_SIZE")
-    if started is not None and int(started) != world:
-        raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "
-                          f"torchrun) but trainer.nproc_per_node={cfg.trainer.nproc_per_node} x trainer.nnodes="
-                          f"{cfg.trainer.nnodes} = {world}. Set them to match the launch.")
-    if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local" and not cfg.trainer.rdzv_endpoint:
-        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} needs trainer.rdzv_endpoint=HOST:PORT, the same on every "
-                          f"machine (e.g. the first machine's address and a free port such as 29400).")
-
-
 def local_devices(cfg: Config):
     """(kind, count) of the accelerators the local launcher's ranks take one each of; None for the CPU
     or for ranks that Ray places."""
@@ -120,15 +120,19 @@ def local_devices(cfg: Config):
     return visible_devices(cfg.model.device) if cfg.trainer.launcher == "local" else None
 
 
-def check_rules(verifiers, tasks, import_rules: bool = True) -> None:
+def check_rules(verifiers, tasks, import_rules: bool = True, paths: bool = True) -> None:
     """Each verifier is a built-in rule or a ``file.py:fn`` / ``module:fn`` that defines the function
     (read first, without running it: `verirl.rewards.check_reference`; then, with ``import_rules``,
-    imported, before training writes anything); each rule a task is routed to is one of the verifiers."""
+    imported, before training writes anything; ``paths=False``: any name is taken as a rule of the machine
+    the config is for); each rule a task is routed to is one of the verifiers."""
     from verirl.rewards import RULES, check_reference, load_rule
 
     names_ok = set(verifiers)
     for name in verifiers:
         if name in RULES:
+            continue
+        if not paths:  # another machine's file or module, or another system's rule: checked where it runs
+            names_ok.add(name.rsplit(":", 1)[-1])
             continue
         try:
             names_ok.add(check_reference(name))
@@ -144,9 +148,9 @@ def check_rules(verifiers, tasks, import_rules: bool = True) -> None:
                     f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
 
 
-def check_algorithms(cfg: Config) -> None:
-    """The algorithm options' names: policy loss, reward scaling and aggregation, the mismatch guard's
-    modes, and the metric the group filter tests."""
+def check_algorithms(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """The algorithm options' names: policy loss, reward scaling, the mismatch guard's modes, and the
+    metric the group filter tests."""
     from verirl.core.algo import POLICY_LOSSES
     from verirl.core.algo.advantages import SCALES
     from verirl.core.algo.correction import MODES_IS, MODES_RS
@@ -168,10 +172,30 @@ def check_algorithms(cfg: Config) -> None:
                           f"the rules in reward.verifiers ({', '.join(rules)}).")
 
 
-def check_engine(cfg: Config) -> None:
-    """An optional engine is installed and runs in this layout."""
-    from verirl.config.layout import world_size
+def check_launch(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """Offload settings are ones the strategy can honour, and several machines have a rendezvous."""
+    world = world_size(cfg)
+    if cfg.actor.offload == "params" and (world == 1 or cfg.actor.strategy != "fsdp2"):
+        why = "one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}"
+        raise ConfigError(f"actor.offload=params keeps the parameter shards on the host, which needs FSDP2: it is not "
+                          f"available with {why}. Use actor.strategy=fsdp2 with trainer.nproc_per_node >= 2, or "
+                          f"actor.offload=optimizer (the optimizer state leaves the device between updates).")
+    if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local" and not cfg.trainer.rdzv_endpoint:
+        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} needs trainer.rdzv_endpoint=HOST:PORT, the same on every "
+                          f"machine (e.g. the first machine's address and a free port such as 29400).")
 
+
+def check_trackers(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """log.backends are known and installed; rank 0 alone opens the trackers."""
+    from verirl.run.trackers import check_backends
+
+    if os.environ.get("RANK", "0") == "0":
+        check_backends(cfg.log.backends)
+
+
+def check_engine(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """An optional engine is installed here and runs in this launch's ranks (a converted config's
+    tensor-parallel size is the other machine's)."""
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine=vllm but vLLM is not installed in this environment. Install it with pip "
                           "install 'verirl[vllm]' (on a CPU: make test-vllm builds .venv-vllm; docs/vllm.md), or "
@@ -182,7 +206,14 @@ def check_engine(cfg: Config) -> None:
                           f"vLLM engine (docs/vllm.md).")
 
 
-def check_paths(cfg: Config) -> None:
+def check_launcher(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """The launcher the config names is installed here."""
+    if cfg.trainer.launcher == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("trainer.launcher=ray but Ray is not installed. Install it with pip install "
+                          "'verirl[ray]' (or pip install ray), or use trainer.launcher=local.")
+
+
+def check_paths(cfg: Config, ask: Optional[Ask] = None) -> None:
     """Data files, the templates file, the evaluation data, the model directory and an explicit
     resume checkpoint exist."""
     if cfg.rollout.engine == "replay" and not cfg.rollout.replay_path:
@@ -219,3 +250,42 @@ def check_run_dir(run_dir: str) -> None:
         raise ConfigError(f"trainer.run_dir='{run_dir}' cannot be written: {existing.resolve()} is read-only (a "
                           f"read-only file system, or no write permission for this user). Choose a trainer.run_dir "
                           f"on a writable disk.")
+
+
+def check_model_dir(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """model.path passes `check_model` with the template its prompts are built with."""
+    template = cfg.data.prompt_type if (cfg.data.train_path or cfg.eval.data) else ""
+    check_model(cfg.model.path, template, cfg.data.templates_file)
+
+
+def check_started_ranks(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """A process started as one of several ranks (torchrun's WORLD_SIZE) matches the config's world size."""
+    started, world = os.environ.get("WORLD_SIZE"), world_size(cfg)
+    if started is not None and int(started) != world:
+        raise ConfigError(f"this process was started as one of {started} ranks (WORLD_SIZE={started}, e.g. by "
+                          f"torchrun) but trainer.nproc_per_node={cfg.trainer.nproc_per_node} x trainer.nnodes="
+                          f"{cfg.trainer.nnodes} = {world}. Set them to match the launch.")
+
+
+def check_templates(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """How the user's files are read: their handler and template."""
+    if cfg.data.train_path or cfg.eval.data:
+        check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
+
+
+RULES: list[Rule] = [
+    *(_value_rule(fn) for fn in VALUE_RULES),
+    Rule("layout", lambda cfg, ask: check_layout(cfg, ask.devices), False),  # first: it spells the arithmetic out
+    Rule("names", check_names, False),
+    Rule("reward rules", lambda cfg, ask: check_rules(cfg.reward.verifiers, cfg.reward.tasks, ask.import_rules,
+                                                      ask.paths), False),
+    Rule("algorithm names", check_algorithms, False),
+    Rule("launch", check_launch, False),
+    Rule("trackers", check_trackers, True),
+    Rule("engine", check_engine, True),
+    Rule("launcher", check_launcher, True),
+    Rule("paths", check_paths, True),
+    Rule("model directory", check_model_dir, True),
+    Rule("started ranks", check_started_ranks, True),
+    Rule("templates", check_templates, True),
+]

@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from verirl.run.checks import check_train
+from verirl.run.checks import check
 from verirl.config import Config, to_dict, to_yaml, upgrade_dict
 from verirl.core.errors import CheckpointError
 from verirl.train.evaluate import evaluate, val_metrics
@@ -43,7 +43,7 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
     Checkpoints every ``trainer.save_freq`` steps and at the end; continues from the newest one
     with ``trainer.resume=auto``. SIGINT / SIGTERM save a checkpoint and raise TrainingInterrupted."""
     started = time.time()
-    check_train(cfg)
+    check(cfg)
     if (world_size(cfg) > 1 or cfg.trainer.launcher == "ray") and not launched():  # start the ranks; each runs this
         return launch(cfg)
     run, log, watch = open_run(cfg, console or Console())

@@ -13,8 +13,8 @@ Interpolations resolve against the file merged over veRL's defaults, as Hydra's 
 rl_config / generate_config; actor_config overrides megatron_training, as MindSpeed-RL merges
 them).
 
-Out come the verirl YAML (to -o OUT, else standard output), which passes verirl's schema checks
-(types, ranges, batch arithmetic: `verirl.config.validate`) but not the file-system checks, since
+Out come the verirl YAML (to -o OUT, else standard output), which passes verirl's checks of names and
+values (`verirl.run.checks.check(cfg, paths=False)`) but not the file-system checks, since
 its paths and model ids are the other machine's; and a table (standard error when the YAML goes
 to standard output) with one row per source key:
 
@@ -492,13 +492,15 @@ def _fit_budgets(t: Translation) -> None:
 
 
 def _validate(result: Result) -> None:
-    """verirl's schema checks (types, ranges, batch arithmetic) on the translated values."""
+    """verirl's checks of names and values (`verirl.run.checks.check` without paths: the files and model it
+    names are the other machine's) on the translated values."""
     from omegaconf.errors import OmegaConfBaseException
 
     from verirl.config import load_config_dict
+    from verirl.run.checks import check
 
     try:
-        load_config_dict(result.config)
+        check(load_config_dict(result.config), paths=False)
     except (ConfigError, OmegaConfBaseException) as e:
         why = " ".join(str(e).split("\n")[0].split()) if isinstance(e, OmegaConfBaseException) else str(e)
         involved = sorted({k for keys in result.out_from.values() for k in keys

@@ -1,7 +1,7 @@
 """`verirl plan` (and `verirl train --dry-run`): the layout of a run, worked out before it starts.
 
 `make_plan` resolves nothing itself: it takes the `Config` that `verirl train` would run, runs
-every check that needs no model (`verirl.run.checks.check_train` and `check_layout`), and derives,
+every check that needs no model (`verirl.run.checks.check`, the layout's among them), and derives,
 per step and per rank, how many prompts and sequences each rank holds, how many mini-batches and
 optimizer steps a step takes, the micro-batches or token budgets of the passes, which passes run,
 the threads and reward workers of each rank, and an estimate of the memory of each rank. The
@@ -20,8 +20,7 @@ from typing import Optional
 
 from verirl.config import Config
 from verirl.core.errors import ModelError
-from verirl.config.layout import (REWARD_WORKERS_CAP, _cores, check_layout, reward_workers_per_rank, threads_per_rank,
-                                  world_size)
+from verirl.config.layout import REWARD_WORKERS_CAP, _cores, reward_workers_per_rank, threads_per_rank, world_size
 from verirl.models.device import visible_devices
 
 __all__ = ["make_plan", "render", "Plan", "count_parameters"]
@@ -382,10 +381,9 @@ def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
               devices: Optional[tuple[str, int]] = None) -> Plan:
     """Every check `verirl train` runs before loading anything (names, paths, layout, devices), then
     the derived layout, resources and memory estimate. Raises `UserError` when a check fails."""
-    from verirl.run.checks import check_train, local_devices
+    from verirl.run.checks import check
 
-    check_layout(cfg, local_devices(cfg) if devices is None else devices)  # first: its paragraphs spell the layout's arithmetic out in full
-    check_train(cfg, import_rules=False)  # a rule file is read, not run
+    check(cfg, import_rules=False, devices=devices)  # a rule file is read, not run
     layout = make_layout(cfg)
     resources = make_resources(cfg, cores)
     config = read_model_config(cfg.model.path)
