@@ -5,7 +5,7 @@ The rules: the values alone (`verirl.config.values.VALUE_RULES`: finiteness, eac
 bounds and names, the batch arithmetic), the layout of ranks (`verirl.config.layout.check_layout`),
 the names each room's registry knows, the reward rules, the algorithm options, then what needs this
 machine: installed packages, paths, the run directory, the model directory (`verirl.models.diagnose`,
-no weights read), the launch, the data's template. They live here, above the config, because the
+no weights read), the launch, the data's template, the modules an activation dump names. They live here, above the config, because the
 names are the rooms' (models, data, rollout, rewards). `verirl train`, `verirl plan` and
 `verirl eval` run them before anything heavy (no model loaded, nothing written); `verirl
 convert-config` runs the values and names alone, for a config that names another machine's files.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -273,6 +274,29 @@ def check_templates(cfg: Config, ask: Optional[Ask] = None) -> None:
         check_data_reading(cfg.data.handler_name, cfg.data.prompt_type, cfg.data.templates_file)
 
 
+def check_activation_modules(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """trainer.dump_activations.modules matches a module of the model, built from its config.json on the
+    meta device (shapes only: no weights read, no memory)."""
+    d = cfg.trainer.dump_activations
+    if not d.steps:
+        return
+    names = _module_names(cfg.model.path, dict(cfg.model.override_config))
+    if not any(re.search(d.modules, name) for name in names):
+        raise ConfigError(f"trainer.dump_activations.modules={d.modules!r} matches no module of {cfg.model.path} "
+                          f"(its modules are named like {', '.join(names[:4])}, ...).")
+
+
+def _module_names(path: str, override: dict) -> list[str]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verirl.models.load import model_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config(path, override))
+    return [name for name, _ in model.named_modules() if name]
+
+
 RULES: list[Rule] = [
     *(_value_rule(fn) for fn in VALUE_RULES),
     Rule("layout", lambda cfg, ask: check_layout(cfg, ask.devices), False),  # first: it spells the arithmetic out
@@ -288,4 +312,5 @@ RULES: list[Rule] = [
     Rule("model directory", check_model_dir, True),
     Rule("started ranks", check_started_ranks, True),
     Rule("templates", check_templates, True),
+    Rule("activation modules", check_activation_modules, True),
 ]

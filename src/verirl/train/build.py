@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import functools
 import random
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from verirl.core.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossPara
 from verirl.config import Config, scale_rewards
 from verirl.data import PromptSampler
 from verirl.data.dataset import data_loading_options, load_data, load_prompts
-from verirl.core.errors import CheckpointError, ConfigError
+from verirl.core.errors import CheckpointError
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
@@ -289,15 +288,11 @@ def correction(cfg: Config) -> Optional[Correction]:
 
 
 def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
-    """trainer.dump_activations as plain values (None: nothing to record); a module pattern that
-    matches no module is an error now, not at the step."""
+    """trainer.dump_activations as plain values (None: nothing to record; `verirl.run.checks.check` has
+    found a module its pattern matches)."""
     d = cfg.trainer.dump_activations
     if not d.steps:
         return None
-    names = [name for name, _ in model.named_modules() if name]
-    if not any(re.search(d.modules, name) for name in names):
-        raise ConfigError(f"trainer.dump_activations.modules={d.modules!r} matches no module of {cfg.model.path} "
-                          f"(its modules are named like {', '.join(names[:4])}, ...).")
     meta = {"model": cfg.model.path, "override_config": dict(cfg.model.override_config),
             "remove_padding": cfg.actor.use_remove_padding, "share_prompt": cfg.actor.share_prompt,
             "dtype": cfg.model.dtype}
