@@ -288,3 +288,20 @@ def test_the_first_line_names_the_recipes_algorithm():
     assert algorithm_name(load_config("tiny").algo) == "GRPO"
     assert algorithm_name(load_config("tiny", ["algo.adv_estimator=rloo", "algo.policy_loss=gspo"]).algo) == \
         "RLOO (gspo loss)"
+
+
+def test_a_checkpoint_config_with_an_earlier_verirls_names_resumes_without_settings_differ():
+    """The resume path (`trainer.restore`) reads the checkpoint's config through upgrade_dict: the names an
+    earlier verirl wrote are today's, so an unchanged run lists no changed settings."""
+    from verirl.config import to_dict, upgrade_dict
+    from verirl.train.trainer import config_changes
+
+    now = to_dict(load_config("tiny"))
+    old = {section: dict(values) for section, values in now.items()}
+    old["trainer"].update(eval_samples=old["eval"]["n"], eval_at_start=old["eval"]["before_train"])
+    old["data"]["additional_keys"] = old["data"].pop("dataset_additional_keys")
+    old["eval"] = {k: v for k, v in old["eval"].items() if k not in ("n", "before_train")}
+    assert config_changes(old, now)  # read as it is, the old names look like changed settings
+    assert config_changes(upgrade_dict(old), now) == []
+    with pytest.raises(ConfigError, match=r"Unknown config key 'trainer.eval_samples'.*Did you mean: eval.n\?"):
+        load_config("tiny", ["trainer.eval_samples=3"])  # on the command line, the old name is refused

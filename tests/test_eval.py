@@ -115,22 +115,17 @@ def test_evaluation_during_training_logs_val_metrics(tmp_path):
     assert "eval_end" not in summary  # eval.at_end=false
 
 
-def test_old_evaluation_keys_are_aliases_that_name_the_new_key(tmp_path, capsys):
-    from verirl.config import load_config
+def test_verls_evaluation_keys_are_aliases_and_verirls_old_names_are_refused(tmp_path, capsys):
+    from verirl.config import ConfigError, load_config
 
-    old = ["trainer.test_freq=5", "trainer.val_before_train=false", "trainer.val_n=3", "data.val_size=12",
-           "trainer.eval_at_end=false", f"trainer.val_data={tmp_path}"]
-    cfg = load_config("tiny", old)
-    e = cfg.eval
-    assert (e.every, e.before_train, e.n, e.size, e.at_end, e.data) == (5, False, 3, 12, False, str(tmp_path))
+    cfg = load_config("tiny", ["trainer.test_freq=5", "trainer.val_before_train=false"])
+    assert (cfg.eval.every, cfg.eval.before_train) == (5, False)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == len(old)
-    for line, new in zip(lines, ["eval.every", "eval.before_train", "eval.n", "eval.size", "eval.at_end",
-                                 "eval.data"]):
-        assert f"is now {new}" in line
-    yaml = tmp_path / "old.yaml"
-    yaml.write_text("trainer:\n  eval_samples: 7\n  total_steps: 3\ndata:\n  additional_keys: [labels, task]\n")
-    cfg = load_config(str(yaml))
-    assert cfg.eval.n == 7 and cfg.trainer.total_steps == 3 and cfg.data.dataset_additional_keys == ["labels", "task"]
-    err = capsys.readouterr().err
-    assert "trainer.eval_samples" in err and "eval.n" in err and "data.dataset_additional_keys" in err
+    assert len(lines) == 2 and "veRL's name for eval.every" in lines[0] and "eval.before_train" in lines[1]
+    yaml = tmp_path / "verl.yaml"
+    yaml.write_text("trainer:\n  test_freq: 7\n  total_steps: 3\n")
+    assert load_config(str(yaml)).eval.every == 7 and "trainer.test_freq" in capsys.readouterr().err
+    for old, new in [("trainer.val_n=3", "eval.n"), ("data.val_size=12", "eval.size"),
+                     ("trainer.eval_at_end=false", "eval.at_end")]:
+        with pytest.raises(ConfigError, match=rf"Unknown config key '{old.split('=')[0]}'.*Did you mean: {new}\?"):
+            load_config("tiny", [old])

@@ -164,7 +164,7 @@ def test_train_from_raw_jsonl_with_template_stop_words(tmp_path, capsys):
     src = _jsonl(tmp_path / "raw.jsonl", ROWS)
     run = tmp_path / "run"
     assert main(["train", f"data.train_path={src}", f"eval.data={src}", "data.prompt_type=short",
-                 f"data.templates_file={f}", "data.additional_keys=[labels,task]", "data.shuffle=megatron",
+                 f"data.templates_file={f}", "data.dataset_additional_keys=[labels,task]", "data.shuffle=megatron",
                  f"trainer.run_dir={run}", "trainer.total_steps=2", "data.prompts_per_step=2",
                  "actor.mini_batch_prompts=2", "rollout.n=2", "eval.n=1", "log.progress=false",
                  "rollout.max_new_tokens=8"]) == 0

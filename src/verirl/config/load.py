@@ -14,21 +14,20 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError, OmegaConfBaseException
 
-from verirl.config.schema import Config, PreprocessConfig
+from verirl.config.schema import Config
 from verirl.config.values import validate
 from verirl.core.errors import ConfigError
 
-# Renamed keys: the old name still works and prints one line naming the new one.
-RENAMED: dict[type, dict[str, str]] = {
-    Config: {
-        "trainer.eval_at_start": "eval.before_train", "trainer.val_before_train": "eval.before_train",
-        "trainer.eval_at_end": "eval.at_end", "trainer.eval_samples": "eval.n", "trainer.val_n": "eval.n",
-        "trainer.test_freq": "eval.every", "trainer.val_data": "eval.data", "data.val_path": "eval.data",
-        "data.val_size": "eval.size", "data.additional_keys": "data.dataset_additional_keys",
-    },
-    PreprocessConfig: {"additional_keys": "dataset_additional_keys"},
+# veRL's names for verirl's keys: accepted on the command line and in files, with one line naming verirl's key.
+PEER_NAMES: dict[type, dict[str, str]] = {
+    Config: {"trainer.test_freq": "eval.every", "trainer.val_before_train": "eval.before_train"},
 }
-
+# Names an earlier verirl wrote into a checkpoint's config.yaml: read on resume (`upgrade_dict`), refused elsewhere.
+OLD_NAMES: dict[str, str] = {
+    "trainer.eval_at_start": "eval.before_train", "trainer.eval_at_end": "eval.at_end",
+    "trainer.eval_samples": "eval.n", "trainer.val_n": "eval.n", "trainer.val_data": "eval.data",
+    "data.val_path": "eval.data", "data.val_size": "eval.size", "data.additional_keys": "data.dataset_additional_keys",
+}
 
 # Recipes shipped inside the package: `--config NAME` (`verirl train` alone = `--config tiny`).
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -48,6 +47,8 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def _suggest(key: str, cls: type) -> str:
+    if cls is Config and key in OLD_NAMES:
+        return f" Did you mean: {OLD_NAMES[key]}? (an earlier verirl's name for it)"
     keys = _all_keys(cls)
     close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
     if not close:  # match on the last component ("lr" -> actor.lr)
@@ -118,21 +119,22 @@ def _source(path: str) -> tuple[Path, str]:
     return Path(path), f"'{path}'"
 
 
-def _renamed(key: str, schema_cls: type, source: str) -> str:
-    """The current name of ``key``; an old name prints one line naming the new one."""
-    new = RENAMED.get(schema_cls, {}).get(key)
+def _peer_name(key: str, schema_cls: type, source: str) -> str:
+    """verirl's name for ``key``; a peer's name prints one line naming verirl's."""
+    new = PEER_NAMES.get(schema_cls, {}).get(key)
     if new is None:
         return key
-    print(f"config: {key} ({source}) is now {new}; using it as {new}. Rename it to silence this line.",
+    print(f"config: {key} ({source}) is veRL's name for {new}; using it as {new}. Write {new} to silence this line.",
           file=sys.stderr)
     return new
 
 
 def upgrade_dict(old: dict, schema_cls: type = Config) -> dict:
-    """A config saved by an older verirl (e.g. in a checkpoint), as nested dicts, with renamed keys
-    moved to their new names (silently: nothing is being configured)."""
+    """A config saved by an earlier verirl (a checkpoint's), as nested dicts, with its old key names (`OLD_NAMES`)
+    and peers' names moved to the current ones (silently: nothing is being configured)."""
     out = {section: dict(values) if isinstance(values, dict) else values for section, values in old.items()}
-    for old_key, new_key in RENAMED.get(schema_cls, {}).items():
+    renames = {**OLD_NAMES, **PEER_NAMES.get(schema_cls, {})} if schema_cls is Config else {}
+    for old_key, new_key in renames.items():
         *parents, leaf = old_key.split(".")
         node = out
         for p in parents:
@@ -148,23 +150,23 @@ def upgrade_dict(old: dict, schema_cls: type = Config) -> dict:
     return out
 
 
-def _rename_file_keys(file_cfg: DictConfig, schema_cls: type, source: str) -> None:
-    for old, new in RENAMED.get(schema_cls, {}).items():
+def _peer_file_keys(file_cfg: DictConfig, schema_cls: type, source: str) -> None:
+    for old, new in PEER_NAMES.get(schema_cls, {}).items():
         *parents, leaf = old.split(".")
         node = OmegaConf.select(file_cfg, ".".join(parents)) if parents else file_cfg
         if not isinstance(node, DictConfig) or leaf not in node:
             continue
         value = node[leaf]
         del node[leaf]
-        _renamed(old, schema_cls, f"in {source}")
-        if OmegaConf.select(file_cfg, new) is None:  # the new name, when also given, wins
+        _peer_name(old, schema_cls, f"in {source}")
+        if OmegaConf.select(file_cfg, new) is None:  # verirl's name, when also given, wins
             OmegaConf.update(file_cfg, new, value, force_add=True)
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None, schema_cls: type = Config):
     """Defaults <- YAML file or recipe <- ``a.b=c`` overrides; then `validate` (for the GRPO `Config`).
 
-    Old key names (`RENAMED`) are accepted with one line naming the new key."""
+    veRL's names (`PEER_NAMES`) are accepted with one line naming verirl's key."""
     schema = OmegaConf.structured(schema_cls)
     cfg = schema
     if path:
@@ -176,7 +178,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if not isinstance(file_cfg, DictConfig):
             raise ConfigError(f"Config file {source} must hold a mapping of sections (data:, actor:, ...) at its "
                               f"top level, not a {type(file_cfg).__name__}.")
-        _rename_file_keys(file_cfg, schema_cls, source)
+        _peer_file_keys(file_cfg, schema_cls, source)
         _check_sections(OmegaConf.to_container(file_cfg, resolve=False), schema_cls, source)
         try:
             cfg = OmegaConf.merge(cfg, file_cfg)
@@ -186,7 +188,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if "=" not in ov:
             raise ConfigError(f"Override '{ov}' is not of the form key.sub=value (e.g. actor.lr=1e-4).")
         key, value = ov.split("=", 1)
-        key = _renamed(key.strip(), schema_cls, "on the command line")
+        key = _peer_name(key.strip(), schema_cls, "on the command line")
         ov = f"{key}={value}"
         try:
             parsed = OmegaConf.select(OmegaConf.from_dotlist([ov]), key)

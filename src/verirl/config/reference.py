@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 
-from verirl.config.load import RECIPES, RENAMED
+from verirl.config.load import PEER_NAMES, RECIPES
 from verirl.config.schema import Config, PreprocessConfig, SFTConfig
 from verirl.config.values import bounds_text
-
-# Defaults that changed when the tiny model's values moved into the `tiny` recipe (documented in docs/config.md).
-CHANGED_DEFAULTS = [
-    ("actor.lr", 1e-4, 1e-6, "veRL's actor default; 1e-4 diverges on a real model"),
-    ("data.max_prompt_length", 128, 512, "veRL's default; real prompts with a template run past 128 tokens"),
-    ("rollout.max_new_tokens", 32, 512, "veRL's default; reasoning responses run past 32 tokens"),
-]
 
 _DOC_HEAD = """# Configuration reference
 
@@ -74,13 +67,8 @@ def markdown_reference() -> str:
     out += _table(PreprocessConfig, "") + [""]
     out += ["## Recipes", "", "| `--config` | what |", "|---|---|"]
     out += [f"| `{name}` | {what} |" for name, what in RECIPES.items()] + [""]
-    out += ["## Defaults changed for real models", "",
-            "A `--config FILE` starts from the defaults above, chosen for a real model. Before the `tiny` recipe",
-            "existed, three of them were the tiny model's; a file that relied on them now gets:", "",
-            "| key | was | now | why |", "|---|---|---|---|"]
-    out += [f"| `{key}` | `{was}` | `{now}` | {why} |" for key, was, now, why in CHANGED_DEFAULTS] + [""]
-    out += ["## Renamed keys", "", "The old name still works and prints one line naming the new one.", "",
-            "| old | new |", "|---|---|"]
-    for renamed in RENAMED.values():
-        out += [f"| `{old}` | `{new}` |" for old, new in renamed.items()]
+    out += ["## veRL's names", "", "Accepted on the command line and in files; each prints one line naming verirl's key.",
+            "", "| veRL | verirl |", "|---|---|"]
+    for names in PEER_NAMES.values():
+        out += [f"| `{peer}` | `{ours}` |" for peer, ours in names.items()]
     return "\n".join(out) + "\n"
