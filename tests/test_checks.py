@@ -1,0 +1,138 @@
+"""`verirl.run.checks.check`: one bad config per rule of `RULES`, each refused in one paragraph (a `UserError`,
+which the command line prints without a traceback) that names the key; the rules that read this machine are
+skipped with ``paths=False`` (what `verirl convert-config` asks), the others are not."""
+import importlib.util
+import re
+import shutil
+
+import pytest
+
+from verirl.config import load_config
+from verirl.core.errors import ConfigError, UserError
+from verirl.run.checks import RULES, Ask, check, local_devices
+
+VLLM = importlib.util.find_spec("vllm") is not None
+RAY = importlib.util.find_spec("ray") is not None
+
+
+def pickle_model(tmp_path):
+    """The shipped tiny model's files with its weights as a pickle file instead of safetensors."""
+    from verirl.models import TINY_DIR
+
+    d = tmp_path / "pickled"
+    shutil.copytree(TINY_DIR, d)
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    return str(d)
+
+
+def data_file(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_text('{"problem": "1+1", "answer": "2"}\n')
+    return str(f)
+
+
+# (rule name in RULES, the values set on a valid config, the words its paragraph holds); a callable value is
+# called with tmp_path. Values are set on the loaded config, since load_config itself refuses bad values.
+CASES = [
+    ("check_finite", {"actor.lr": float("inf")}, "actor.lr=inf is not a finite number"),
+    ("check_bounds", {"trainer.total_steps": 0}, "trainer.total_steps=0 must be > 0"),
+    ("check_bounds", {"reward.aggregate": "mean"}, "reward.aggregate='mean' is not a known name; known: sum"),
+    ("check_activation_pattern", {"trainer.dump_activations.modules": "layers.("}, "is not a regular expression"),
+    ("check_vllm_dtype", {"rollout.dtype": "bf16"}, "rollout.dtype='bf16' is not null (model.dtype)"),
+    ("check_algorithm_ranges", {"algo.clip_cov_lb": 6.0}, "algo.clip_cov_lb=6.0 is above algo.clip_cov_ub=5.0"),
+    ("check_overlong_buffer", {"reward.overlong_buffer.enable": True, "reward.overlong_buffer.len": 9999},
+     "reward.overlong_buffer.len=9999 must be below rollout.max_new_tokens"),
+    ("check_token_budgets", {"actor.max_token_len_per_device": 10},
+     "actor.max_token_len_per_device=10 is smaller than the longest possible sequence"),
+    ("check_eval_samples", {"eval.n": 0, "eval.greedy": False}, "eval.n=0 with eval.greedy=false evaluates nothing"),
+    ("check_batch_shape", {"actor.mini_batch_prompts": 3}, "is not divisible by actor.mini_batch_prompts=3: 8 / 3"),
+    ("check_betas", {"actor.betas": [0.9]}, "actor.betas=[0.9] must be two numbers in [0, 1)"),
+    ("check_reward_weights", {"reward.weights": [1.0]}, "give one weight per verifier"),
+    ("layout", {"trainer.nproc_per_node": 3}, "data.prompts_per_step=8 is not divisible by the world size 3"),
+    ("names", {"rollout.engine": "sglang"}, "rollout.engine='sglang' is not a known name"),
+    ("names", {"model.compute_dtype": "half"}, "model.compute_dtype='half' is not a known name"),
+    ("reward rules", {"reward.tasks": {"add": ["nope"]}}, "reward.tasks.add names rule 'nope'"),
+    ("algorithm names", {"algo.policy_loss": "ppo2"}, "algo.policy_loss='ppo2' is not a known name"),
+    ("launch", {"actor.offload": "params"}, "actor.offload=params keeps the parameter shards on the host"),
+    ("trackers", {"log.backends": ["console", "nope"]}, "names 'nope', which is not a backend"),
+    ("engine", {"rollout.engine": "vllm", "rollout.tensor_parallel_size": 3},
+     "rollout.tensor_parallel_size=3 must divide the 1 ranks" if VLLM else "rollout.engine=vllm but vLLM is not"),
+    pytest.param("launcher", {"trainer.launcher": "ray"}, "trainer.launcher=ray but Ray is not installed",
+                 marks=pytest.mark.skipif(RAY, reason="Ray is installed here")),
+    ("paths", {"eval.data": "/no/such/file.jsonl"}, "eval.data='/no/such/file.jsonl' does not exist"),
+    ("model directory", {"model.path": pickle_model}, "cannot be used as it is (`verirl doctor"),
+    ("started ranks", {}, "this process was started as one of 2 ranks (WORLD_SIZE=2"),
+    ("templates", {"data.train_path": data_file, "data.prompt_type": "nope"}, "nope"),
+    ("activation modules", {"trainer.dump_activations.steps": [1], "trainer.dump_activations.modules": "decoder"},
+     "trainer.dump_activations.modules='decoder' matches no module of tiny"),
+]
+
+
+def _bad(tmp_path, values: dict):
+    cfg = load_config("tiny", [f"trainer.run_dir={tmp_path / 'run'}"])
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = cfg
+        for p in parents:
+            node = getattr(node, p)
+        setattr(node, leaf, value(tmp_path) if callable(value) else value)
+    return cfg
+
+
+def _name(case) -> str:
+    return (case.values if hasattr(case, "values") else case)[0]
+
+
+def test_every_rule_has_a_bad_config():
+    assert {r.name for r in RULES} == {_name(c) for c in CASES}
+
+
+@pytest.mark.parametrize("rule,values,words", CASES, ids=[f"{_name(c)}-{i}" for i, c in enumerate(CASES)])
+def test_each_rule_refuses_its_bad_config_in_one_paragraph(rule, values, words, tmp_path, monkeypatch):
+    if rule == "started ranks":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = _bad(tmp_path, values)
+    with pytest.raises(UserError) as through_check:
+        check(cfg)
+    said = str(through_check.value)
+    assert words in said and "\n" not in said, said
+    owner = next(r for r in RULES if r.name == rule)
+    with pytest.raises(UserError, match="^" + re.escape(said) + "$"):  # that rule says it
+        owner.run(cfg, Ask(True, True, local_devices(cfg)))
+    if owner.machine:  # names and values only: this machine's files, packages and launch are not read
+        check(cfg, paths=False)
+    else:
+        with pytest.raises(UserError, match=re.escape(words)):
+            check(cfg, paths=False)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_valid_config_passes_and_plan_and_train_run_the_same_check(tmp_path):
+    from verirl.cli import main
+
+    check(load_config("tiny", [f"trainer.run_dir={tmp_path / 'run'}"]))
+    assert main(["plan", "eval.data=/no/such/file.jsonl"]) == 2
+    assert main(["train", "eval.data=/no/such/file.jsonl", f"trainer.run_dir={tmp_path / 'run'}"]) == 2
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("reward.verifiers=[acc2]", "reward.verifiers='acc2' is not a known name; known: acc, exact.*Did you mean acc"),
+    ("algo.loss_agg_mode=mean", "algo.loss_agg_mode='mean' is not a known name; known: token-mean"),
+    ("algo.adv_estimator=gae", "algo.adv_estimator='gae' is not a known name; known: grpo, rloo"),
+    ("algo.kl_type=k4", "algo.kl_type='k4' is not a known name; known: kl, k1, abs"),
+    ("rollout.engine=sglang", "rollout.engine='sglang' is not a known name; known: native, hf, replay, vllm"),
+    pytest.param("rollout.engine=vllm", "rollout.engine=vllm but vLLM is not installed", marks=pytest.mark.skipif(
+        VLLM, reason="vLLM is installed here")),
+    ("data.shuffle=random", "data.shuffle='random' is not a known name"),
+    ("data.too_long=cut", "data.too_long='cut' is not a known name; known: error, filter"),
+    ("data.task=geometry", "data.task='geometry' is not a known name; known: arith"),
+    ("model.dtype=fp8", "model.dtype='fp8' is not a known name; known: float32, bfloat16, float16"),
+    ("eval.data=/no/such/file.jsonl", "eval.data='/no/such/file.jsonl' does not exist"),
+])
+def test_names_and_paths_are_checked_before_anything_heavy(override, message):
+    """The registry owns the unknown-name message; the value rules alone let the name through."""
+    weights = ["reward.weights=[1]"] if override.startswith("reward.verifiers") else []
+    cfg = load_config(None, [override, *weights])  # types and ranges are fine
+    with pytest.raises(ConfigError, match=message):
+        check(cfg)
