@@ -8,7 +8,7 @@ wrong types are caught before anything heavy starts.
 
 The dataclass defaults are for a real model (a Hugging Face directory of 0.5B-7B
 parameters on one accelerator); the embedded default run on the tiny model is the ``tiny``
-recipe (`verirl train` with no ``--config``). Each default says why in its comment.
+recipe (`verirl train` with no ``--config``). Each default says why in its meaning.
 
 The package: `schema` (the dataclasses: each key's default, meaning and bounds), `values` (the
 rules over values alone, run at load), `load` (YAML, recipes, overrides, old checkpoints' configs),

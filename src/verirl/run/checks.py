@@ -6,9 +6,10 @@ bounds and names, the batch arithmetic), the layout of ranks (`verirl.config.lay
 the names each room's registry knows, the reward rules, the algorithm options, then what needs this
 machine: installed packages, paths, the run directory, the model directory (`verirl.models.diagnose`,
 no weights read), the launch, the data's template, the modules an activation dump names. They live here, above the config, because the
-names are the rooms' (models, data, rollout, rewards). `verirl train`, `verirl plan` and
-`verirl eval` run them before anything heavy (no model loaded, nothing written); `verirl
-convert-config` runs the values and names alone, for a config that names another machine's files.
+names are the rooms' (models, data, rollout, rewards). `verirl train` and `verirl plan` run them
+before anything heavy (no model loaded, nothing written; `verirl eval`, which has no config, runs
+`check_rules` and `check_model`); `verirl convert-config` runs the values and names alone, for a
+config that names another machine's files.
 """
 from __future__ import annotations
 
