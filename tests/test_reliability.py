@@ -115,6 +115,7 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tmp_path, nan_model, capsys):
                  "trainer.save_freq=100", "trainer.max_nonfinite_steps=2", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "2 steps in a row (up to step 2) had a non-finite loss" in err and "Traceback" not in err
+    assert err.count("verirl train: training diverged: ") == 1  # its own kind, not a checkpoint error
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["actor/nonfinite_updates"], r["actor/nonfinite_steps"]) for r in rows] == \
         [(1, 1.0, 1.0), (2, 1.0, 2.0)]  # logged, counted, then stopped
@@ -127,6 +128,7 @@ def test_nonfinite_weights_are_never_checkpointed(tmp_path, nan_model, capsys):
                  "trainer.save_freq=1", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "after step 1 the weights are not finite" in err and "no checkpoint was written" in err
+    assert "verirl train: training diverged: after step 1" in err
     assert not list((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else True
 
 
@@ -226,7 +228,7 @@ def test_kill_soak_30_steps_10_kills(tmp_path):
     checkpoint left on disk verifies."""
     import random
 
-    from verirl.train.checkpoint import verify_checkpoint
+    from verirl.run.checkpoint import verify_checkpoint
 
     run, total = tmp_path / "soak", 30
     cmd = _train_cmd(run, f"trainer.total_steps={total}", "trainer.save_freq=1", "trainer.keep_checkpoints=0",
