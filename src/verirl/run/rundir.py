@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from verirl.core.errors import CheckpointError
-from verirl.run.checkpoint import find_checkpoint
 
 try:
     import fcntl
@@ -132,15 +131,19 @@ RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
 TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.run.trackers`)
 
 
-def metrics_file(run_dir: Path) -> Path:
-    """RUN_DIR/metrics.jsonl: one line per step (step 0: the evaluation before training)."""
-    return Path(run_dir) / "metrics.jsonl"
+def metrics_file(path: Path) -> Path:
+    """The metrics file of ``path``: RUN_DIR/metrics.jsonl of a run directory (one line per step; step 0
+    is the evaluation before training), or ``path`` itself when it names a file."""
+    path = Path(path)
+    return path if path.is_file() else path / "metrics.jsonl"
 
 
 def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
     """The checkpoint to continue from (None: start fresh), per trainer.resume. With resume=false, a
     previous run in ``run_dir`` is refused unless ``overwrite`` (then `clear_previous_run` clears it once
     the new run's inputs have loaded)."""
+    from verirl.run.checkpoint import find_checkpoint  # torch: not for the lock and the tools' readers
+
     run_dir_path = Path(run_dir)
     mode = str(resume).lower()
     if mode in ("false", "none", ""):

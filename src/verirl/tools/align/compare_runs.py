@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from verirl.core.errors import UserError
+from verirl.run.rundir import metrics_file
 
 HELP = "two runs' metric curves against a tolerance: PASS exit 0, FAIL exit 1, an overlay PNG"
 
@@ -247,10 +248,8 @@ def _metrics_file(path: Path, label: str) -> Path:
     if not path.exists():
         raise UserError(f"run {label}: {path}: no such file or directory. Give a verirl run directory (with "
                         f"metrics.jsonl) or a metrics file (JSONL, or a veRL console log).")
-    if path.is_file():
-        return path
-    if (path / "metrics.jsonl").is_file():
-        return path / "metrics.jsonl"
+    if metrics_file(path).is_file():
+        return metrics_file(path)
     found = sorted(str(p) for p in path.glob("*/metrics.jsonl"))
     found += sorted(str(p) for p in path.glob("*.jsonl") if p.name != "metrics.jsonl")
     hint = (f" It holds: {', '.join(found[:6])}{' ...' if len(found) > 6 else ''}: give one of those."

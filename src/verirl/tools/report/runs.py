@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from verirl.tools.align.compare_runs import Run, load_run
 from verirl.core.errors import DataError
+from verirl.run.rundir import metrics_file
 
 TEXT_CAP = 3000  # characters of a prompt or response kept for the page (a 4k-token answer is ~16 kB)
 
@@ -76,7 +77,7 @@ def _metrics_file(path: Path) -> Path:
             return path
         raise DataError(f"{path} is a file, not a run directory. Give the directory a training run wrote "
                         f"(its trainer.run_dir), which holds metrics.jsonl.")
-    file = path / "metrics.jsonl"
+    file = metrics_file(path)
     if not file.is_file():
         found = sorted((p.parent for p in path.glob("*/metrics.jsonl")), key=lambda p: p.stat().st_mtime)
         hint = (f" It holds run directories: {', '.join(p.name for p in found[-6:])}"
