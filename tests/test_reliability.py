@@ -357,3 +357,29 @@ def test_a_data_file_without_eval_data_says_there_is_no_held_out_evaluation(tmp_
         run.lock.release()
         err = capsys.readouterr().err
         assert ("no held-out evaluation in this run" in err and "eval.data=FILE" in err) == said, (extra, err)
+
+
+def test_stop_signals_record_the_first_escalate_on_the_second_and_keep_an_ignored_one(capsys):
+    """The one signals class, with real signals to this process: a rank's records the first SIGTERM
+    and says it, keeps the SIGINT it was started ignoring (the local launcher's ranks), and puts the
+    previous handlers back; a launcher's announces the first and raises KeyboardInterrupt on the second."""
+    from verirl.run.signals import driver_signals, rank_signals
+
+    said, before = [], signal.getsignal(signal.SIGTERM)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with rank_signals(said.append) as rank:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert rank.signum == signal.SIGTERM and len(said) == 1 and "saving a checkpoint" in said[0]
+            assert rank.fresh() and not rank.fresh()
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with driver_signals() as driver:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert driver.signum == signal.SIGINT and "every rank is asked to save a checkpoint" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs in this thread at the next bytecode
+    assert signal.getsignal(signal.SIGINT) is old_int
