@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from verirl.train.checkpoint import CHUNK, file_checksum
+from verirl.run.checkpoint import CHUNK, file_checksum
 
 
 def _hashlib(name: str) -> Callable[[Path], str]:

@@ -175,8 +175,8 @@ def test_export_reloads_with_transformers_and_gives_the_trainers_logprobs(tmp_pa
     from rich.console import Console
 
     from verirl.core.ops.linear import use_fast_linears
-    from verirl.train.settings import LogSettings
-    from verirl.train.trainer import RunLog, save
+    from verirl.run.runlog import LogSettings, RunLog
+    from verirl.train.checkpoint import save
     log = RunLog(run_dir, False, Console(), LogSettings(progress=False, console_every=0))
     log.open(0, 0)
     save(run, 2, log, {})

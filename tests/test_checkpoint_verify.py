@@ -9,8 +9,8 @@ import pytest
 
 from verirl.cli import main
 from verirl.core.errors import CheckpointError
-from verirl.train.checkpoint import (MANIFEST, check_checkpoint, file_checksum, find_checkpoint, load_checkpoint,
-                                     restore_training_state)
+from verirl.run.checkpoint import MANIFEST, check_checkpoint, file_checksum, find_checkpoint, load_checkpoint
+from verirl.train.checkpoint import restore_training_state
 
 ARGS = ["train", "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
         "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2", "rollout.max_new_tokens=16",

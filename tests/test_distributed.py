@@ -256,3 +256,31 @@ def test_the_launcher_holds_the_run_directory_for_its_ranks(tmp_path):
         assert other.returncode != 0 and other.stdout.strip() == "True"  # a child sees it held for it...
         assert f"in use by another verirl run (pid {os.getpid()}" in other.stderr  # ...and cannot take it
     assert not run.exists() and not lock_held_by_launcher(run)
+
+
+def test_the_driver_checks_the_config_once_and_its_ranks_do_not(tmp_path, monkeypatch):
+    """`verirl.launch.run` checks the config before it trains; a rank a verirl launcher starts
+    (`run_rank`, what the local launcher's and the Ray actors' ranks run) trains on the config it was
+    sent without checking it again; a rank of an outside torchrun (RANK / WORLD_SIZE set, no verirl
+    driver above it) comes through `run` and checks its own. The checks themselves run (counted on
+    their way through)."""
+    import verirl.launch as launch
+    from verirl.config import load_config, to_dict
+    from verirl.launch.local import run_rank
+
+    checked = []
+    real = launch.check
+
+    def counted(cfg):
+        checked.append(cfg.trainer.run_dir)
+        return real(cfg)
+
+    monkeypatch.setattr(launch, "check", counted)
+    cfg = load_config("tiny", [f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=1", "rollout.n=2",
+                               "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.max_new_tokens=4",
+                               *BASE[3:]])
+    assert launch.run(cfg)["steps"] == 1 and len(checked) == 1
+    assert run_rank(to_dict(cfg))["steps"] == 1 and len(checked) == 1  # the finished run, not checked again
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert launch.run(cfg)["steps"] == 1 and len(checked) == 2

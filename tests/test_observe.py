@@ -116,13 +116,13 @@ def test_the_rich_view_shows_the_table_and_the_phase_bar(tmp_path):
     from rich.console import Console
 
     from verirl.config import load_config
-    from verirl.train.trainer import train
+    from verirl.launch import run
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140)
     cfg = load_config("tiny", [f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=2", "reward.workers=0",
                                "log.progress=rich", *SMALL])
-    train(cfg, console)
+    run(cfg, console)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # the live view's cursor moves and colours
     assert "GRPO" in text and "2/2" in text
     for label in ("reward", "response length", "entropy", "grad norm", "mean of last"):

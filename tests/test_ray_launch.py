@@ -282,6 +282,6 @@ def test_ranks_are_numbered_node_by_node_with_the_drivers_first():
 
 
 def test_importing_verirl_does_not_import_ray():
-    code = ("import sys, verirl.cli, verirl.train.trainer, verirl.launch, verirl.launch.local, verirl.tools.plan; "
+    code = ("import sys, verirl.cli, verirl.train.loop, verirl.launch, verirl.launch.local, verirl.tools.plan; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -115,6 +115,7 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tmp_path, nan_model, capsys):
                  "trainer.save_freq=100", "trainer.max_nonfinite_steps=2", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "2 steps in a row (up to step 2) had a non-finite loss" in err and "Traceback" not in err
+    assert err.count("verirl train: training diverged: ") == 1  # its own kind, not a checkpoint error
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["actor/nonfinite_updates"], r["actor/nonfinite_steps"]) for r in rows] == \
         [(1, 1.0, 1.0), (2, 1.0, 2.0)]  # logged, counted, then stopped
@@ -127,6 +128,7 @@ def test_nonfinite_weights_are_never_checkpointed(tmp_path, nan_model, capsys):
                  "trainer.save_freq=1", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "after step 1 the weights are not finite" in err and "no checkpoint was written" in err
+    assert "verirl train: training diverged: after step 1" in err
     assert not list((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else True
 
 
@@ -226,7 +228,7 @@ def test_kill_soak_30_steps_10_kills(tmp_path):
     checkpoint left on disk verifies."""
     import random
 
-    from verirl.train.checkpoint import verify_checkpoint
+    from verirl.run.checkpoint import verify_checkpoint
 
     run, total = tmp_path / "soak", 30
     cmd = _train_cmd(run, f"trainer.total_steps={total}", "trainer.save_freq=1", "trainer.keep_checkpoints=0",
@@ -355,3 +357,29 @@ def test_a_data_file_without_eval_data_says_there_is_no_held_out_evaluation(tmp_
         run.lock.release()
         err = capsys.readouterr().err
         assert ("no held-out evaluation in this run" in err and "eval.data=FILE" in err) == said, (extra, err)
+
+
+def test_stop_signals_record_the_first_escalate_on_the_second_and_keep_an_ignored_one(capsys):
+    """The one signals class, with real signals to this process: a rank's records the first SIGTERM
+    and says it, keeps the SIGINT it was started ignoring (the local launcher's ranks), and puts the
+    previous handlers back; a launcher's announces the first and raises KeyboardInterrupt on the second."""
+    from verirl.run.signals import driver_signals, rank_signals
+
+    said, before = [], signal.getsignal(signal.SIGTERM)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with rank_signals(said.append) as rank:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert rank.signum == signal.SIGTERM and len(said) == 1 and "saving a checkpoint" in said[0]
+            assert rank.fresh() and not rank.fresh()
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with driver_signals() as driver:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert driver.signum == signal.SIGINT and "every rank is asked to save a checkpoint" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs in this thread at the next bytecode
+    assert signal.getsignal(signal.SIGINT) is old_int

@@ -207,9 +207,10 @@ def _run(args) -> int:
         cfg = load_config(args.config or ("tiny" if args.command == "train" else None), overrides, schema)
         if args.command == "train":
             with _sigint_after_imports():
-                from verirl.train.trainer import TrainingInterrupted, train
+                from verirl.launch import run
+                from verirl.train.loop import TrainingInterrupted
             try:
-                train(cfg)
+                run(cfg)
             except TrainingInterrupted as stop:
                 print(f"verirl train: {stop}", file=sys.stderr)
                 return 128 + stop.signum
@@ -240,7 +241,7 @@ def _user_error(command: str, e: Exception) -> int:
 
     if os.environ.get("VERIRL_DEBUG"):
         raise e
-    kind = "config error" if isinstance(e, ConfigError) else "error"
+    kind = getattr(e, "kind", "config error" if isinstance(e, ConfigError) else "error")
     print(f"verirl {command}: {kind}: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
 
@@ -392,7 +393,7 @@ def _not_a_run_dir(path: str) -> None:
 
 def _export(args) -> int:
     from verirl.core.errors import UserError
-    from verirl.train.checkpoint import export_checkpoint
+    from verirl.run.checkpoint import export_checkpoint
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir)
     except UserError as e:

@@ -14,16 +14,17 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 
-from verirl.config import Config, to_dict
+from verirl.config import Config, load_config_dict, to_dict
 from verirl.core.errors import UserError
+from verirl.run.signals import driver_signals, ignore_sigint
+from verirl.train.loop import TrainingInterrupted, join, train_rank
 
 
 INTERRUPTED = "__verirl_interrupted__"  # a rank's answer when a signal stopped the run (signum, step, checkpoint)
-# torch's launcher turns these into its SignalException; SIGINT and SIGTERM are the launcher's own (`DriverSignals`)
+# torch's launcher turns these into its SignalException; SIGINT and SIGTERM are the launcher's own (`driver_signals`)
 TORCH_SIGNALS = "SIGHUP,SIGQUIT"
 
 
@@ -32,7 +33,7 @@ class RankFailed(UserError):
 
 
 def launch(cfg: Config) -> dict:
-    """Run `verirl.train.trainer.train` on every rank; returns rank 0's summary."""
+    """Run `verirl.train.loop.train_rank` on every rank; returns rank 0's summary."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -45,7 +46,7 @@ def launch(cfg: Config) -> dict:
         rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn",
         signals_to_handle=TORCH_SIGNALS)
     try:
-        with DriverSignals(on_first=_term_children) as signals:
+        with driver_signals(pass_on=_term_children) as signals:
             results = elastic_launch(config, _rank_main)(to_dict(cfg))
     except ChildFailedError as e:
         if signals.signum:  # a rank stopped before its loop could save a checkpoint: "interrupted"
@@ -55,49 +56,9 @@ def launch(cfg: Config) -> dict:
                          f"raised, is above). Run the same command again to resume from the last checkpoint.") from None
     summary = results.get(0) or next(iter(results.values()), {})
     if INTERRUPTED in summary:  # every rank stopped after the same step; rank 0 saved the checkpoint
-        from verirl.train.trainer import TrainingInterrupted
-
         signum, step, checkpoint = summary[INTERRUPTED]
         raise TrainingInterrupted(signals.signum or signum, step, Path(checkpoint))
     return summary
-
-
-class DriverSignals:
-    """The launching process's SIGINT / SIGTERM while the ranks run (main thread only). The first is
-    recorded, and `fresh` is true once for it (it prints what happens next); ``on_first`` is called from
-    the handler itself, for a launcher whose main thread is blocked while the ranks run. The second
-    raises KeyboardInterrupt (the ranks are then ended at once)."""
-
-    def __init__(self, on_first=None):
-        self.signum, self._told, self._old, self._on_first = 0, False, {}, on_first
-
-    def __enter__(self) -> "DriverSignals":
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum:
-            raise KeyboardInterrupt
-        self.signum = signum
-        if self._on_first is not None and self.fresh():
-            self._on_first()
-
-    def fresh(self) -> bool:
-        """Whether a first signal came that the ranks have not been told of yet."""
-        if not self.signum or self._told:
-            return False
-        self._told = True
-        print(f"verirl: {signal.Signals(self.signum).name}: every rank is asked to save a checkpoint after this "
-              f"step and stop (send it again to stop them at once, without saving).", file=sys.stderr, flush=True)
-        return True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _term_children() -> None:
@@ -116,18 +77,19 @@ def _why(failure) -> str:
 
 
 def _rank_main(cfg_dict: dict) -> dict:
-    """One rank: the same trainer, in this process; SIGINT ignored (the launcher passes a Ctrl-C on)."""
+    """One rank of torch's launcher, in this process; SIGINT ignored (the launcher passes a Ctrl-C on)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return record(_train_rank)(cfg_dict)
+    ignore_sigint()
+    return record(run_rank)(cfg_dict)
 
 
-def _train_rank(cfg_dict: dict) -> dict:
-    from verirl.config import load_config_dict
-    from verirl.train.trainer import TrainingInterrupted, train
-
+def run_rank(cfg_dict: dict) -> dict:
+    """One rank a verirl launcher started: `train_rank` on the config the driver checked and sent. A stop
+    by a signal is answered as `INTERRUPTED` (the exception does not cross processes as it is; the
+    launcher raises it again)."""
+    cfg = load_config_dict(cfg_dict)
     try:
-        return train(load_config_dict(cfg_dict))
-    except TrainingInterrupted as stop:  # the launcher raises it again (it does not cross processes as it is)
+        return train_rank(cfg, join(cfg))
+    except TrainingInterrupted as stop:
         return {INTERRUPTED: (stop.signum, stop.step, str(stop.checkpoint))}

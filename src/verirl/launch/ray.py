@@ -1,5 +1,5 @@
 """`trainer.launcher=ray`: one Ray actor per rank, in a placement group of one bundle per rank, each
-running the same `verirl.train.trainer.train`; torch.distributed is wired among them (RANK,
+running `verirl.train.loop.train_rank`; torch.distributed is wired among them (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR / MASTER_PORT in each actor's environment).
 
 `trainer.ray_address`: ``auto`` joins the cluster this machine belongs to (``RAY_ADDRESS``, or the one
@@ -23,7 +23,9 @@ from typing import Any, Optional
 
 from verirl.config import Config, to_dict
 from verirl.core.errors import ConfigError
-from verirl.launch.local import INTERRUPTED, DriverSignals, RankFailed
+from verirl.launch.local import INTERRUPTED, RankFailed, run_rank
+from verirl.run.signals import driver_signals
+from verirl.train.loop import TrainingInterrupted
 from verirl.config.layout import threads_per_rank, world_size
 
 # the driver's environment variables every rank gets (a joined cluster's workers do not inherit it)
@@ -36,7 +38,7 @@ ACCELERATORS = {"GPU": "CUDA_VISIBLE_DEVICES", "NPU": "ASCEND_RT_VISIBLE_DEVICES
 
 
 def launch(cfg: Config) -> dict:
-    """Run `verirl.train.trainer.train` on every rank as Ray actors; returns rank 0's summary."""
+    """Run `verirl.train.loop.train_rank` on every rank as Ray actors; returns rank 0's summary."""
     import ray
 
     plain = None if sys.stdout.isatty() or "RAY_COLOR_PREFIX" in os.environ else os.environ.setdefault(
@@ -215,7 +217,7 @@ def _fmt(resources: dict) -> str:
 # ---------------------------------------------------------------- the ranks
 
 class _Rank:
-    """One rank: a Ray actor that runs the trainer in its own process."""
+    """One rank: a Ray actor that runs `train_rank` in its own process."""
 
     def __init__(self, index: int):
         self.rank = index  # the bundle's index until `run` is given the rank
@@ -244,14 +246,8 @@ class _Rank:
             os.chdir(cwd)
         from transformers.utils import logging as hf_logging
 
-        from verirl.config import load_config_dict
-        from verirl.train.trainer import TrainingInterrupted, train
-
         hf_logging.disable_progress_bar()  # as `verirl train` does: the rank's own lines only
-        try:
-            return train(load_config_dict(cfg_dict))
-        except TrainingInterrupted as stop:  # the driver raises it again (it does not cross Ray as it is)
-            return {INTERRUPTED: (stop.signum, stop.step, str(stop.checkpoint))}
+        return run_rank(cfg_dict)
 
 
 def _start_actors(pg, world: int, bundle: dict) -> list:
@@ -328,7 +324,7 @@ def _run(actors: list, envs: list[dict], where: list[dict], cfg_dict: dict) -> d
     results: dict[int, Any] = {}
     failures: list[tuple[int, BaseException]] = []  # (bundle index, error), in the order they were seen
     deadline = None
-    with DriverSignals() as signals:
+    with driver_signals() as signals:
         while pending and (deadline is None or time.monotonic() < deadline):
             if signals.fresh():
                 _signal_ranks(where)
@@ -357,8 +353,6 @@ def _run(actors: list, envs: list[dict], where: list[dict], cfg_dict: dict) -> d
         raise RankFailed(f"rank {rank} failed ({why}); every rank was stopped (its traceback, if it raised, is "
                          f"above). Run the same command again to resume from the last checkpoint.")
     if INTERRUPTED in summary:  # every rank stopped after the same step; rank 0 saved the checkpoint
-        from verirl.train.trainer import TrainingInterrupted
-
         _, step, checkpoint = summary[INTERRUPTED]
         raise TrainingInterrupted(signals.signum, step, Path(checkpoint))
     return summary

@@ -1,1 +1,1 @@
-"""A run's life around training: the run directory, the checks before a run, the logs, trackers and the console, the watchdog."""
+"""A run's life around training: the run directory, the checks before a run, the checkpoint files, the logs, trackers and the console, the signals, the watchdog."""

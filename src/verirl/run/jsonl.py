@@ -1,11 +1,11 @@
 """JSON Lines files: the run's append-only logs (flushed per line), cut back to a checkpoint's size,
-read back."""
+read back (`read_lines`, the one reader: the run's own logs, and the tools that read other runs')."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, NamedTuple, Optional, Union
 
 
 class JsonlSink:
@@ -43,9 +43,33 @@ def truncate(path: Path, size: int) -> int:
         return end
 
 
+class BadLine(NamedTuple):
+    """A line that is not JSON."""
+    error: json.JSONDecodeError
+    cut: bool  # the file's last line, without its newline: a writer killed while writing it
+
+
+def read_lines(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, Union[object, BadLine]]]:
+    """(line number, its JSON value or a `BadLine`) for each line that is not blank, streamed (a dump can
+    be gigabytes). ``errors``: how bytes that are not UTF-8 are decoded (`open`'s)."""
+    with open(path, encoding="utf-8", errors=errors) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield number, BadLine(e, not line.endswith("\n"))
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every line's value; a line that is not JSON raises its `json.JSONDecodeError`."""
+    out = []
+    for _, value in read_lines(path):
+        if isinstance(value, BadLine):
+            raise value.error
+        out.append(value)
+    return out
 
 
 def mean_of(records: list[dict], key: str, first: Optional[int] = None, last: Optional[int] = None) -> float:

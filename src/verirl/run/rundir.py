@@ -1,4 +1,6 @@
-"""One run per directory: an exclusive OS file lock on RUN_DIR/.lock.
+"""The run directory: one run per directory (an exclusive OS file lock on RUN_DIR/.lock), the
+checkpoint a run continues from, clearing a previous run, its metrics file, and a failed write
+told as the user's problem (a full disk, no permission) when it is one.
 
 The lock is `flock` on an open file: the kernel releases it when the process exits, however it
 exits (kill -9 included), so a dead run never leaves a stale lock behind. The file holds the
@@ -7,8 +9,10 @@ holder's pid, host and start time, for the message a second process prints.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -121,3 +125,95 @@ def _remove_if_empty(path: Path) -> None:
             path.rmdir()
     except OSError:
         pass
+
+
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
+TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.run.trackers`)
+
+
+def metrics_file(path: Path) -> Path:
+    """The metrics file of ``path``: RUN_DIR/metrics.jsonl of a run directory (one line per step; step 0
+    is the evaluation before training), or ``path`` itself when it names a file."""
+    path = Path(path)
+    return path if path.is_file() else path / "metrics.jsonl"
+
+
+def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
+    """The checkpoint to continue from (None: start fresh), per trainer.resume. With resume=false, a
+    previous run in ``run_dir`` is refused unless ``overwrite`` (then `clear_previous_run` clears it once
+    the new run's inputs have loaded)."""
+    from verirl.run.checkpoint import find_checkpoint  # torch: not for the lock and the tools' readers
+
+    run_dir_path = Path(run_dir)
+    mode = str(resume).lower()
+    if mode in ("false", "none", ""):
+        has_run = (run_dir_path / "checkpoints").exists() or metrics_file(run_dir_path).exists()
+        if has_run and not overwrite:
+            raise CheckpointError(
+                f"trainer.run_dir='{run_dir}' already holds a run (checkpoints or metrics.jsonl) and "
+                f"trainer.resume=false. Continue it with trainer.resume=auto, start over with "
+                f"trainer.overwrite=true (deletes it), or choose a new trainer.run_dir.")
+        return None
+    if mode == "auto":
+        return find_checkpoint(run_dir_path) if (run_dir_path / "checkpoints").exists() else None
+    found = find_checkpoint(Path(resume))
+    if found is None:
+        raise CheckpointError(f"trainer.resume='{resume}': no complete checkpoint there. Give "
+                              f"RUN_DIR/checkpoints/step_N, or a run directory that has checkpoints.")
+    return found
+
+
+def clear_previous_run(run_dir: Path) -> None:
+    """Delete a previous run's checkpoints, final model, logs, tracker files, report and stall reports
+    from ``run_dir`` (trainer.overwrite)."""
+    for name in ("checkpoints", "final", *TRACKER_DIRS, "report"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for stall in run_dir.glob("stall_*.txt"):
+        stall.unlink(missing_ok=True)
+
+
+def last_good(run_dir: Path) -> str:
+    """Where a run that stops now can continue from, said in a clause."""
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.exists():
+        return f"the last checkpoint, {latest.read_text().strip()}, is intact"
+    return "no checkpoint had been written yet"
+
+
+def write_failure(run_dir: Path, what: str, e: Exception, after: str) -> Exception:
+    """A failed write as the user's problem (no space, no permission) or, if it is neither, the bug it is."""
+    code, text = getattr(e, "errno", None), str(e)
+    full = code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(
+        s in text for s in ("No space left", "File too large", "Disk quota", "file write failed"))
+    denied = code in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
+        s in text for s in ("Permission denied", "Read-only file system"))
+    if not (full or denied):
+        return e
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**30:.1f} GB free there"
+    except OSError:
+        free = "free space unknown"
+    why = "the disk is full (or a file size limit was hit)" if full else "it is not writable"
+    return CheckpointError(f"could not write {what} into trainer.run_dir='{run_dir}': {why} ({free}; "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}){'; ' + after if after else ''}. "
+                           f"Free space or fix the permissions and run the same command again, or choose "
+                           f"another trainer.run_dir.")
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, a failure told by `write_failure`."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise write_failure(path.parent, str(path), e, "") from e
+
+
+def raise_write_failure(run_dir: Path, what: str, e: Exception) -> None:
+    """Raise a failed write of ``what``: as `write_failure` tells it (with where the run can continue
+    from), or as it is when it is not the user's problem."""
+    failure = write_failure(run_dir, what, e, last_good(run_dir))
+    if failure is e:
+        raise e
+    raise failure from e

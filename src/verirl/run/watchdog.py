@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verirl.core.errors import UserError
+from verirl.run.signals import handle
 
 
 class StallAbort(UserError):
@@ -40,15 +41,13 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._abort_reason: Optional[str] = None
         self._main = threading.main_thread().ident
-        self._old_handler = None
-        self._installed = False  # the SIGUSR1 handler that raises StallAbort in the main thread
+        self._restore: Optional[Callable[[], None]] = None  # of the SIGUSR1 handler that raises StallAbort
 
     # -- the trainer's side
 
     def start(self) -> "Watchdog":
-        if self.on_stall == "abort" and threading.current_thread() is threading.main_thread():
-            self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
-            self._installed = True
+        if self.on_stall == "abort":  # in the main thread only (None elsewhere)
+            self._restore = handle((signal.SIGUSR1,), self._raise)
         self._thread = threading.Thread(target=self._watch, name="verirl-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -57,9 +56,9 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        if self._installed:
-            signal.signal(signal.SIGUSR1, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
-            self._installed = False
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
 
     def enter(self, name: str) -> None:
         with self._lock:
@@ -124,7 +123,7 @@ class Watchdog:
         self.say(head + what + where + then)
         if self.on_stall == "abort" and not self._stop.is_set():
             self._abort_reason = head + what + where
-            if self._installed:  # StallAbort in the main thread, once it runs Python again
+            if self._restore is not None:  # StallAbort in the main thread, once it runs Python again
                 signal.pthread_kill(self._main, signal.SIGUSR1)
                 if not self._stop.wait(60):  # stuck inside C (a collective, a device sync): end the process
                     self._exit()

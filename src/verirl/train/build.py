@@ -12,7 +12,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -31,17 +31,36 @@ from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
-from verirl.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 from verirl.train.distributed import Dist
 from verirl.train.packing import supports_packing
-from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, LogSettings, OptimizerSettings,
-                                   RewardShaping, StepSettings)
+from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
+                                   StepSettings)
 from verirl.train.strategy import full, shard
-from verirl.run.rundir import RunDirLock, lock_held_by_launcher
+from verirl.run.checkpoint import Checkpoint, load_checkpoint
+from verirl.run.rundir import RunDirLock, checkpoint_to_resume, clear_previous_run, lock_held_by_launcher
+from verirl.run.runlog import LogSettings
+from verirl.run.watchdog import Watchdog
 from verirl.core.types import Prompt
 
 
 @dataclass
+class CheckpointPolicy:
+    """When the run checkpoints, how many it keeps, and the one it continues from."""
+    every: int  # trainer.save_freq: a checkpoint every N steps (0 = only at the end)
+    keep: int  # trainer.keep_checkpoints: the newest N are kept (0 = all)
+    resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the loop)
+
+
+@dataclass
+class NonfiniteCount:
+    """Steps whose update was skipped for a non-finite loss or grad norm: the run's total and the current
+    streak; ``limit`` in a row stop the run (trainer.max_nonfinite_steps, 0 = never)."""
+    limit: int
+    total: int = 0
+    in_a_row: int = 0
+
+
+@dataclass(kw_only=True)
 class Run:
     """Everything a run is made of, built once from the config."""
     cfg: Config  # kept to be saved (config.yaml, checkpoints) and compared on resume; nothing else reads it
@@ -49,31 +68,26 @@ class Run:
     model: torch.nn.Module
     ref: Optional[torch.nn.Module]
     tokenizer: object
+    stop_ids: list[int]
+    pad_id: int
     engine: Engine
+    eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
     optimizer: torch.optim.Optimizer
     scheduler: object
     optimizer_settings: OptimizerSettings
-    stop_ids: list[int]
-    pad_id: int
     train: list[Prompt]
     sampler: PromptSampler
     step: StepSettings
     eval: EvalSettings
     scorer: Scorer
     run_dir: Path
-    total_steps: int
-    save_freq: int  # a checkpoint every N steps (0 = only at the end)
-    keep_checkpoints: int  # the newest N are kept (0 = all)
-    log: LogSettings
     lock: RunDirLock  # held from before the run directory is first touched until the run ends (by rank 0
     # alone, or by the launcher that started the ranks, when this one is not held)
-    max_nonfinite_steps: int  # steps in a row with a non-finite loss or grad norm before the run stops
-    resume: Optional[Checkpoint] = None  # where training continues from (weights restored by the trainer)
-    nonfinite_steps: int = 0  # steps so far whose update was skipped for a non-finite loss or grad norm
-    nonfinite_in_a_row: int = 0
-    watchdog: Optional[object] = None  # the hang watchdog (`verirl.run.watchdog`), set by the trainer
+    watchdog: Watchdog  # the hang watchdog: each phase's heartbeat (started and stopped by the loop)
+    total_steps: int
+    checkpoints: CheckpointPolicy
+    nonfinite: NonfiniteCount
     device: str = ""  # what the model computes on, named (`verirl.models.perf.device_name`): the summary says it
-    eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
 
 
 def seed_everything(seed: int) -> None:
@@ -82,10 +96,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_run(cfg: Config, dist: Optional[Dist] = None) -> Run:
+def build_run(cfg: Config, dist: Optional[Dist] = None, say: Optional[Callable[[str], None]] = None) -> Run:
     """Load the model and data and build every object of the run. The run directory's lock is held by
     the launcher that started the ranks, else rank 0 takes it (at once if the directory exists, else
-    when it is made); nothing is written into the directory before the inputs are known to be good."""
+    when it is made); nothing is written into the directory before the inputs are known to be good.
+    ``say``: where the watchdog reports a stall (default: stderr)."""
     dist = dist or Dist.single()
     if cfg.trainer.threads > 0 or dist.active:  # alone with threads=0, torch's own default (all cores)
         torch.set_num_threads(threads_per_rank(cfg))
@@ -96,13 +111,18 @@ def build_run(cfg: Config, dist: Optional[Dist] = None) -> Run:
     if run_dir.is_dir() and takes_lock:
         lock.acquire()  # before reading its checkpoints: another run may be writing them
     try:
-        return _build(cfg, run_dir, lock, dist, takes_lock)
+        return _build(cfg, run_dir, lock, dist, takes_lock, say or _stderr)
     except BaseException:
         lock.release()
         raise
 
 
-def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock: bool) -> Run:
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock: bool,
+           say: Callable[[str], None]) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
@@ -143,14 +163,22 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                               cfg.eval.every, cfg.eval.at_end, cfg.eval.top_p, cfg.eval.top_k)
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
     eval_engine = evaluation_engine(cfg, lm, stop_ids) if eval_prompts else None
-    return Run(cfg, dist, lm.model, ref, lm.tokenizer, engine, optimizer, scheduler, adamw, stop_ids, lm.pad_id, train,
-               PromptSampler(len(train), cfg.data.seed, order),
-               step_settings(cfg, lm.model, dist.world, cfg.trainer.peak_flops or device_peak_flops(cfg, lm.model, dist)),
-               evaluation, scorer, run_dir, cfg.trainer.total_steps, cfg.trainer.save_freq,
-               cfg.trainer.keep_checkpoints, LogSettings(cfg.log.progress, cfg.log.console_every, tuple(cfg.log.backends), cfg.log.project,
-                           cfg.log.run_name), lock,
-               cfg.trainer.max_nonfinite_steps, load_checkpoint(resume) if resume else None,
-               device=device_name(resolve_device(cfg.model.device)), eval_engine=eval_engine)
+    t = cfg.trainer
+    return Run(cfg=cfg, dist=dist, model=lm.model, ref=ref, tokenizer=lm.tokenizer, stop_ids=stop_ids,
+               pad_id=lm.pad_id, engine=engine, eval_engine=eval_engine, optimizer=optimizer, scheduler=scheduler,
+               optimizer_settings=adamw, train=train, sampler=PromptSampler(len(train), cfg.data.seed, order),
+               step=step_settings(cfg, lm.model, dist.world, t.peak_flops or device_peak_flops(cfg, lm.model, dist)),
+               eval=evaluation, scorer=scorer, run_dir=run_dir, lock=lock,
+               watchdog=Watchdog(run_dir, dist.rank, t.stall_timeout_s, t.on_stall, scorer.outstanding, say),
+               total_steps=t.total_steps,
+               checkpoints=CheckpointPolicy(t.save_freq, t.keep_checkpoints, load_checkpoint(resume) if resume else None),
+               nonfinite=NonfiniteCount(t.max_nonfinite_steps), device=device_name(resolve_device(cfg.model.device)))
+
+
+def log_settings(cfg: Config) -> LogSettings:
+    """The ``log`` section as the run log's plain values."""
+    log = cfg.log
+    return LogSettings(log.progress, log.console_every, tuple(log.backends), log.project, log.run_name)
 
 
 def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
@@ -265,23 +293,17 @@ def flop_model(model) -> Optional[FlopModel]:
         return None
 
 
-_told_no_logprobs = False  # the "guard is off" line is printed once per process
-
-
 def correction(cfg: Config) -> Optional[Correction]:
     """The train/inference mismatch guard, or None: switched off (both modes null), or an engine that
-    returns no log-probs of its samples (hf, replay: said once) or decodes greedily."""
-    global _told_no_logprobs
+    returns no log-probs of its samples (hf, replay: said, once a run) or decodes greedily."""
     rc = cfg.algo.rollout_correction
     if rc.rollout_is is None and rc.rollout_rs is None:
         return None
     if cfg.rollout.engine in ("hf", "replay") or cfg.rollout.temperature <= 0:
-        if not _told_no_logprobs:
-            _told_no_logprobs = True
-            why = f"rollout.engine={cfg.rollout.engine} returns" if cfg.rollout.temperature > 0 else \
-                "greedy decoding (rollout.temperature=0) has"
-            print(f"algo.rollout_correction: {why} no log-probs of its samples, so the train/inference mismatch "
-                  f"guard is off (no mismatch/* metrics). native and vllm have them.", file=sys.stderr)
+        why = f"rollout.engine={cfg.rollout.engine} returns" if cfg.rollout.temperature > 0 else \
+            "greedy decoding (rollout.temperature=0) has"
+        print(f"algo.rollout_correction: {why} no log-probs of its samples, so the train/inference mismatch "
+              f"guard is off (no mismatch/* metrics). native and vllm have them.", file=sys.stderr)
         return None
     return Correction(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold,
                       rc.rollout_rs_threshold_lower)
@@ -298,43 +320,3 @@ def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
             "dtype": cfg.model.dtype}
     return ActivationSettings(frozenset(d.steps), d.modules, d.backward,
                               Path(d.dir or Path(cfg.trainer.run_dir) / "activations"), meta)
-
-
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "summary.json")
-TRACKER_DIRS = ("tensorboard", "mlruns", "wandb", "swanlog")  # log.backends' files (`verirl.run.trackers`)
-
-
-def checkpoint_to_resume(run_dir: str, resume: str, overwrite: bool) -> Optional[Path]:
-    """The checkpoint to continue from (None: start fresh), per trainer.resume. With resume=false, a
-    previous run in ``run_dir`` is refused unless ``overwrite`` (then `build_run` clears it once the
-    new run's inputs have loaded)."""
-    run_dir_path = Path(run_dir)
-    mode = str(resume).lower()
-    if mode in ("false", "none", ""):
-        has_run = (run_dir_path / "checkpoints").exists() or (run_dir_path / "metrics.jsonl").exists()
-        if has_run and not overwrite:
-            raise CheckpointError(
-                f"trainer.run_dir='{run_dir}' already holds a run (checkpoints or metrics.jsonl) and "
-                f"trainer.resume=false. Continue it with trainer.resume=auto, start over with "
-                f"trainer.overwrite=true (deletes it), or choose a new trainer.run_dir.")
-        return None
-    if mode == "auto":
-        return find_checkpoint(run_dir_path) if (run_dir_path / "checkpoints").exists() else None
-    found = find_checkpoint(Path(resume))
-    if found is None:
-        raise CheckpointError(f"trainer.resume='{resume}': no complete checkpoint there. Give "
-                              f"RUN_DIR/checkpoints/step_N, or a run directory that has checkpoints.")
-    return found
-
-
-def clear_previous_run(run_dir: Path) -> None:
-    """Delete a previous run's checkpoints, final model, logs, tracker files, report and stall reports
-    from ``run_dir`` (trainer.overwrite)."""
-    for name in ("checkpoints", "final", *TRACKER_DIRS, "report"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for stall in run_dir.glob("stall_*.txt"):
-        stall.unlink(missing_ok=True)
-
-

@@ -1,452 +1,63 @@
-"""Checkpoints that are never half-written, verified before they are trusted, and exact resume.
-
-Layout of ``RUN_DIR/checkpoints``::
-
-    step_000020/
-        model/                  a Hugging Face directory (config, model.safetensors, tokenizer,
-                                generation_config): what `verirl export` copies out
-        optimizer.pt            optimizer + scheduler state (tensors, numbers: loaded weights_only)
-        rng_rank0.safetensors   torch CPU (and CUDA) generator states of rank 0
-        state.json              step, sampler position, python / numpy RNG states of rank 0,
-                                byte offsets of metrics.jsonl and rollouts.jsonl, format version
-        manifest.json           every other file's relative path, size in bytes and zlib.crc32
-    latest                      the name of the newest complete checkpoint, written last
-
-A checkpoint is written to ``step_N.tmp``; its manifest is written last, every file is flushed,
-and only then is it renamed into place; then ``latest`` is replaced atomically; older
-checkpoints beyond ``trainer.keep_checkpoints`` are removed after that. A kill at any moment
-leaves either the previous checkpoint or the new one, never a partial one.
-
-A checkpoint is verified before it is used (`find_checkpoint`): every file in its manifest must
-exist with the size and checksum recorded at save. A checkpoint written before manifests
-existed is checked by loading its headers (each safetensors header against the file's size,
-``optimizer.pt`` through ``torch.load(weights_only=True)``, the JSON files parsed) and used with
-a warning. In a run directory the newest checkpoint that verifies is used and each bad one
-skipped is named on stderr; a run directory whose checkpoints all fail is an error (never a
-silent fresh start). Nothing is unpickled on load: weights come from safetensors, optimizer
-state through ``torch.load(weights_only=True)``; every failure to load a checkpoint's file is a
-`CheckpointError` naming the file.
-
-Data-parallel runs write the same format from rank 0 (which holds the whole model and optimizer
-state), so a checkpoint resumes with any number of ranks.
-"""
+"""The run's checkpoint policy and its resume: when a checkpoint is written and what goes into it
+(never non-finite weights), and how a run continues from one. The model's and the optimizer's
+states are gathered whole here (every rank takes part) and laid out again as the model's shards on
+resume; `verirl.run.checkpoint` writes, verifies and reads the files."""
 from __future__ import annotations
 
-import json
-import os
-import random
-import re
-import shutil
-import sys
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
-import torch
-
-from verirl.core.errors import CheckpointError
-from verirl.train.strategy import is_sharded, shard_optimizer_state, shard_state_dict
-
-FORMAT = 1
-LATEST = "latest"
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
-CHUNK = 8 << 20  # bytes read per checksum update (bench/checkpoint_checksum.py)
-STEP_DIR = re.compile(r"step_(\d+)")
-REQUIRED = ("state.json", "optimizer.pt", "rng_rank0.safetensors", "model/config.json")  # and model/*.safetensors
-START_OVER = ("To start this run over use trainer.resume=false trainer.overwrite=true (it deletes these "
-              "checkpoints and the run's logs); to keep them, move them away first or choose a new "
-              "trainer.run_dir.")
+from verirl.config import to_dict, upgrade_dict
+from verirl.core.errors import CheckpointError, UserError
+from verirl.run.checkpoint import (Checkpoint, damaged, load_optimizer_state, load_weights, reason, restore_rng,
+                                   save_checkpoint)
+from verirl.run.rundir import last_good, raise_write_failure
+from verirl.run.runlog import RunLog, complete_line
+from verirl.train.build import Run
+from verirl.train.strategy import (full_optimizer_state, full_state_dict, is_sharded, nonfinite_parameter,
+                                   shard_optimizer_state, shard_state_dict)
 
 
-def _fsync_dir(path: Path) -> None:
+class NonFiniteTraining(UserError):
+    """The update went non-finite (training diverged): the run stops, its last good checkpoint intact."""
+    kind = "training diverged"
+
+
+def checkpoint_due(run: Run, step: int) -> bool:
+    return bool(run.checkpoints.every and step % run.checkpoints.every == 0) or step == run.total_steps
+
+
+def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
+    """A checkpoint of ``step``: weights, optimizer, sampler position, RNG states, log offsets,
+    non-finite step counts. Never from non-finite weights."""
+    bad = nonfinite_parameter(run.model, run.dist)
+    if bad is not None:
+        raise NonFiniteTraining(f"after step {step} the weights are not finite ({bad} holds inf or NaN), so no "
+                                f"checkpoint was written; {last_good(run.run_dir)}. Lower actor.lr (or raise "
+                                f"actor.warmup_steps) and resume.")
+    extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
+             "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
+             "nonfinite_steps": run.nonfinite.total, "nonfinite_in_a_row": run.nonfinite.in_a_row}
+    weights, optimizer_state = full_state_dict(run.model), full_optimizer_state(run.optimizer)  # every rank
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for p in root.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(root)
-
-
-def file_checksum(path: Path) -> str:
-    """zlib.crc32 of a file's bytes, streamed in CHUNK pieces, as 8 hex digits. crc32 rather than
-    a cryptographic hash: it is there to catch damage (a cut or overwritten file), not tampering,
-    and it is the fastest of the standard library's (BENCHMARKS.md, "Checkpoint checksums")."""
-    crc = 0
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return f"{crc:08x}"
-
-
-def write_manifest(ckpt_dir: Path) -> dict:
-    """Write ``manifest.json`` for every other file under ``ckpt_dir``; returns it."""
-    files = {}
-    for p in sorted(ckpt_dir.rglob("*")):
-        rel = p.relative_to(ckpt_dir).as_posix()
-        if p.is_file() and rel != MANIFEST:
-            files[rel] = {"size": p.stat().st_size, "crc32": file_checksum(p)}
-    manifest = {"manifest": MANIFEST_FORMAT, "checksum": "crc32", "files": files}
-    (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
-
-
-def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
-    """(JSON-able python/numpy states, tensors for safetensors)."""
-    py = random.getstate()
-    np_state = np.random.get_state()
-    meta = {"python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
-    tensors = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch_cuda_{i}"] = s
-    return meta, tensors
-
-
-def set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-    v, state, gauss = meta["python"]
-    random.setstate((v, tuple(state), gauss))
-    n = meta["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    torch.set_rng_state(tensors["torch_cpu"])
-    if torch.cuda.is_available():
-        cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
-        if cuda:
-            torch.cuda.set_rng_state_all(cuda)
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    state: dict
-
-    @property
-    def step(self) -> int:
-        return int(self.state["step"])
-
-    @property
-    def model_dir(self) -> Path:
-        return self.path / "model"
-
-
-def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, optimizer, scheduler, extra: dict,
-                    keep: int = 0, weights: Optional[dict] = None, optimizer_state: Optional[dict] = None) -> Path:
-    """Write checkpoint ``step`` atomically, its manifest last (see the module docstring); returns
-    its path. ``weights`` / ``optimizer_state``: whole tensors gathered from a sharded model (else
-    the model's and the optimizer's own state dicts)."""
-    from safetensors.torch import save_file
-
-    from verirl.models import save_hf
-
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:06d}"
-    final, tmp = ckpt_root / name, ckpt_root / (name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for left in ckpt_root.glob("*.discarded.tmp"):  # a deletion a kill interrupted
-        shutil.rmtree(left, ignore_errors=True)
-    tmp.mkdir()
-    save_hf(model, tokenizer, tmp / "model", stop_ids, weights)
-    torch.save({"optimizer": optimizer_state if optimizer_state is not None else optimizer.state_dict(),
-                "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-    meta, tensors = rng_state()
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "rng_rank0.safetensors"))
-    state = {"format": FORMAT, "step": step, "world_size": 1, "rng_rank0": meta, **extra}
-    (tmp / "state.json").write_text(json.dumps(state))
-    write_manifest(tmp)
-    _fsync_tree(tmp)
-    if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
-        _discard(final)
-    os.rename(tmp, final)
-    _fsync_dir(ckpt_root)
-    pointer = ckpt_root / (LATEST + ".tmp")
-    pointer.write_text(name + "\n")
-    with open(pointer, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(pointer, ckpt_root / LATEST)
-    _fsync_dir(ckpt_root)
-    if keep > 0:  # counted up to this step: newer ones (left by a run resumed from an older, good checkpoint
-        # past a bad one) are replaced when their step comes, and never crowd out the one just written
-        done = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)
-                       and int(STEP_DIR.fullmatch(p.name).group(1)) <= step),
-                      key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
-        for old in done[:-keep]:
-            _discard(old)
-    return final
-
-
-def _discard(path: Path) -> None:
-    """Delete a checkpoint directory so that a kill part-way leaves only a ``*.tmp`` name (never a
-    half-deleted ``step_N``): renamed first (atomic), then removed."""
-    trash = path.with_name(f"{path.name}.discarded.tmp")
-    shutil.rmtree(trash, ignore_errors=True)
-    os.rename(path, trash)
-    _fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-# ---- verification -------------------------------------------------------------------------------
-
-def _reason(e: BaseException) -> str:
-    """The gist of a library's error, short, for a one-line message. Never passes on torch's advice
-    to retry with ``weights_only=False`` (that would unpickle whatever the file holds)."""
-    text = str(e).strip()
-    if "weights_only" in text or "Weights only" in text:
-        parts = text.split("WeightsUnpickler error:")
-        detail = " ".join(parts[1].split("Check the documentation")[0].split())[:120] if len(parts) > 1 else ""
-        return ("it holds something other than the tensors and numbers verirl saves"
-                + (f" (torch: {detail})" if detail else "") + ", so it was not unpickled")
-    if not text:
-        return type(e).__name__
-    first = text.splitlines()[0]
-    if len(first) > 160 and ". " in first:
-        first = first.split(". ")[0]
-    return f"{type(e).__name__}: {first[:200].rstrip('.')}"
-
-
-def _safetensors_problem(path: Path, rel: str) -> Optional[str]:
-    """What is wrong with a safetensors file, judged by its header against its size (None: fine)."""
-    size = path.stat().st_size
-    if size < 8:
-        return f"{rel} is {size:,} bytes, too short for a safetensors file"
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n > size - 8:
-            return f"{rel} is {size:,} bytes, but its header alone claims {n + 8:,}: the file is cut"
-        try:
-            header = json.loads(f.read(n))
-            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-            return f"{rel}: its safetensors header cannot be read, the file is damaged ({_reason(e)})"
-    if size != 8 + n + end:
-        return f"{rel} is {size:,} bytes, its safetensors header says {8 + n + end:,}"
-    return None
-
-
-def _json_problem(path: Path, rel: str) -> Optional[str]:
-    try:
-        json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"{rel} is not valid JSON: {_reason(e)}"
-    return None
-
-
-def _state_problem(path: Path) -> Optional[str]:
-    try:
-        state = _read_state(path)
-    except CheckpointError as e:
-        return str(e).removeprefix(f"{path}: ")
-    missing = [k for k in ("step", "rng_rank0") if k not in state]
-    return f"state.json lacks {', '.join(missing)}" if missing else None
-
-
-def _missing_required(path: Path) -> list[str]:
-    out = [f"{rel} is missing" for rel in REQUIRED if not (path / rel).is_file()]
-    if (path / "model").is_dir() and not any((path / "model").glob("*.safetensors")):
-        out.append("model/ holds no .safetensors weights")
-    elif not (path / "model").is_dir():
-        out = [p for p in out if not p.startswith("model/")] + ["model/ is missing"]
-    return out
-
-
-def _manifest_problems(path: Path) -> list[str]:
-    try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-        files = manifest["files"]
-        entries = [(str(rel), int(e["size"]), str(e["crc32"])) for rel, e in files.items()]
-    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
-        return [f"{MANIFEST} cannot be read: {_reason(e)}"]
-    problems, to_sum = [], []
-    for rel, size, crc in entries:
-        f = path / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            problems.append(f"{MANIFEST} names {rel!r}, outside the checkpoint")
-        elif not f.is_file():
-            problems.append(f"{rel} is missing")
-        elif f.stat().st_size != size:
-            problems.append(f"{rel} is {f.stat().st_size:,} bytes, the manifest says {size:,}")
-        else:
-            to_sum.append((rel, f, crc))
-    problems = problems or _missing_required(path)  # a manifest that does not list them all
-    if problems:  # sizes and presence first: cheap, and enough to condemn the checkpoint
-        return problems
-    for rel, f, crc in to_sum:
-        got = file_checksum(f)
-        if got != crc:
-            problems.append(f"{rel} does not match its checksum (crc32 {got}, the manifest says {crc}): "
-                            f"its bytes changed after the save")
-    return problems
-
-
-def _header_problems(path: Path) -> list[str]:
-    """A checkpoint without a manifest (written by an older verirl): load what can be loaded cheaply."""
-    problems = _missing_required(path)
-    if problems:
-        return problems
-    for f in sorted([*path.glob("rng_rank*.safetensors"), *(path / "model").glob("*.safetensors")]):
-        problems.append(_safetensors_problem(f, f.relative_to(path).as_posix()))
-    problems.append(_json_problem(path / "model" / "config.json", "model/config.json"))
-    try:
-        opt = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
-        if not (isinstance(opt, dict) and {"optimizer", "scheduler"} <= set(opt)):
-            problems.append("optimizer.pt holds no optimizer and scheduler state")
-    except Exception as e:  # noqa: BLE001 - whatever torch raises, the file is unusable
-        problems.append(f"optimizer.pt cannot be loaded: {_reason(e)}")
-    return [p for p in problems if p]
-
-
-def check_checkpoint(path: Path) -> tuple[Optional[str], bool]:
-    """(what is wrong with the checkpoint at ``path``, or None; whether a manifest verified it)."""
-    path = Path(path)
-    if not path.is_dir():
-        return ("does not exist" if not path.exists() else "is not a directory"), False
-    manifest = (path / MANIFEST).is_file()
-    problems = _manifest_problems(path) if manifest else _header_problems(path)
-    if not problems:
-        state = _state_problem(path)
-        problems = [state] if state else []
-    return (", and ".join(problems) or None), manifest
-
-
-def verify_checkpoint(path: Path) -> bool:
-    """Raise CheckpointError naming what is wrong with the checkpoint at ``path``; -> True when its
-    manifest verified it, False when it has none (written before manifests; its headers load)."""
-    problem, manifest = check_checkpoint(path)
-    if problem:
-        raise CheckpointError(f"checkpoint {path}: {problem}. It cannot be used: resume from or export "
-                              f"another checkpoint (RUN_DIR/checkpoints/step_N), or give the run directory "
-                              f"to use its newest good one.")
-    return manifest
-
-
-def _warn_unverified(path: Path) -> None:
-    print(f"verirl: {path} has no {MANIFEST} (written before verirl verified checkpoints); its files' "
-          f"headers load, so it is used without a checksum check.", file=sys.stderr)
-
-
-def _looks_like_checkpoint(path: Path) -> bool:
-    return any((path / f).exists() for f in ("state.json", MANIFEST, "optimizer.pt", "rng_rank0.safetensors"))
-
-
-def _candidates(root: Path) -> list[Path]:
-    """The checkpoints under ``root``: the one ``latest`` names first (even if it is gone: that is
-    worth saying), then the others, newest step first. ``step_N.tmp`` are unfinished writes, not
-    checkpoints."""
-    found = sorted((p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir()),
-                   key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)), reverse=True)
-    try:
-        named = (root / LATEST).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        named = ""
-    if STEP_DIR.fullmatch(named):
-        first = root / named
-        return [first] + [p for p in found if p.name != named]
-    return found
-
-
-def find_checkpoint(path: Path) -> Optional[Path]:
-    """A checkpoint directory from a checkpoint, a checkpoints/ folder or a run directory (the
-    newest that verifies), or None when there is no checkpoint at all.
-
-    A checkpoint given itself must verify, else CheckpointError. In a folder of checkpoints, each
-    bad one passed over is named on stderr with what is wrong; when none verifies, CheckpointError
-    names every one (starting over is the user's explicit choice, never a fallback)."""
-    path = Path(path)
-    if _looks_like_checkpoint(path):
-        if not verify_checkpoint(path):
-            _warn_unverified(path)
-        return path
-    for root in (path / "checkpoints", path):
-        cands = _candidates(root)
-        if not cands:
-            continue
-        bad = []
-        for cand in cands:
-            problem, manifest = check_checkpoint(cand)
-            if problem is None:
-                for b, why in bad:
-                    print(f"verirl: {b}: {why}; skipped, using {cand.name}", file=sys.stderr)
-                if not manifest:
-                    _warn_unverified(cand)
-                return cand
-            if not cand.exists():
-                problem = f"named by {root / LATEST} but {problem}"
-            bad.append((cand, problem))
-        listing = "; ".join(f"{b.name}: {why}" for b, why in bad)
-        raise CheckpointError(f"{root} holds {len(bad)} checkpoint{'s' if len(bad) > 1 else ''} and none can "
-                              f"be used: {listing}. {START_OVER}")
-    return None
-
-
-# ---- loading ------------------------------------------------------------------------------------
-
-def _read_state(path: Path) -> dict:
-    state_file = path / "state.json"
-    try:
-        state = json.loads(state_file.read_bytes())
-    except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: state.json is missing") from e
-    except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise CheckpointError(f"{path}: state.json cannot be read: {_reason(e)}") from e
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: state.json holds no checkpoint state")
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')} is not {FORMAT}, the one this "
-                              f"verirl reads")
-    return state
-
-
-def load_checkpoint(path: Path) -> Checkpoint:
-    path = Path(path)
-    if not (path / "state.json").exists():
-        raise CheckpointError(f"{path} is not a verirl checkpoint (no state.json). Give a directory like "
-                              f"RUN_DIR/checkpoints/step_000020, or the run directory itself.")
-    try:
-        return Checkpoint(path, _read_state(path))
-    except CheckpointError as e:
-        raise CheckpointError(f"{e}. Resume from another checkpoint (trainer.resume=RUN_DIR/checkpoints/step_N) "
-                              f"or give the run directory to use its newest good one.") from e.__cause__
-
-
-def _damaged(file: Path, what: str, e: BaseException) -> CheckpointError:
-    return CheckpointError(f"{file}: cannot load {what}: {_reason(e)}. The checkpoint is damaged: resume from "
-                           f"another one (trainer.resume=RUN_DIR/checkpoints/step_N) or give the run directory "
-                           f"to use its newest good one.")
+        path = None
+        if run.dist.is_main:
+            path = save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
+                                   weights, optimizer_state, run.scheduler.state_dict(), extra,
+                                   keep=run.checkpoints.keep)
+        return run.dist.broadcast(path)  # the other ranks wait until it is written
+    except Exception as e:  # OSError, or torch's / safetensors' own error types around the OS error
+        raise_write_failure(run.run_dir, f"the checkpoint of step {step}", e)
 
 
 def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> None:
-    """Weights (safetensors), optimizer and scheduler (weights_only), RNG states: in place. Any file
-    that fails to load is a CheckpointError naming it, the library's error chained."""
-    from safetensors.torch import load_file
-
-    weights = {}
-    files = sorted(ckpt.model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{ckpt.model_dir}: no .safetensors weights. The checkpoint is damaged: resume "
-                              f"from another one (trainer.resume=RUN_DIR/checkpoints/step_N).")
-    for f in files:
-        try:
-            weights.update(load_file(str(f)))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError
-            raise _damaged(f, "the model weights", e) from e
+    """Weights (safetensors), optimizer and scheduler (weights_only), RNG states: in place, laid out as
+    ``model``'s shards when it is sharded. Any file that fails to load is a CheckpointError naming it,
+    the library's error chained."""
+    weights = load_weights(ckpt)
     try:
         missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
     except RuntimeError as e:  # shapes that differ
-        raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {_reason(e)}. Was the "
+        raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {reason(e)}. Was the "
                               f"checkpoint saved from another model.path?") from e
     tied = {k for k in missing if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
@@ -454,48 +65,65 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
                               f"unexpected {sorted(unexpected)[:3]}).")
     if tied and not is_sharded(model):  # a sharded model keeps its tie: one parameter under both names
         model.tie_weights()
-    opt_file = ckpt.path / "optimizer.pt"
     try:
-        opt = torch.load(opt_file, weights_only=True, map_location="cpu")
+        opt = load_optimizer_state(ckpt)
         optimizer.load_state_dict(shard_optimizer_state(optimizer, opt["optimizer"]))
         scheduler.load_state_dict(opt["scheduler"])
     except Exception as e:  # noqa: BLE001 - torch raises many kinds; none may pass as a traceback
-        raise _damaged(opt_file, "the optimizer and scheduler state", e) from e
-    rng_file = ckpt.path / "rng_rank0.safetensors"
-    try:
-        tensors = load_file(str(rng_file))
-    except Exception as e:  # noqa: BLE001
-        raise _damaged(rng_file, "the random generator states", e) from e
-    try:
-        set_rng_state(ckpt.state["rng_rank0"], tensors)
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
-        raise _damaged(ckpt.path / "state.json", "the random generator states", e) from e
+        raise damaged(ckpt.path / "optimizer.pt", "the optimizer and scheduler state", e) from e
+    restore_rng(ckpt)
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
-    """Copy a verified checkpoint's Hugging Face model directory to ``out_dir`` (atomically). From a
-    run directory: its newest checkpoint that verifies (bad ones skipped are named on stderr)."""
-    found = find_checkpoint(Path(checkpoint))
-    if found is None:
-        raise CheckpointError(f"no verirl checkpoint in {checkpoint}: give RUN_DIR, RUN_DIR/checkpoints or "
-                              f"RUN_DIR/checkpoints/step_N.")
-    ckpt = load_checkpoint(found)
-    if ckpt.state.get("world_size", 1) != 1:
-        raise CheckpointError(f"{found} is sharded over {ckpt.state['world_size']} ranks; merging shards "
-                              f"is not implemented yet.")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CheckpointError(f"{out_dir} is a file; give a new directory to export into.")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(ckpt.model_dir, tmp)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(tmp, out_dir)
-    except OSError as e:  # a parent that is a file, a read-only disk, no permission, a full disk
-        raise CheckpointError(f"could not write {out_dir} ({type(e).__name__}: {e.strerror or e}); give a new "
-                              f"directory on a writable disk.") from None
-    return out_dir
+def restore(run: Run, log: RunLog) -> int:
+    """Restore the checkpoint to continue from (if any) and open the logs where it left them; -> the
+    first step to run."""
+    ckpt = run.checkpoints.resume
+    if ckpt is None:
+        log.open(0, 0, to_dict(run.cfg))  # no checkpoint yet: the run starts over
+        return 1
+    restore_training_state(ckpt, run.model, run.optimizer, run.scheduler)
+    apply_optimizer_settings(run)
+    run.sampler.load_state_dict(ckpt.state["sampler"])
+    run.nonfinite.total = ckpt.state.get("nonfinite_steps", 0)
+    run.nonfinite.in_a_row = ckpt.state.get("nonfinite_in_a_row", 0)
+    own = ckpt.path.resolve().parent.parent == run.run_dir.resolve()  # its logs are the ones in run_dir
+    log.open(ckpt.state["metrics_bytes"] if own else 0, ckpt.state.get("rollouts_bytes", 0) if own else 0,
+             to_dict(run.cfg))
+    changed = config_changes(upgrade_dict(ckpt.state.get("config") or {}), to_dict(run.cfg))
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed)
+    if ckpt.step >= run.total_steps:
+        log.print(complete_line(run.run_dir, ckpt.step, run.total_steps, listed))
+        return ckpt.step + 1
+    log.print(f"resuming from {ckpt.path} (step {ckpt.step}); next step {ckpt.step + 1}")
+    if changed:
+        log.print(f"[yellow]settings differ from the checkpoint's run[/] (the new values apply from here on): {listed}")
+    return ckpt.step + 1
+
+
+def apply_optimizer_settings(run: Run) -> None:
+    """The loaded optimizer state carries the old run's lr / betas / weight decay (and its fused /
+    for-each choice, which depends on the device it ran on): put this run's in (the same values when
+    nothing changed, so an unchanged resume stays exact)."""
+    adamw = run.optimizer_settings
+    impl = {k: run.optimizer.defaults.get(k) for k in ("fused", "foreach")}  # this machine's, not the saver's
+    run.scheduler.base_lrs = [adamw.lr] * len(run.optimizer.param_groups)
+    for g, fn in zip(run.optimizer.param_groups, run.scheduler.lr_lambdas):
+        g.update(initial_lr=adamw.lr, lr=adamw.lr * fn(run.scheduler.last_epoch), betas=tuple(adamw.betas),
+                 weight_decay=adamw.weight_decay, **impl)
+
+
+IGNORED_ON_RESUME = {"trainer.total_steps", "trainer.resume", "trainer.overwrite", "trainer.run_dir",
+                     "log.progress", "log.console_every", "log.backends", "log.project", "log.run_name",
+                     "trainer.stall_timeout_s", "trainer.on_stall", "trainer.peak_flops"}
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(key, old, new) for every setting that differs, but the ones that may change on a resume."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b, key = old.get(k), new.get(k), prefix + k
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, key + ".")
+        elif a != b and key not in IGNORED_ON_RESUME:
+            out.append((key, a, b))
+    return out

@@ -122,12 +122,3 @@ class OptimizerSettings:
     betas: tuple[float, float]
     weight_decay: float
 
-
-@dataclass(frozen=True)
-class LogSettings:
-    """What the run shows on the console, and where else its metrics go."""
-    progress: str  # log.progress: auto / rich / plain / off (`verirl.run.display`)
-    console_every: int  # a metrics line every N steps (0 = never)
-    backends: tuple[str, ...] = ("console", "jsonl")  # log.backends (`verirl.run.trackers`)
-    project: str = "verirl"
-    run_name: str = ""  # "" = the run directory's name

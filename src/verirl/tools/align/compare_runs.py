@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Optional
 
 from verirl.core.errors import UserError
+from verirl.run.jsonl import BadLine, read_lines
+from verirl.run.rundir import metrics_file
 
 HELP = "two runs' metric curves against a tolerance: PASS exit 0, FAIL exit 1, an overlay PNG"
 
@@ -201,19 +203,14 @@ def _flatten(row: dict, prefix: str = "") -> dict:
     return out
 
 
-def _read_jsonl(path: Path, label: str, text: str, notes: list[str]) -> list[dict]:
+def _read_jsonl(path: Path, label: str, notes: list[str]) -> list[dict]:
     rows = []
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if number == len(lines) and not text.endswith("\n"):  # a line cut off by a killed writer
+    for number, row in read_lines(path, errors="replace"):
+        if isinstance(row, BadLine):
+            if row.cut:  # a line cut off by a killed writer
                 notes.append(f"the last line of {path} is cut off (the run was killed while writing?); skipped")
                 continue
-            raise UserError(f"run {label}: {path}, line {number}: not JSON ({e.msg}). A metrics file holds "
+            raise UserError(f"run {label}: {path}, line {number}: not JSON ({row.error.msg}). A metrics file holds "
                             f"one JSON object per line; fix or delete that line.") from None
         if not isinstance(row, dict):
             raise UserError(f"run {label}: {path}, line {number}: a JSON {type(row).__name__}, not an object. "
@@ -247,10 +244,8 @@ def _metrics_file(path: Path, label: str) -> Path:
     if not path.exists():
         raise UserError(f"run {label}: {path}: no such file or directory. Give a verirl run directory (with "
                         f"metrics.jsonl) or a metrics file (JSONL, or a veRL console log).")
-    if path.is_file():
-        return path
-    if (path / "metrics.jsonl").is_file():
-        return path / "metrics.jsonl"
+    if metrics_file(path).is_file():
+        return metrics_file(path)
     found = sorted(str(p) for p in path.glob("*/metrics.jsonl"))
     found += sorted(str(p) for p in path.glob("*.jsonl") if p.name != "metrics.jsonl")
     hint = (f" It holds: {', '.join(found[:6])}{' ...' if len(found) > 6 else ''}: give one of those."
@@ -278,7 +273,7 @@ def load_run(path: str, label: str, step_key: str = "", mapping: Optional[dict[s
     except json.JSONDecodeError:
         first = None
     if isinstance(first, dict):
-        rows = _read_jsonl(file, label, text, notes)
+        rows = _read_jsonl(file, label, notes)
         source = ("veRL file logger JSONL" if isinstance(first.get("data"), dict) else
                   "verirl run directory" if file != Path(path) else "metrics JSONL")
     else:

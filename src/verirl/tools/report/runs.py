@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 from verirl.tools.align.compare_runs import Run, load_run
 from verirl.core.errors import DataError
+from verirl.run.jsonl import read_lines
+from verirl.run.rundir import metrics_file
 
 TEXT_CAP = 3000  # characters of a prompt or response kept for the page (a 4k-token answer is ~16 kB)
 
@@ -76,7 +78,7 @@ def _metrics_file(path: Path) -> Path:
             return path
         raise DataError(f"{path} is a file, not a run directory. Give the directory a training run wrote "
                         f"(its trainer.run_dir), which holds metrics.jsonl.")
-    file = path / "metrics.jsonl"
+    file = metrics_file(path)
     if not file.is_file():
         found = sorted((p.parent for p in path.glob("*/metrics.jsonl")), key=lambda p: p.stat().st_mtime)
         hint = (f" It holds run directories: {', '.join(p.name for p in found[-6:])}"
@@ -153,25 +155,17 @@ def read_samples(path: Path, most: int) -> tuple[list[StepSamples], int, int]:
     worst: dict[int, Sample] = {}
     count: dict[int, int] = {}
     bad = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1  # a line cut off by a killed writer, or not ours
-                continue
-            sample = _sample(row) if isinstance(row, dict) else None
-            if sample is None:
-                bad += 1
-                continue
-            s = sample.step
-            count[s] = count.get(s, 0) + 1
-            if s not in best or sample.reward > best[s].reward:
-                best[s] = sample
-            if s not in worst or sample.reward <= worst[s].reward:
-                worst[s] = sample
+    for _, row in read_lines(path, errors="replace"):
+        sample = _sample(row) if isinstance(row, dict) else None  # a BadLine: cut off by a killed writer, or not ours
+        if sample is None:
+            bad += 1
+            continue
+        s = sample.step
+        count[s] = count.get(s, 0) + 1
+        if s not in best or sample.reward > best[s].reward:
+            best[s] = sample
+        if s not in worst or sample.reward <= worst[s].reward:
+            worst[s] = sample
     steps = sorted(count)
     return [StepSamples(s, best[s], worst[s], count[s]) for s in evenly_spaced(steps, most)], len(steps), bad
 
