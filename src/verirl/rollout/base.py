@@ -20,6 +20,11 @@ class SamplingParams:
 
 
 class Engine(Protocol):
+    """What the step asks of a rollout engine. ``reads_live_model``: whether `generate` reads the
+    trainer's own parameters (native, hf: a sharded model is made whole while it decodes) or a copy
+    of its own (vllm, fed by `sync_weights`; replay, which reads a dump)."""
+    reads_live_model: bool
+
     def sync_weights(self, model) -> Optional[dict[str, float]]:
         """Make the next `generate` sample from ``model``'s current weights (called after every update).
         Engines that read the live model (native, hf) have nothing to do; the vLLM engine pushes the
@@ -35,6 +40,11 @@ class Engine(Protocol):
         position g is a function of (seed, g, j) and the model alone, whatever else is in the
         call, so a step split into chunks, or across ranks, samples what one call samples (the
         ``native`` engine; ``hf`` accepts the argument but samples from torch's global generator)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds beyond the model (vLLM: its workers and process groups, before
+        the launcher's process group goes). Idempotent; nothing for the engines that read the live model."""
         ...
 
 

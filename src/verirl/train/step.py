@@ -248,8 +248,9 @@ def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> li
 
 def decoding_weights(run: Run):
     """Whole weights while an engine that reads the live model decodes (a sharded model is gathered
-    once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) needs nothing."""
-    return full_weights(run.model) if getattr(run.engine, "reads_live_model", True) else contextlib.nullcontext()
+    once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) or a dump
+    (replay) needs nothing."""
+    return full_weights(run.model) if run.engine.reads_live_model else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

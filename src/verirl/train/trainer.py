@@ -64,7 +64,7 @@ def train(cfg: Config, console: Optional[Console] = None) -> dict:
         log.close()
         run.scorer.close()
         run.lock.release()
-        getattr(run.engine, "close", lambda: None)()  # vLLM: before the process group goes (it tears down its groups)
+        run.engine.close()  # vLLM: before the process group goes (it tears down its groups)
         distributed.close(run.dist)
 
 
