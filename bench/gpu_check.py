@@ -210,7 +210,7 @@ def synthetic_rollout(vocab: int, groups: int, n: int, p_range, r_range, device,
     for i, L in enumerate(r_lens):
         r_ids[i, :L] = torch.randint(3, vocab, (L,), generator=g)
         r_mask[i, :L] = 1
-    return Rollout(p_ids.to(device), p_mask.to(device), r_ids.to(device), r_mask.to(device),
+    return Rollout(p_ids.to(device), p_mask.to(device), r_ids.to(device), r_mask.to(device), r_mask.to(device, copy=True),
                    torch.zeros(N, dtype=torch.bool, device=device))
 
 

@@ -65,11 +65,12 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
     """From raw sampled tokens (N, R) (anything after a stop is ignored) build the Rollout.
 
     The response mask covers positions up to and including the FIRST stop token; it is
-    decided by position, never by comparing ids with the pad id (EOS may equal pad)."""
+    decided by position, never by comparing ids with the pad id (EOS may equal pad). Every
+    token was sampled, so the loss mask equals it."""
     N, R = tokens.shape
     if R == 0:
         empty = tokens.new_zeros((N, 0))
-        return Rollout(prompt_ids, prompt_mask, empty, empty, torch.zeros(N, dtype=torch.bool))
+        return Rollout(prompt_ids, prompt_mask, empty, empty, empty.clone(), torch.zeros(N, dtype=torch.bool))
     is_stop = torch.isin(tokens, torch.as_tensor(list(stop_ids), device=tokens.device))
     stopped = is_stop.any(-1)
     first = torch.where(stopped, is_stop.float().argmax(-1), torch.full_like(stopped, R - 1, dtype=torch.long))
@@ -78,7 +79,7 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
     mask = (pos < lengths.unsqueeze(1)).long()
     width = int(lengths.max())
     response = torch.where(mask.bool(), tokens, torch.full_like(tokens, pad_id))[:, :width]
-    return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], stopped)
+    return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], mask[:, :width].clone(), stopped)
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
@@ -101,6 +102,7 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         prompt_mask=torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
         response_ids=torch.cat([pad(r.response_ids, R, pad_id, False) for r in parts]),
         response_mask=torch.cat([pad(r.response_mask, R, 0, False) for r in parts]),
+        loss_mask=torch.cat([pad(r.loss_mask, R, 0, False) for r in parts]),
         stopped=torch.cat([r.stopped for r in parts]),
         sample_logprobs=torch.cat([pad(r.sample_logprobs, R, 0, False) for r in parts]) if with_logprobs else None,
     )

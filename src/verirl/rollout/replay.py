@@ -163,7 +163,8 @@ class ReplayEngine:
         # the mask by length, never by id: the pad id may be a stop id (pad == EOS), and a cut
         # response padded with it has still not stopped
         stopped = torch.tensor([bool(r) and r[-1] in self.stop_ids for r in rows_r])
-        return Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), stopped.to(self.device))
+        return Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), mask.to(self.device, copy=True),
+                       stopped.to(self.device))
 
     def _check_prompt(self, line: DumpLine, ids: Sequence[int]) -> None:
         if line.prompt_ids is not None:

@@ -187,7 +187,7 @@ def take_rows(r: Rollout, rows: list[int]) -> Rollout:
     pm, rm = r.prompt_mask[idx], r.response_mask[idx]
     p, w = int(pm.sum(-1).max()), max(int(rm.sum(-1).max()), 1)
     return Rollout(r.prompt_ids[idx][:, -p:].int().cpu(), pm[:, -p:].bool().cpu(), r.response_ids[idx][:, :w].int().cpu(),
-                   rm[:, :w].bool().cpu(), r.stopped[idx].cpu(),
+                   rm[:, :w].bool().cpu(), r.loss_mask[idx][:, :w].bool().cpu(), r.stopped[idx].cpu(),
                    None if r.sample_logprobs is None else r.sample_logprobs[idx][:, :w].cpu())
 
 
@@ -196,7 +196,8 @@ def restore(r: Rollout, like: Rollout) -> Rollout:
     device = like.response_ids.device
     return Rollout(r.prompt_ids.to(device, like.prompt_ids.dtype), r.prompt_mask.to(device, like.prompt_mask.dtype),
                    r.response_ids.to(device, like.response_ids.dtype),
-                   r.response_mask.to(device, like.response_mask.dtype), r.stopped.to(device),
+                   r.response_mask.to(device, like.response_mask.dtype), r.loss_mask.to(device, like.loss_mask.dtype),
+                   r.stopped.to(device),
                    None if r.sample_logprobs is None else r.sample_logprobs.to(device, torch.float32))
 
 
@@ -271,12 +272,12 @@ def recording(run: Run, step: int) -> Iterator[None]:
 
 def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float]:
     """``rollout/logprob_diff/mean`` and ``/max``: |log p under the engine - log p under the trainer|
-    over the global batch's response tokens, both of the distribution each token was sampled from
+    over the global batch's sampled response tokens (the loss mask), both of the distribution each token was sampled from
     (after temperature), for engines that return their log-probs (vLLM). A weight push that did not
     happen shows at once (the importance ratio engine / trainer is then far from 1)."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
-    mask = rollout.response_mask.float()
+    mask = rollout.loss_mask.float()
     width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], mask.shape[1])
     diff = (rollout.sample_logprobs[:, :width].float() - trainer_logp[:, :width].float()).abs() * mask[:, :width]
     total, count = dist.all_sum([float(diff.sum()), float(mask[:, :width].sum())])
@@ -296,8 +297,8 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
     else over an evenly spaced sample of each rank's sorted ratios."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
-    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.response_mask.shape[1])
-    mask = rollout.response_mask[:, :width].float()
+    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.loss_mask.shape[1])
+    mask = rollout.loss_mask[:, :width].float()
     engine, trainer = rollout.sample_logprobs[:, :width].float(), trainer_logp[:, :width].float()
     kl = kl_penalty(engine, trainer, "low_var_kl") * mask  # exp(t - e) - (t - e) - 1 >= 0
     rejected = torch.zeros_like(mask)
@@ -336,7 +337,8 @@ class StepData:
         r = self.rollout
         return {"entropy": [] if self.entropy is None else self.entropy.tolist(), "tasks": self.tasks, "sources": [None if s is None else str(s) for s in self.sources], "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
                 "errors": self.rewards.errors, "scores": self.scores.tolist(), "advantages": self.advantages.tolist(),
-                "response_lengths": r.response_lengths.tolist(), "prompt_lengths": r.prompt_lengths.tolist(),
+                "response_lengths": r.response_lengths.tolist(), "loss_lengths": r.loss_lengths.tolist(),
+                "prompt_lengths": r.prompt_lengths.tolist(),
                 "stopped": r.stopped.tolist()}
 
 
@@ -354,7 +356,7 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
     m.update(advantage_metrics(torch.tensor(cat("advantages")), torch.tensor(cat("scores")), how.group_size))
     m.update(length_metrics(torch.tensor(cat("response_lengths")), torch.tensor(cat("prompt_lengths")),
                             torch.tensor(cat("stopped"))))
-    m.update(entropy_metrics(cat("entropy"), cat("response_lengths"), cat("tasks"), cat("sources")))
+    m.update(entropy_metrics(cat("entropy"), cat("loss_lengths"), cat("tasks"), cat("sources")))
     m.update(actor_stats)
     m.update(timer.metrics(PHASES))
     if dist.active:
@@ -373,7 +375,8 @@ def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, acto
 
 def entropy_metrics(entropy: list[float], lengths: list[int], tasks: list[str], sources: list) -> dict[str, float]:
     """``actor/entropy/task/<task>`` and ``actor/entropy/data_source/<source>``: the policy's mean token
-    entropy over each split's responses (at the update's first forward), next to ``actor/entropy``."""
+    entropy over each split's responses (at the update's first forward, over the loss mask: ``lengths``
+    counts those tokens), next to ``actor/entropy``."""
     if not entropy:
         return {}
     out = {}

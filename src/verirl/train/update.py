@@ -251,7 +251,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
 
     ``on_policy_out`` (N, R), on-policy only (no old-log-prob pass): filled with the log-probs the
     update computed before its (single) optimizer step, the trainer's side of the rollout engine's
-    log-prob check. ``entropy_out`` (N,): filled with each response's summed token entropy (first epoch).
+    log-prob check. ``entropy_out`` (N,): filled with each response's token entropy summed over its loss
+    mask (first epoch).
 
     The mismatch guard (``p.correction``, when the rollout has the engine's log-probs) multiplies each
     token's policy loss by its weight: 0 for a rejected token, which still counts in the loss's token
@@ -262,10 +263,11 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
                        on_policy_out if batch.old_logprobs is None else None, entropy_out)
 
 
-def loss_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
-    """(N, R) float: the tokens the loss is taken over: the response tokens, less those of truncated
-    responses with ``mask_truncated`` (TRL's mask_truncated_completions)."""
-    mask = r.response_mask.float()
+def trained_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
+    """(N, R) float: the tokens the policy loss, the KL and the entropy are taken over: the rollout's
+    loss mask, less the tokens of truncated responses with ``mask_truncated`` (TRL's
+    mask_truncated_completions)."""
+    mask = r.loss_mask.float()
     return mask * r.stopped[:, None].to(mask.dtype) if p.mask_truncated else mask
 
 
@@ -303,7 +305,7 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
     mb_seqs = p.mini_batch_prompts * p.group_size
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
     params = [q for q in model.parameters() if q.requires_grad]
-    trained = loss_mask(r, p)
+    trained = trained_mask(r, p)
     nonfinite = 0  # mini-batches whose loss or grad norm was not finite: skipped
     for epoch in range(p.epochs):
         for m0 in range(0, N, mb_seqs):
@@ -320,13 +322,13 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                         (logp.sum() * 0.0).backward()
                     continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
-                logp, ent, resp = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
+                logp, ent, _ = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
                 if on_policy_out is not None:
                     on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
                 if entropy_out is not None and epoch == 0:
-                    entropy_out[sel] = (ent.detach() * resp).sum(-1).to(entropy_out.dtype)
+                    entropy_out[sel] = (ent.detach() * r.loss_mask[sel, :w].to(ent.dtype)).sum(-1).to(entropy_out.dtype)
                 loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
                 loss.backward()
                 for k, v in shares.items():
