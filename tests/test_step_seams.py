@@ -7,7 +7,7 @@ import torch
 
 from verirl.core.types import Rollout, TrainBatch
 from verirl.rollout import NativeEngine, SamplingParams, concat_rollouts, left_pad
-from verirl.train.step import restore, take_rows
+from verirl.train.step import as_training_rollout, take_rows
 from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 
 HEAD, TAIL = 0, 1  # row HEAD: its first tokens not trained on; row TAIL: its last ones
@@ -85,14 +85,15 @@ def test_tokens_off_the_loss_mask_leave_the_loss_kl_and_entropy(tiny, rollout, m
 
 
 def test_the_loss_mask_survives_joining_and_exchanging_rows(tiny, rollout):
-    """concat_rollouts and the exchange between ranks (take_rows, restore) carry the loss mask with its
+    """concat_rollouts and the exchange between ranks (take_rows, as_training_rollout) carry the loss mask with its
     rows, zeros inside the response included."""
     masked, _ = masked_and_cut(rollout, 3, tiny.pad_id)
     joined = concat_rollouts([take_rows(masked, [3, 4, 5]), take_rows(masked, [0, 1, 2])], tiny.pad_id)
-    back = restore(joined, masked)
+    back = as_training_rollout(joined, masked)
     order = [3, 4, 5, 0, 1, 2]
     width = back.loss_mask.shape[1]
     assert back.loss_mask.dtype == masked.loss_mask.dtype
     assert torch.equal(back.loss_mask, masked.loss_mask[order, :width])
     assert torch.equal(back.response_mask, masked.response_mask[order, :width])
     assert int(back.loss_mask.sum()) == int(masked.response_mask.sum()) - 6
+

@@ -187,20 +187,20 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     return logp, ent, resp_mask.float()
 
 
-def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = LogprobPass(),
+def sequence_logprobs(model, rollout: Rollout, rows: Rows, forward: LogprobPass = LogprobPass(),
                       with_entropy: bool = False, layouts: Optional[PackCache] = None):
     """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
-    response, by the packed path when ``how.remove_padding`` (and the model allows it), else padded.
+    response, by the packed path when ``forward.remove_padding`` (and the model allows it), else padded.
     ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows.
 
-    ``how.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
+    ``forward.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
     weights staying in theirs; the backward, called after this returns, follows the forward's dtypes.
     The packed path computes the output layer and the log-probs in the weights' dtype (`packed_logprobs`)."""
-    with mixed_precision(rollout.response_ids.device, how.compute_dtype):
-        if how.remove_padding and supports_packing(model)[0]:
-            return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
-                                   how.share_prompt, how.chunk, layouts)
-        return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
+    with mixed_precision(rollout.response_ids.device, forward.compute_dtype):
+        if forward.remove_padding and supports_packing(model)[0]:
+            return packed_logprobs(model, rollout, _rows(rollout, rows), forward.temperature, with_entropy,
+                                   forward.share_prompt, forward.chunk, layouts)
+        return response_logprobs(model, rollout, rows, forward.temperature, with_entropy)
 
 
 def mixed_precision(device: torch.device, dtype: Optional[torch.dtype]):
@@ -221,16 +221,16 @@ def same_count(micro_batches: list[list[int]], model, dist: Dist) -> list[Option
 
 
 @torch.no_grad()
-def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
+def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass(),
                      layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    planned = plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once)
-    with eval_mode(model), on_device_for(model, out.device, how.offload):
+    planned = plan_micro_batches(rollout, range(N), forward.micro_batch_size, forward.max_tokens, forward.prompt_once)
+    with eval_mode(model), on_device_for(model, out.device, forward.offload):
         for mb in same_count(planned, model, dist or Dist.single()):
             with silenced() if mb is None else contextlib.nullcontext():
-                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], how, layouts=layouts)
+                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], forward, layouts=layouts)
             if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
                 out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     reshard(model)
