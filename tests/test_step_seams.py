@@ -1,6 +1,10 @@
 """The step's seams for what comes next: a loss mask apart from the response mask (multi-turn
-rollouts' tool tokens), on the real tiny model."""
+rollouts' tool tokens), on the real tiny model; the ranks' named device mesh (model parallelism)."""
 import copy
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,3 +101,40 @@ def test_the_loss_mask_survives_joining_and_exchanging_rows(tiny, rollout):
     assert torch.equal(back.response_mask, masked.response_mask[order, :width])
     assert int(back.loss_mask.sum()) == int(masked.response_mask.sum()) - 6
 
+
+MESH_RANK = r"""
+import os, sys, torch
+from verirl.models import load_model
+from verirl.train.distributed import DP, init
+from verirl.train.strategy import local, shard
+
+dist = init(torch.device("cpu"), 60)
+p = torch.nn.Parameter(torch.zeros(3))
+p.grad = torch.full((3,), float(dist.rank + 1))
+dist.sum_gradients([p])
+model = shard(load_model("tiny").model, dist.mesh[DP], torch.device("cpu"))
+w = model.get_decoder().layers[0].mlp.up_proj.weight
+print("RESULT", dist.mesh.mesh_dim_names, dist.mesh.get_group(DP) is torch.distributed.group.WORLD,
+      p.grad.tolist(), w.device_mesh.mesh_dim_names, tuple(local(w).shape), tuple(w.shape), flush=True)
+torch.distributed.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_form_a_mesh_with_a_named_data_parallel_dimension(tmp_path):
+    """Two real gloo ranks: `Dist` holds a DeviceMesh whose one dimension is "dp" (its group the default
+    one), the ddp gradient sum runs over it, and FSDP2 shards the model over ``mesh["dp"]``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(MESH_RANK)
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for out in outs:
+        line = next(l for l in out.splitlines() if l.startswith("RESULT"))
+        assert line.split(" ", 1)[1] == "('dp',) True [3.0, 3.0, 3.0] ('dp',) (256, 128) (512, 128)", line
