@@ -210,7 +210,7 @@ def synthetic_rollout(vocab: int, groups: int, n: int, p_range, r_range, device,
     for i, L in enumerate(r_lens):
         r_ids[i, :L] = torch.randint(3, vocab, (L,), generator=g)
         r_mask[i, :L] = 1
-    return Rollout(p_ids.to(device), p_mask.to(device), r_ids.to(device), r_mask.to(device),
+    return Rollout(p_ids.to(device), p_mask.to(device), r_ids.to(device), r_mask.to(device), r_mask.to(device, copy=True),
                    torch.zeros(N, dtype=torch.bool, device=device))
 
 
@@ -253,7 +253,9 @@ def fsdp_one_rank(model_dir: Path, device: torch.device, smoke: bool) -> None:
         dist = Dist(0, 1, 0, 1)
         lm = load_model(str(model_dir), "float32", device.type)
         plain = load_model(str(model_dir), "bfloat16" if device.type == "cuda" else "float32", device.type).model
-        model = shard(lm.model, dist, device)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = shard(lm.model, init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))["dp"], device)
         say(f"  {backend} group of 1 rank; fully_shard on {len(model.get_decoder().layers)} layers + root; "
             f"float32 parameters" + (", bf16 compute, fp32 gradient reduction" if device.type == "cuda" else ""))
         groups, n = (2, 4) if smoke else (16, 8)

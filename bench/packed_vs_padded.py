@@ -31,7 +31,7 @@ def spread_rollout(vocab: int, seqs: int, lo: int, hi: int, prompt_len: int = 8,
     for i, L in enumerate(lengths):
         r_ids[i, :L - prompt_len] = torch.randint(10, vocab, (L - prompt_len,), generator=g)
         r_mask[i, :L - prompt_len] = 1
-    return Rollout(p_ids, p_mask, r_ids, r_mask, torch.ones(seqs, dtype=torch.bool)), lengths
+    return Rollout(p_ids, p_mask, r_ids, r_mask, r_mask.clone(), torch.ones(seqs, dtype=torch.bool)), lengths
 
 
 def main() -> None:

@@ -34,7 +34,8 @@ def main() -> None:
 
     from verirl.config import load_config
     from verirl.train.build import build_run, step_settings, training_dtype
-    from verirl.train.step import PHASES, train_step
+    from verirl.train.step import train_step
+    from verirl.train.step_metrics import PHASES
 
     cfg = load_config(a.config, [*a.overrides, f"trainer.run_dir={tempfile.mkdtemp(prefix='verirl-phases-')}",
                                  "eval.before_train=false", "eval.at_end=false", "trainer.save_freq=0"])

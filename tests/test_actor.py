@@ -44,8 +44,8 @@ def test_micro_batches_give_the_full_batch_gradient(tiny, batch, mode):
 def test_on_policy_ratio_is_one_and_nothing_is_clipped(tiny, batch):
     _, stats = _grads(tiny, batch, 6, "token-mean")
     assert stats["actor/pg_clipfrac"] == 0.0
-    # on-policy, the token-mean loss is -mean(A) over tokens
-    mask = batch.rollout.response_mask.float()
+    # on-policy, the token-mean loss is -mean(A) over the tokens trained on
+    mask = batch.rollout.loss_mask.float()
     expected = -(batch.advantages.unsqueeze(1) * mask).sum() / mask.sum()
     assert stats["actor/pg_loss"] == pytest.approx(float(expected), abs=1e-6)
 

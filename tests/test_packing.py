@@ -23,7 +23,7 @@ def _rollout(prompts, responses, pad=0):
     for i, r in enumerate(responses):
         r_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         r_mask[i, :len(r)] = 1
-    return Rollout(p_ids, p_mask, r_ids, r_mask, torch.ones(len(responses), dtype=torch.bool))
+    return Rollout(p_ids, p_mask, r_ids, r_mask, r_mask.clone(), torch.ones(len(responses), dtype=torch.bool))
 
 
 @pytest.mark.parametrize("share", [True, False])

@@ -215,3 +215,23 @@ def test_cuda_graph_steps_equal_the_eager_fixed_steps(tiny, arith, monkeypatch):
     eager = [eng.generate(*c) for c in calls]
     for a, b in zip(graphed, eager):
         assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+
+
+def test_every_engine_has_the_whole_protocol(tiny):
+    """Every registered engine has each member of `Engine` (so the step and the loop call them without
+    getattr), with ``reads_live_model`` a bool on the class; the engines over the live model say so,
+    and close() may be called twice."""
+    from verirl.rollout import ENGINES, Engine
+    from verirl.rollout.vllm import VLLMEngine
+
+    members = {k for k in vars(Engine) if not k.startswith("_")} | set(Engine.__annotations__)
+    assert {"generate", "sync_weights", "close", "reads_live_model"} <= members
+    classes = {name: VLLMEngine if name == "vllm" else ENGINES[name] for name in ENGINES}
+    for name, cls in classes.items():
+        missing = sorted(m for m in members if not hasattr(cls, m))
+        assert not missing, f"{name} lacks {missing}"
+        assert isinstance(cls.reads_live_model, bool), name
+    assert {n for n, c in classes.items() if c.reads_live_model} == {"native", "hf"}
+    engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    engine.close()
+    engine.close()

@@ -121,7 +121,8 @@ def _both(s, ours_fn, extra=None, grad=False):
     model.eval()
     inputs = dict(s.out)
     roll = Rollout(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
-                   inputs["completion_mask"], torch.ones(len(inputs["prompt_ids"]), dtype=torch.bool))
+                   inputs["completion_mask"], inputs["completion_mask"].clone(),
+                   torch.ones(len(inputs["prompt_ids"]), dtype=torch.bool))
     if not hasattr(s, "logp_now"):
         with torch.no_grad():
             s.logp_now = response_logprobs(model, roll)[0]

@@ -24,6 +24,11 @@ class Rollout:
     prompt_mask: torch.Tensor  # (N, P) 1 on real prompt tokens
     response_ids: torch.Tensor  # (N, R) right-padded with pad id
     response_mask: torch.Tensor  # (N, R) 1 up to AND including the first stop token (by position, never by id)
+    # (N, R) 1 on the response tokens the policy sampled and is trained on (loss, KL, entropy), 0 on padding
+    # and on tokens it did not sample (a multi-turn rollout's tool and environment output); within
+    # response_mask, which marks the tokens that exist (lengths, the stop, packing). Every engine today
+    # samples every response token: the two are equal.
+    loss_mask: torch.Tensor
     stopped: torch.Tensor  # (N,) bool: ended on a stop token (False: cut at max_new_tokens)
     # (N, R) float32: each sampled token's log-prob as the engine computed it, after temperature (native:
     # before top-k / top-p; vllm: after, renormalised over the kept tokens); None for engines that do not
@@ -33,6 +38,10 @@ class Rollout:
     @property
     def response_lengths(self) -> torch.Tensor:  # (N,)
         return self.response_mask.sum(-1)
+
+    @property
+    def loss_lengths(self) -> torch.Tensor:  # (N,) tokens trained on
+        return self.loss_mask.sum(-1)
 
     @property
     def prompt_lengths(self) -> torch.Tensor:  # (N,)

@@ -20,6 +20,11 @@ class SamplingParams:
 
 
 class Engine(Protocol):
+    """What the step asks of a rollout engine. ``reads_live_model``: whether `generate` reads the
+    trainer's own parameters (native, hf: a sharded model is made whole while it decodes) or a copy
+    of its own (vllm, fed by `sync_weights`; replay, which reads a dump)."""
+    reads_live_model: bool
+
     def sync_weights(self, model) -> Optional[dict[str, float]]:
         """Make the next `generate` sample from ``model``'s current weights (called after every update).
         Engines that read the live model (native, hf) have nothing to do; the vLLM engine pushes the
@@ -35,6 +40,11 @@ class Engine(Protocol):
         position g is a function of (seed, g, j) and the model alone, whatever else is in the
         call, so a step split into chunks, or across ranks, samples what one call samples (the
         ``native`` engine; ``hf`` accepts the argument but samples from torch's global generator)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds beyond the model (vLLM: its workers and process groups, before
+        the launcher's process group goes). Idempotent; nothing for the engines that read the live model."""
         ...
 
 
@@ -55,11 +65,12 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
     """From raw sampled tokens (N, R) (anything after a stop is ignored) build the Rollout.
 
     The response mask covers positions up to and including the FIRST stop token; it is
-    decided by position, never by comparing ids with the pad id (EOS may equal pad)."""
+    decided by position, never by comparing ids with the pad id (EOS may equal pad). Every
+    token was sampled, so the loss mask equals it."""
     N, R = tokens.shape
     if R == 0:
         empty = tokens.new_zeros((N, 0))
-        return Rollout(prompt_ids, prompt_mask, empty, empty, torch.zeros(N, dtype=torch.bool))
+        return Rollout(prompt_ids, prompt_mask, empty, empty, empty.clone(), torch.zeros(N, dtype=torch.bool))
     is_stop = torch.isin(tokens, torch.as_tensor(list(stop_ids), device=tokens.device))
     stopped = is_stop.any(-1)
     first = torch.where(stopped, is_stop.float().argmax(-1), torch.full_like(stopped, R - 1, dtype=torch.long))
@@ -68,7 +79,7 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
     mask = (pos < lengths.unsqueeze(1)).long()
     width = int(lengths.max())
     response = torch.where(mask.bool(), tokens, torch.full_like(tokens, pad_id))[:, :width]
-    return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], stopped)
+    return Rollout(prompt_ids, prompt_mask, response, mask[:, :width], mask[:, :width].clone(), stopped)
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
@@ -91,6 +102,7 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         prompt_mask=torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
         response_ids=torch.cat([pad(r.response_ids, R, pad_id, False) for r in parts]),
         response_mask=torch.cat([pad(r.response_mask, R, 0, False) for r in parts]),
+        loss_mask=torch.cat([pad(r.loss_mask, R, 0, False) for r in parts]),
         stopped=torch.cat([r.stopped for r in parts]),
         sample_logprobs=torch.cat([pad(r.sample_logprobs, R, 0, False) for r in parts]) if with_logprobs else None,
     )

@@ -17,12 +17,17 @@ from verirl.core.types import Rollout
 
 
 class HFEngine:
+    reads_live_model = True  # generate decodes with the trainer's parameters
+
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int]):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
 
     @torch.no_grad()
     def sync_weights(self, model) -> None:
         """Nothing to do: this engine reads the live model."""
+
+    def close(self) -> None:
+        """Nothing to release: the model is the trainer's."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:

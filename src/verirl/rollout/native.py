@@ -195,6 +195,8 @@ def _check_prompt_index(prompt_index, count: int) -> list[int]:
 
 
 class NativeEngine:
+    reads_live_model = True  # generate decodes with the trainer's parameters
+
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
         self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
@@ -203,6 +205,9 @@ class NativeEngine:
     @torch.no_grad()
     def sync_weights(self, model) -> None:
         """Nothing to do: this engine reads the live model."""
+
+    def close(self) -> None:
+        """Nothing to release: the model is the trainer's."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:

@@ -117,6 +117,8 @@ class ReplayEngine:
     """The engine protocol over a dump: `generate` returns the dump's responses for the step in
     ``params.step`` at the prompts' global positions."""
 
+    reads_live_model = False  # the responses come from the dump, not from the model
+
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int], *, path: str, tokenizer, prompts: str = "data",
                  eos: str = "length"):
         REPLAY_PROMPTS.check(prompts)
@@ -128,6 +130,9 @@ class ReplayEngine:
 
     def sync_weights(self, model) -> None:
         """Nothing to do: the responses come from the dump."""
+
+    def close(self) -> None:
+        """Nothing to release: the dump is read whole at construction."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None) -> Rollout:
@@ -158,7 +163,8 @@ class ReplayEngine:
         # the mask by length, never by id: the pad id may be a stop id (pad == EOS), and a cut
         # response padded with it has still not stopped
         stopped = torch.tensor([bool(r) and r[-1] in self.stop_ids for r in rows_r])
-        return Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), stopped.to(self.device))
+        return Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), mask.to(self.device, copy=True),
+                       stopped.to(self.device))
 
     def _check_prompt(self, line: DumpLine, ids: Sequence[int]) -> None:
         if line.prompt_ids is not None:

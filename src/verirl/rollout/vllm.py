@@ -436,7 +436,7 @@ class VLLMEngine:
         rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
         if device.type != "cpu":
             rollout = Rollout(*(t.to(device) for t in (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
-                                                       rollout.response_mask, rollout.stopped,
+                                                       rollout.response_mask, rollout.loss_mask, rollout.stopped,
                                                        rollout.sample_logprobs)))
         return rollout
 

@@ -31,7 +31,7 @@ from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
-from verirl.train.distributed import Dist
+from verirl.train.distributed import DP, Dist
 from verirl.train.packing import supports_packing
 from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
                                    StepSettings)
@@ -147,9 +147,9 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
     if dist.active and cfg.actor.strategy == "fsdp2":
         device = next(lm.model.parameters()).device
-        shard(lm.model, dist, device, offload_params=cfg.actor.offload == "params")
+        shard(lm.model, dist.mesh[DP], device, offload_params=cfg.actor.offload == "params")
         if ref is not None:
-            shard(ref, dist, device, offload_params=cfg.ref.offload, trainable=False)
+            shard(ref, dist.mesh[DP], device, offload_params=cfg.ref.offload, trainable=False)
     elif ref is not None and cfg.ref.offload:
         ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)

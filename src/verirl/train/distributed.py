@@ -1,6 +1,13 @@
-"""Data parallelism on torch.distributed: the process group, and the few collectives a step needs.
+"""Data parallelism on torch.distributed: the process group, its named device mesh, and the few
+collectives a step needs.
 
-Every rank holds the whole model (``actor.strategy=ddp``). A step's prompts are split across the
+The ranks form a `torch.distributed.device_mesh.DeviceMesh` with one named dimension, ``"dp"``
+(data parallel; `Dist.mesh`). The strategies are built on it (FSDP2 shards over ``mesh["dp"]``,
+``ddp`` sums the gradients over its group), so tensor, sequence or pipeline dimensions can be
+added beside ``"dp"`` without touching the step. Over one dimension spanning every rank, the
+``"dp"`` group is the default process group itself.
+
+With ``actor.strategy=ddp`` every rank holds the whole model. A step's prompts are split across the
 ranks by whole groups, so advantages need no communication; each rank's loss is divided by the
 mini-batch's GLOBAL token or sequence count, and the gradients are summed over the ranks with one
 all-reduce per mini-batch, so N ranks take exactly the update one rank takes on the same global
@@ -8,17 +15,22 @@ batch. The gradients are reduced here rather than by torch's DistributedDataPara
 because the log-prob passes call the decoder and the output layer separately (packed attention,
 the chunked output layer), which that wrapper's forward never sees.
 
-`Dist` is the one object the rest of training gets: one process alone is `Dist.single()`, whose
-collectives are the identity.
+`Dist` is the one object the rest of training gets: one process alone is `Dist.single()`, with no
+process group and no mesh, whose collectives are the identity.
 """
 from __future__ import annotations
 
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+DP = "dp"  # the data-parallel dimension's name in `Dist.mesh`
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,7 @@ class Dist:
     world: int  # number of ranks
     local_rank: int
     local_world: int  # ranks on this machine
+    mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, one dimension named DP; None: one process alone
 
     @staticmethod
     def single() -> "Dist":
@@ -65,12 +78,13 @@ class Dist:
         return out
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Sum the gradients over the ranks, in one flat buffer (params without a gradient count as 0)."""
+        """Sum the gradients over the mesh's data-parallel group, in one flat buffer (params without a
+        gradient count as 0)."""
         if not self.active:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=self.mesh.get_group(DP))
         offset = 0
         for p, g in zip(params, grads):
             n = g.numel()
@@ -97,15 +111,20 @@ def launched() -> bool:
 
 def init(device: torch.device, timeout_s: int) -> Dist:
     """Join the process group the launcher set up (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the
-    environment); one process alone gets `Dist.single()`."""
+    environment) and lay its ranks out on a mesh of one data-parallel dimension; one process alone
+    gets `Dist.single()`."""
     if not launched() or int(os.environ["WORLD_SIZE"]) == 1:
         return Dist.single()
+    from torch.distributed.device_mesh import init_device_mesh
+
     from verirl.models.device import dist_backend
 
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(dist_backend(device), timeout=datetime.timedelta(seconds=timeout_s))
-    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(),
-                int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    world = torch.distributed.get_world_size()
+    return Dist(torch.distributed.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")),
+                int(os.environ.get("LOCAL_WORLD_SIZE", "1")), init_device_mesh(device.type, (world,),
+                                                                               mesh_dim_names=(DP,)))
 
 
 def close(dist: Optional[Dist]) -> None:

@@ -74,7 +74,7 @@ def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> di
         log.close()
         run.scorer.close()
         run.lock.release()
-        getattr(run.engine, "close", lambda: None)()  # vLLM: before the process group goes (it tears down its groups)
+        run.engine.close()  # vLLM: before the process group goes (it tears down its groups)
         distributed.close(run.dist)
 
 

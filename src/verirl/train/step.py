@@ -1,14 +1,20 @@
 """One GRPO step, read top to bottom as the picture in docs/design.md:
 
     prompts -> rollout -> rewards (scored while the passes run) -> old / ref log-probs
-            -> group advantages -> policy update -> metrics
+            -> group advantages -> policy update -> weight push -> metrics
+
+A step is a producer and a consumer with nothing between them but the batch record (`StepBatch`)
+and a weight version. `produce` samples this rank's prompts and their rollouts and submits the
+rewards to the scoring workers; `consume` runs the old and reference log-prob passes (the scoring
+finishes meanwhile), awaits the rewards, computes the advantages, updates the policy and pushes the
+weights to the engine. The reference model is the consumer's alone.
 
 The step reads no config: `verirl.train.build` turned it into the `Run` it is given. With
 several ranks each takes whole groups of the step's prompts, the update sums the gradients over
 the ranks, and the advantages and metrics are those of the global batch. With
-``algo.filter_groups`` the rollout phase repeats until the step has enough groups whose rewards
-differ (`dynamic_sampling`); otherwise there is one rollout per step. Rewards are outcome rewards
-(one scalar per response).
+``algo.filter_groups`` the producer repeats its rollout until the step has enough groups whose
+rewards differ (`dynamic_sampling`, which awaits the rewards to choose them); otherwise there is
+one rollout per step. Rewards are outcome rewards (one scalar per response).
 """
 from __future__ import annotations
 
@@ -21,8 +27,7 @@ import torch
 from verirl.core.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
 from verirl.core.errors import DataError
 from verirl.train.evaluate import decode_responses
-from verirl.models.perf import mfu, step_flops
-from verirl.train.step_metrics import Timer, advantage_metrics, length_metrics, throughput
+from verirl.train.step_metrics import ResponseStats, Timer, step_metrics
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.update import Correction, compute_logprobs, update_policy
@@ -33,89 +38,171 @@ from verirl.train.packing import PackCache
 from verirl.train.strategy import full_weights, memory_metrics
 from verirl.core.types import Prompt, Rollout, TrainBatch
 
-PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights", "all")
-
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
-    """One GRPO step. Returns (metrics of the global batch, one record per response of the global
-    batch when the run dumps rollouts; on every rank)."""
-    dist = run.dist
+    """One GRPO step: the producer's batch, consumed at once (the weights that sample step ``step``
+    are those after step - 1 updates). Returns (metrics of the global batch, one record per response
+    of the global batch when the run dumps rollouts; on every rank)."""
     timer = Timer(run.watchdog)
     with timer("all"):
-        got = sample_step(run, step, timer)  # rollout (+ regeneration of uninformative groups)
-        how, rollout = got.how, got.rollout
-        per_response = [p for p in got.prompts for _ in range(how.group_size)]
-        layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
-        old_logprobs = ref_logprobs = None
-        if how.old_pass is not None:
-            with timer("old_log_prob"):
-                old_logprobs = compute_logprobs(run.model, rollout, how.old_pass, layouts, dist)
-        if run.ref is not None:
-            with timer("ref"):
-                ref_logprobs = compute_logprobs(run.ref, rollout, how.ref_pass, layouts, dist)
-        with timer("reward"):  # what is left of the scoring once the passes are done
-            rewards, trained_on = got.rewards()
-            scores = torch.tensor(trained_on, dtype=torch.float32)
-            advantages = global_advantages(how, dist, scores, rollout.response_lengths.cpu())
-            advantages = advantages.to(rollout.response_ids.device)
-        batch = TrainBatch(rollout, advantages, old_logprobs, ref_logprobs)
-        trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
-            torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
-        entropy = torch.zeros(rollout.response_ids.shape[0], dtype=torch.float32, device=rollout.response_ids.device)
-        with timer("update"), recording(run, step):
-            actor_stats = update_policy(run.model, run.optimizer, run.scheduler, batch, how.update, layouts, dist,
-                                        on_policy_out=trainer_logp, entropy_out=entropy)
-        with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
-            pushed = run.engine.sync_weights(run.model) or {}
-    actor_stats.update({k: dist.all_max([v])[0] for k, v in pushed.items()})
-    actor_stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
-    actor_stats.update(logprob_check(rollout, trainer_logp, dist))
-    actor_stats.update(mismatch_metrics(rollout, trainer_logp, how.update.correction, dist))
-    actor_stats.update(got.stats)
-    local = StepData([p.task for p in per_response], [p.extra.get("data_source") for p in per_response], rewards,
-                     scores, advantages.cpu(), rollout, entropy.cpu())
-    metrics = step_metrics(step, how, dist, local, actor_stats, timer)
-    records = rollout_records(step, run.tokenizer, per_response, got.texts, rollout, rewards) \
-        if how.dump_rollouts else []
-    return metrics, in_batch_order(dist.gather(records), how, dist.world) if records else []
+        batch = produce(run, step, timer, weight_version=step - 1)
+        trained = consume(run, batch, timer)
+    stats = update_metrics(run, batch, trained)
+    metrics = step_metrics(batch.step, batch.settings, run.dist, response_stats(batch, trained), stats, timer)
+    return metrics, step_records(run, batch, trained)
+
+
+@dataclass(frozen=True)
+class ShapedRewards:
+    """Each response's rewards, in two kinds (`shape_rewards`)."""
+    logged: RewardResult  # each rule's score and their weighted total: what the logs and rollouts.jsonl show
+    for_advantages: list[float]  # (N,) what the advantages are computed from
+
+    def rows(self, start: int, stop: int) -> "ShapedRewards":
+        """Responses ``start`` to ``stop`` (their scoring errors not counted)."""
+        r = self.logged
+        return ShapedRewards(RewardResult(r.totals[start:stop], {k: v[start:stop] for k, v in r.per_rule.items()}),
+                             self.for_advantages[start:stop])
+
+    @staticmethod
+    def join(parts: list["ShapedRewards"], errors: int) -> "ShapedRewards":
+        """``parts`` one after the other, with ``errors`` scoring errors in all."""
+        logged = RewardResult([x for p in parts for x in p.logged.totals],
+                              {k: [x for p in parts for x in p.logged.per_rule[k]] for k in parts[0].logged.per_rule},
+                              errors)
+        return ShapedRewards(logged, [x for p in parts for x in p.for_advantages])
 
 
 @dataclass
-class Sampled:
-    """The rollout phase's result on this rank."""
-    how: StepSettings  # the step's settings (fewer groups when a filtered step ran short)
+class StepBatch:
+    """What the producer hands the consumer: this rank's part of one step's batch."""
+    step: int
+    settings: StepSettings  # the step's settings (fewer groups when a filtered step ran short)
     prompts: list[Prompt]  # this rank's, one per group
     rollout: Rollout
-    texts: list[str]
-    rewards: Callable[[], tuple[RewardResult, list[float]]]  # `shape_rewards`' (waits for the scoring workers)
+    texts: list[str]  # (N,) the decoded responses
+    rewards: Callable[[], ShapedRewards]  # waits for the scoring workers (at once when they are done)
+    weight_version: int  # the policy updates the sampling weights include
     stats: dict[str, float]  # filter/* of a filtered step
 
+    @property
+    def per_response(self) -> list[Prompt]:
+        """(N,) each response's prompt."""
+        return [p for p in self.prompts for _ in range(self.settings.group_size)]
 
-def sample_step(run: Run, step: int, timer: Timer) -> Sampled:
-    """This rank's prompts, their rollouts and (pending) rewards for ``step``."""
-    how, dist = run.step, run.dist
-    if how.filter is not None:
-        return dynamic_sampling(run, step, timer)
-    batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]  # the same on every rank
-    mine = how.positions(dist.rank, dist.world)  # this rank's whole groups
+
+@dataclass
+class Trained:
+    """What the consumer made of a batch."""
+    rewards: ShapedRewards
+    advantage_rewards: torch.Tensor  # (N,) float32: ``rewards.for_advantages``, as the advantages saw them
+    advantages: torch.Tensor  # (N,)
+    trainer_logp: Optional[torch.Tensor]  # (N, R) the trainer's log-probs of the rollout (old pass or on-policy)
+    entropy: torch.Tensor  # (N,) each response's token entropy summed over its loss mask
+    update: dict[str, float]  # the update's actor/* statistics (of the global batch)
+    pushed: dict[str, float]  # the weight push's check (`Engine.sync_weights`), this rank's
+    weight_version: int  # the policy updates the engine's weights now include
+
+
+def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch:
+    """The producer's half of ``step``: this rank's prompts, their rollouts, and their rewards submitted
+    to the scoring workers. ``weight_version``: the policy updates the engine's weights include."""
+    settings, dist = run.step, run.dist
+    if settings.filter is not None:
+        return dynamic_sampling(run, step, timer, weight_version)
+    batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]  # the same on every rank
+    mine = settings.positions(dist.rank, dist.world)  # this rank's whole groups
     prompts = [batch_prompts[i] for i in mine]
-    rollout, texts = generate(run, prompts, mine, how.sampling_at(step), timer)
+    rollout, texts = generate(run, prompts, mine, settings.sampling_at(step), timer)
     with timer("reward"):  # scoring runs in the reward workers during the log-prob passes
-        pending = run.scorer.submit(texts, [reward_fields(p) for p in prompts for _ in range(how.group_size)])
-    return Sampled(how, prompts, rollout, texts, lambda: shape_rewards(how.shaping, pending.result(), rollout,
-                                                                     how.group_size, run.scorer.weights), {})
+        pending = run.scorer.submit(texts, [reward_fields(p) for p in prompts for _ in range(settings.group_size)])
+    return StepBatch(step, settings, prompts, rollout, texts,
+                     lambda: shape_rewards(settings.shaping, pending.result(), rollout, settings.group_size,
+                                           run.scorer.weights), weight_version, {})
+
+
+def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
+    """The consumer's half of a step: the old and reference log-prob passes (the scoring finishes
+    meanwhile), the rewards awaited and the advantages of the global batch computed, the policy update
+    and the weight push."""
+    settings, dist, rollout = batch.settings, run.dist, batch.rollout
+    layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
+    old_logprobs = ref_logprobs = None
+    if settings.old_pass is not None:
+        with timer("old_log_prob"):
+            old_logprobs = compute_logprobs(run.model, rollout, settings.old_pass, layouts, dist)
+    if run.ref is not None:
+        with timer("ref"):
+            ref_logprobs = compute_logprobs(run.ref, rollout, settings.ref_pass, layouts, dist)
+    with timer("reward"):  # what is left of the scoring once the passes are done
+        rewards = batch.rewards()
+        advantage_rewards = torch.tensor(rewards.for_advantages, dtype=torch.float32)
+        advantages = global_advantages(settings, dist, advantage_rewards, rollout.response_lengths.cpu())
+        advantages = advantages.to(rollout.response_ids.device)
+    trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
+        torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
+    entropy = torch.zeros(rollout.response_ids.shape[0], dtype=torch.float32, device=rollout.response_ids.device)
+    with timer("update"), recording(run, batch.step):
+        update = update_policy(run.model, run.optimizer, run.scheduler,
+                               TrainBatch(rollout, advantages, old_logprobs, ref_logprobs), settings.update, layouts,
+                               dist, on_policy_out=trainer_logp, entropy_out=entropy)
+    with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
+        pushed = run.engine.sync_weights(run.model) or {}
+    return Trained(rewards, advantage_rewards, advantages, trainer_logp, entropy, update, pushed,
+                   batch.weight_version + 1)
+
+
+def update_metrics(run: Run, batch: StepBatch, trained: Trained) -> dict[str, float]:
+    """The step's statistics besides the rewards, advantages and lengths, over the global batch: the
+    update's, the weight push's, memory, the engine-vs-trainer log-prob checks, and filter/*."""
+    dist, rollout = run.dist, batch.rollout
+    stats = dict(trained.update)
+    stats.update({k: dist.all_max([v])[0] for k, v in trained.pushed.items()})
+    stats.update(memory_metrics(run.model, run.optimizer, run.ref, dist))
+    stats.update(logprob_check(rollout, trained.trainer_logp, dist))
+    stats.update(mismatch_metrics(rollout, trained.trainer_logp, batch.settings.update.correction, dist))
+    stats.update(batch.stats)
+    return stats
+
+
+def response_stats(batch: StepBatch, trained: Trained) -> ResponseStats:
+    """This rank's responses as plain lists, for the metrics of the global batch."""
+    r, per_response, logged = batch.rollout, batch.per_response, trained.rewards.logged
+    return ResponseStats([p.task for p in per_response],
+                         [None if s is None else str(s) for s in (p.extra.get("data_source") for p in per_response)],
+                         logged, trained.advantage_rewards.tolist(), trained.advantages.cpu().tolist(),
+                         r.response_lengths.tolist(), r.loss_lengths.tolist(), r.prompt_lengths.tolist(),
+                         r.stopped.tolist(), trained.entropy.cpu().tolist())
+
+
+def step_records(run: Run, batch: StepBatch, trained: Trained) -> list[dict]:
+    """The global batch's rollouts.jsonl records, in batch order, when the run dumps rollouts (else none)."""
+    if not batch.settings.dump_rollouts:
+        return []
+    records = rollout_records(batch.step, run.tokenizer, batch.per_response, batch.texts, batch.rollout,
+                              trained.rewards.logged)
+    return in_batch_order(run.dist.gather(records), batch.settings, run.dist.world) if records else []
 
 
 def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, timer: Timer) -> tuple[Rollout, list[str]]:
     """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), and their text."""
-    how = run.step
+    settings = run.step
     with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
-        rollout = generate_chunked(run.engine, [p.ids for p in prompts], how.group_size, sampling,
-                                   how.generate_batch, run.pad_id, positions)
+        rollout = generate_chunked(run.engine, [p.ids for p in prompts], settings.group_size, sampling,
+                                   settings.generate_batch, run.pad_id, positions)
         return rollout, decode_responses(run.tokenizer, rollout)
 
 
-def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
+@dataclass
+class Group:
+    """One prompt's group of a filtered step's generation batch, as the ranks exchange it."""
+    prompt: Prompt
+    rollout: Rollout  # its rollout.n rows, compact (`take_rows`)
+    texts: list[str]
+    rewards: ShapedRewards
+
+
+def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch:
     """DAPO's dynamic sampling (algo.filter_groups): generation batches of ``prompts_per_step`` prompts,
     each scored at once, until the step has that many groups whose metric differs between samples (the
     others have zero advantage: no signal), or ``max_gen_batches`` ran out. The step then trains on the
@@ -125,131 +212,130 @@ def dynamic_sampling(run: Run, step: int, timer: Timer) -> Sampled:
     positions of each generation batch; the chosen groups are then exchanged so that each rank holds
     its positions of the step's batch. Sampling is keyed by (seed, step, generation batch, position),
     and the prompt sampler advances by every batch taken, so a resumed run repeats the step exactly."""
-    how, dist = run.step, run.dist
-    n, f = how.group_size, how.filter
-    mine = how.positions(dist.rank, dist.world)
-    held: dict[tuple[int, int], dict] = {}  # (generation batch, position) -> this rank's group
+    settings, dist = run.step, run.dist
+    n, f = settings.group_size, settings.filter
+    mine = settings.positions(dist.rank, dist.world)
+    held: dict[tuple[int, int], Group] = {}  # (generation batch, position) -> this rank's group
     informative: list[tuple[int, int]] = []  # every rank's informative groups, in order
     generated: list[tuple[int, int]] = []
     errors, b = 0, 0
-    epoch = -(-len(run.train) // how.prompts_per_step)  # generation batches that take every prompt once
+    epoch = -(-len(run.train) // settings.prompts_per_step)  # generation batches that take every prompt once
     while True:
-        batch_prompts = [run.train[i] for i in run.sampler.take(how.prompts_per_step)]
+        batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]
         prompts = [batch_prompts[i] for i in mine]
-        rollout, texts = generate(run, prompts, mine, how.sampling_at(step, b), timer)
+        rollout, texts = generate(run, prompts, mine, settings.sampling_at(step, b), timer)
         with timer("reward"):
             fields = [reward_fields(p) for p in prompts for _ in range(n)]
-            rewards, trained_on = shape_rewards(how.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
-        errors += rewards.errors
-        metric = trained_on if f.metric == "reward" else [0.0 if v is None else v for v in rewards.per_rule[f.metric]]
+            rewards = shape_rewards(settings.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
+        errors += rewards.logged.errors
+        metric = rewards.for_advantages if f.metric == "reward" else \
+            [0.0 if v is None else v for v in rewards.logged.per_rule[f.metric]]
         good = informative_groups(torch.tensor(metric, dtype=torch.float64), n).tolist()
         for part in dist.gather([(pos, bool(g)) for pos, g in zip(mine, good)]):
             generated += [(b, pos) for pos, _ in part]
             informative += [(b, pos) for pos, g in part if g]
         for j, pos in enumerate(mine):
-            rows = list(range(j * n, (j + 1) * n))
-            held[(b, pos)] = {"prompt": prompts[j], "rollout": take_rows(rollout, rows), "texts": texts[j * n:(j + 1) * n],
-                              "totals": rewards.totals[j * n:(j + 1) * n], "trained_on": trained_on[j * n:(j + 1) * n],
-                              "per_rule": {k: v[j * n:(j + 1) * n] for k, v in rewards.per_rule.items()}}
+            held[(b, pos)] = Group(prompts[j], take_rows(rollout, list(range(j * n, (j + 1) * n))),
+                                   texts[j * n:(j + 1) * n], rewards.rows(j * n, (j + 1) * n))
         b += 1
-        if len(informative) >= how.prompts_per_step or (f.max_gen_batches and b >= f.max_gen_batches):
+        if len(informative) >= settings.prompts_per_step or (f.max_gen_batches and b >= f.max_gen_batches):
             break
         if not informative and b >= epoch:  # no limit, and a whole pass over the data found no signal
-            raise DataError(f"algo.filter_groups: {b} generation batches ({b * how.prompts_per_step} prompts, every "
-                            f"training prompt at least once) found no group whose {f.metric} differs between its "
-                            f"rollout.n={n} samples, so every group would have zero advantage. Check the metric "
+            raise DataError(f"algo.filter_groups: {b} generation batches ({b * settings.prompts_per_step} prompts, "
+                            f"every training prompt at least once) found no group whose {f.metric} differs between "
+                            f"its rollout.n={n} samples, so every group would have zero advantage. Check the metric "
                             f"(algo.filter_groups.metric) and the rules, or set algo.filter_groups.max_num_gen_batches "
                             f"to train on what there is.")
     informative.sort()
-    groups = how.trainable(len(informative), dist.world)
+    groups = settings.trainable(len(informative), dist.world)
     chosen = (informative + sorted(set(generated) - set(informative)))[:groups]
-    step_how = how if groups == how.prompts_per_step else how.fewer_groups(groups, dist.world)
-    wanted = [chosen[k] for k in step_how.positions(dist.rank, dist.world)]
-    pool: dict[tuple[int, int], dict] = {}
+    step_settings = settings if groups == settings.prompts_per_step else settings.fewer_groups(groups, dist.world)
+    wanted = [chosen[k] for k in step_settings.positions(dist.rank, dist.world)]
+    pool: dict[tuple[int, int], Group] = {}
     for part in dist.gather({key: held[key] for key in chosen if key in held}):
         pool.update(part)
     parts = [pool[key] for key in wanted]
-    joined = restore(concat_rollouts([p["rollout"] for p in parts], run.pad_id), rollout)
-    result = RewardResult([x for p in parts for x in p["totals"]],
-                          {k: [x for p in parts for x in p["per_rule"][k]] for k in parts[0]["per_rule"]},
-                          errors)  # reward/errors: every generation batch's, kept or not
-    trained_on = [x for p in parts for x in p["trained_on"]]
+    joined = as_training_rollout(concat_rollouts([g.rollout for g in parts], run.pad_id), rollout)
+    kept = ShapedRewards.join([g.rewards for g in parts], errors)  # reward/errors: every generation batch's
     stats = {"filter/gen_batches": float(b), "filter/informative_groups": float(len(informative)),
-             "filter/kept_groups": float(groups), "filter/shortfall": float(how.prompts_per_step - groups)}
-    return Sampled(step_how, [p["prompt"] for p in parts], joined, [t for p in parts for t in p["texts"]],
-                   lambda: (result, trained_on), stats)
+             "filter/kept_groups": float(groups), "filter/shortfall": float(settings.prompts_per_step - groups)}
+    return StepBatch(step, step_settings, [g.prompt for g in parts], joined, [t for g in parts for t in g.texts],
+                     lambda: kept, weight_version, stats)
 
 
 def take_rows(r: Rollout, rows: list[int]) -> Rollout:
     """Rows ``rows`` of a rollout, on the host and compact (int32 ids, bool masks: to be exchanged
-    between ranks), trimmed of all-pad columns; `restore` makes it a training rollout again."""
+    between ranks), trimmed of all-pad columns; `as_training_rollout` makes it a training rollout again."""
     idx = torch.as_tensor(rows, dtype=torch.long, device=r.response_ids.device)
     pm, rm = r.prompt_mask[idx], r.response_mask[idx]
     p, w = int(pm.sum(-1).max()), max(int(rm.sum(-1).max()), 1)
     return Rollout(r.prompt_ids[idx][:, -p:].int().cpu(), pm[:, -p:].bool().cpu(), r.response_ids[idx][:, :w].int().cpu(),
-                   rm[:, :w].bool().cpu(), r.stopped[idx].cpu(),
+                   rm[:, :w].bool().cpu(), r.loss_mask[idx][:, :w].bool().cpu(), r.stopped[idx].cpu(),
                    None if r.sample_logprobs is None else r.sample_logprobs[idx][:, :w].cpu())
 
 
-def restore(r: Rollout, like: Rollout) -> Rollout:
+def as_training_rollout(r: Rollout, like: Rollout) -> Rollout:
     """A rollout made of `take_rows` pieces, with ``like``'s dtypes on ``like``'s device."""
     device = like.response_ids.device
     return Rollout(r.prompt_ids.to(device, like.prompt_ids.dtype), r.prompt_mask.to(device, like.prompt_mask.dtype),
                    r.response_ids.to(device, like.response_ids.dtype),
-                   r.response_mask.to(device, like.response_mask.dtype), r.stopped.to(device),
+                   r.response_mask.to(device, like.response_mask.dtype), r.loss_mask.to(device, like.loss_mask.dtype),
+                   r.stopped.to(device),
                    None if r.sample_logprobs is None else r.sample_logprobs.to(device, torch.float32))
 
 
 def shape_rewards(shaping: RewardShaping, raw: RewardResult, rollout: Rollout, group_size: int,
-                  weights: dict[str, float]) -> tuple[RewardResult, list[float]]:
-    """(the rewards to log and dump, the rewards the advantages are computed from). Both add DAPO's
+                  weights: dict[str, float]) -> ShapedRewards:
+    """The rewards to log and dump, and the rewards the advantages are computed from. Both add DAPO's
     overlong penalty, logged as the rule ``overlong``, to the weighted sum of the rules. With
     ``normalize_then_sum`` (GDPO) the second is instead the weighted sum of each rule's scores
     normalised within the group (plus the penalty): that sum is 0 on average in every group, so the
     logs keep the plain weighted sum, which says how well the policy does."""
     totals, per_rule = list(raw.totals), dict(raw.per_rule)
-    trained_on = None  # None: the same as totals
+    for_advantages = None  # None: the same as totals
     if shaping.aggregate == "normalize_then_sum":
         scores = {k: torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
                   for k, v in per_rule.items()}
-        trained_on = normalize_then_sum(scores, weights, group_size).tolist()
+        for_advantages = normalize_then_sum(scores, weights, group_size).tolist()
     if shaping.overlong is not None:
         max_len, buffer, factor = shaping.overlong
         penalty = overlong_penalty(rollout.response_lengths.cpu(), max_len, buffer, factor).tolist()
         per_rule["overlong"] = penalty
         totals = [t + p for t, p in zip(totals, penalty)]
-        trained_on = None if trained_on is None else [t + p for t, p in zip(trained_on, penalty)]
-    return RewardResult(totals, per_rule, raw.errors), list(totals if trained_on is None else trained_on)
+        for_advantages = None if for_advantages is None else [t + p for t, p in zip(for_advantages, penalty)]
+    return ShapedRewards(RewardResult(totals, per_rule, raw.errors),
+                         list(totals if for_advantages is None else for_advantages))
 
 
-def global_advantages(how: StepSettings, dist: Dist, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def global_advantages(settings: StepSettings, dist: Dist, rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """This rank's advantages, computed over the GLOBAL batch (batch scaling and whitening see every
-    rank's rewards): the ranks' scores and response lengths are gathered into batch order (a few
-    numbers per response), the estimator runs on them, and this rank takes its rows."""
-    n = how.group_size
-    total = how.prompts_per_step * n
-    g_scores, g_lengths = torch.zeros(total), torch.zeros(total)
-    for rank, (s, l) in enumerate(dist.gather((scores.tolist(), lengths.tolist()))):
-        for j, pos in enumerate(how.positions(rank, dist.world)):
-            g_scores[pos * n:(pos + 1) * n] = torch.tensor(s[j * n:(j + 1) * n])
+    rank's rewards): the ranks' rewards (those for the advantages) and response lengths are gathered
+    into batch order (a few numbers per response), the estimator runs on them, and this rank takes its rows."""
+    n = settings.group_size
+    total = settings.prompts_per_step * n
+    g_rewards, g_lengths = torch.zeros(total), torch.zeros(total)
+    for rank, (r, l) in enumerate(dist.gather((rewards.tolist(), lengths.tolist()))):
+        for j, pos in enumerate(settings.positions(rank, dist.world)):
+            g_rewards[pos * n:(pos + 1) * n] = torch.tensor(r[j * n:(j + 1) * n])
             g_lengths[pos * n:(pos + 1) * n] = torch.tensor(l[j * n:(j + 1) * n], dtype=torch.float32)
-    adv = how.advantages(g_scores, lengths=g_lengths)
-    return torch.cat([adv[pos * n:(pos + 1) * n] for pos in how.positions(dist.rank, dist.world)])
+    adv = settings.advantages(g_rewards, lengths=g_lengths)
+    return torch.cat([adv[pos * n:(pos + 1) * n] for pos in settings.positions(dist.rank, dist.world)])
 
 
-def in_batch_order(parts: list[list[dict]], how: StepSettings, world: int) -> list[dict]:
+def in_batch_order(parts: list[list[dict]], settings: StepSettings, world: int) -> list[dict]:
     """Every rank's records (``rollout.n`` per prompt, in its own order) in the global batch's order."""
     at: dict[int, list[dict]] = {}
     for rank, part in enumerate(parts):
-        for j, position in enumerate(how.positions(rank, world)):
-            at[position] = part[j * how.group_size:(j + 1) * how.group_size]
+        for j, position in enumerate(settings.positions(rank, world)):
+            at[position] = part[j * settings.group_size:(j + 1) * settings.group_size]
     return [r for position in sorted(at) for r in at[position]]
 
 
 def decoding_weights(run: Run):
     """Whole weights while an engine that reads the live model decodes (a sharded model is gathered
-    once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) needs nothing."""
-    return full_weights(run.model) if getattr(run.engine, "reads_live_model", True) else contextlib.nullcontext()
+    once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) or a dump
+    (replay) needs nothing."""
+    return full_weights(run.model) if run.engine.reads_live_model else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -270,12 +356,12 @@ def recording(run: Run, step: int) -> Iterator[None]:
 
 def logprob_check(rollout: Rollout, trainer_logp, dist: Dist) -> dict[str, float]:
     """``rollout/logprob_diff/mean`` and ``/max``: |log p under the engine - log p under the trainer|
-    over the global batch's response tokens, both of the distribution each token was sampled from
+    over the global batch's sampled response tokens (the loss mask), both of the distribution each token was sampled from
     (after temperature), for engines that return their log-probs (vLLM). A weight push that did not
     happen shows at once (the importance ratio engine / trainer is then far from 1)."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
-    mask = rollout.response_mask.float()
+    mask = rollout.loss_mask.float()
     width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], mask.shape[1])
     diff = (rollout.sample_logprobs[:, :width].float() - trainer_logp[:, :width].float()).abs() * mask[:, :width]
     total, count = dist.all_sum([float(diff.sum()), float(mask[:, :width].sum())])
@@ -295,8 +381,8 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
     else over an evenly spaced sample of each rank's sorted ratios."""
     if rollout.sample_logprobs is None or trainer_logp is None:
         return {}
-    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.response_mask.shape[1])
-    mask = rollout.response_mask[:, :width].float()
+    width = min(rollout.sample_logprobs.shape[1], trainer_logp.shape[1], rollout.loss_mask.shape[1])
+    mask = rollout.loss_mask[:, :width].float()
     engine, trainer = rollout.sample_logprobs[:, :width].float(), trainer_logp[:, :width].float()
     kl = kl_penalty(engine, trainer, "low_var_kl") * mask  # exp(t - e) - (t - e) - 1 >= 0
     rejected = torch.zeros_like(mask)
@@ -318,69 +404,6 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
 def reward_fields(p: Prompt) -> dict:
     """What a reward rule sees of a prompt besides the response: its extra keys, label and task."""
     return {**p.extra, "label": p.label, "task": p.task}
-
-
-@dataclass
-class StepData:
-    """What a rank's step produced, for the metrics of the global batch."""
-    tasks: list[str]  # (N,) each response's task
-    sources: list  # (N,) each response's data_source (None: its prompt has none)
-    rewards: RewardResult
-    scores: torch.Tensor  # (N,) weighted rewards
-    advantages: torch.Tensor  # (N,)
-    rollout: Rollout
-    entropy: Optional[torch.Tensor] = None  # (N,) each response's summed token entropy under the policy
-
-    def plain(self) -> dict:
-        r = self.rollout
-        return {"entropy": [] if self.entropy is None else self.entropy.tolist(), "tasks": self.tasks, "sources": [None if s is None else str(s) for s in self.sources], "totals": self.rewards.totals, "per_rule": self.rewards.per_rule,
-                "errors": self.rewards.errors, "scores": self.scores.tolist(), "advantages": self.advantages.tolist(),
-                "response_lengths": r.response_lengths.tolist(), "prompt_lengths": r.prompt_lengths.tolist(),
-                "stopped": r.stopped.tolist()}
-
-
-def step_metrics(step: int, how: StepSettings, dist: Dist, local: StepData, actor_stats: dict[str, float],
-                 timer: Timer) -> dict[str, float]:
-    """The step's line in metrics.jsonl, over the GLOBAL batch (every rank's responses, in rank order):
-    rewards (overall, per rule, per task), advantages, lengths, the update's statistics (already
-    global), rank 0's phase times with ``timing/all_max`` over the ranks, and throughput."""
-    parts = dist.gather(local.plain())
-    cat = lambda key: [x for part in parts for x in part[key]]  # noqa: E731
-    rewards = RewardResult(cat("totals"), {rule: [x for part in parts for x in part["per_rule"][rule]]
-                                           for rule in parts[0]["per_rule"]}, sum(part["errors"] for part in parts))
-    m: dict[str, float] = {"step": step}
-    m.update(rewards.metrics(cat("tasks"), cat("sources")))
-    m.update(advantage_metrics(torch.tensor(cat("advantages")), torch.tensor(cat("scores")), how.group_size))
-    m.update(length_metrics(torch.tensor(cat("response_lengths")), torch.tensor(cat("prompt_lengths")),
-                            torch.tensor(cat("stopped"))))
-    m.update(entropy_metrics(cat("entropy"), cat("response_lengths"), cat("tasks"), cat("sources")))
-    m.update(actor_stats)
-    m.update(timer.metrics(PHASES))
-    if dist.active:
-        m["timing/all_max"] = dist.all_max([m["timing/all"]])[0]
-    for key, phase in (("perf/tps", "all"), ("perf/tps_rollout", "rollout"), ("perf/tps_update", "update")):
-        m[key] = throughput(m["prompt_length/mean"], m["response_length/mean"], how.prompts_per_step,
-                            how.group_size, dist.world, m[f"timing/{phase}"])
-    if how.flops is not None and how.peak_flops > 0:
-        flops = step_flops(how.flops, cat("prompt_lengths"), cat("response_lengths"), how.group_size,
-                           (how.old_pass is not None) + (how.ref_pass is not None), how.update.epochs,
-                           how.update.forward.prompt_once)
-        m["perf/mfu"] = mfu(sum(flops.values()), m["timing/all"], dist.world, how.peak_flops)
-    m["perf/peak_memory_gb"] = m.get("perf/max_memory_allocated_gb", m.get("perf/max_rss_gb", 0.0))
-    return m
-
-
-def entropy_metrics(entropy: list[float], lengths: list[int], tasks: list[str], sources: list) -> dict[str, float]:
-    """``actor/entropy/task/<task>`` and ``actor/entropy/data_source/<source>``: the policy's mean token
-    entropy over each split's responses (at the update's first forward), next to ``actor/entropy``."""
-    if not entropy:
-        return {}
-    out = {}
-    for kind, keys in (("task", tasks), ("data_source", sources)):
-        for key in sorted({k for k in keys if k}):
-            rows = [i for i, k in enumerate(keys) if k == key]
-            out[f"actor/entropy/{kind}/{key}"] = sum(entropy[i] for i in rows) / max(sum(lengths[i] for i in rows), 1)
-    return out
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,

@@ -1,11 +1,92 @@
-"""The step's timers and its metric functions: lengths, throughput, advantages."""
+"""The step's line in metrics.jsonl over the global batch (`step_metrics`), its timers, and its metric
+functions: rewards, lengths, entropy, throughput, advantages."""
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import torch
+
+from verirl.models.perf import mfu, step_flops
+from verirl.rewards import RewardResult
+from verirl.train.distributed import Dist
+from verirl.train.settings import StepSettings
+
+PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights", "all")
+
+
+@dataclass
+class ResponseStats:
+    """One rank's responses as plain lists (what the ranks exchange for the metrics of the global batch)."""
+    tasks: list[str]  # (N,) each response's task
+    sources: list[Optional[str]]  # (N,) each response's data_source (None: its prompt has none)
+    rewards: RewardResult  # the logged rewards
+    advantage_rewards: list[float]  # (N,) the rewards the advantages were computed from
+    advantages: list[float]  # (N,)
+    response_lengths: list[int]  # (N,)
+    loss_lengths: list[int]  # (N,) the tokens trained on
+    prompt_lengths: list[int]  # (N,)
+    stopped: list[bool]  # (N,)
+    entropy: list[float]  # (N,) each response's token entropy summed over its loss mask
+
+    @staticmethod
+    def join(parts: list["ResponseStats"]) -> "ResponseStats":
+        """Every rank's, in rank order."""
+        def cat(name: str) -> list:
+            return [x for part in parts for x in getattr(part, name)]
+
+        rewards = RewardResult([x for p in parts for x in p.rewards.totals],
+                               {rule: [x for p in parts for x in p.rewards.per_rule[rule]]
+                                for rule in parts[0].rewards.per_rule},
+                               sum(p.rewards.errors for p in parts))
+        return ResponseStats(cat("tasks"), cat("sources"), rewards, cat("advantage_rewards"), cat("advantages"),
+                             cat("response_lengths"), cat("loss_lengths"), cat("prompt_lengths"), cat("stopped"),
+                             cat("entropy"))
+
+
+def step_metrics(step: int, settings: StepSettings, dist: Dist, local: ResponseStats, actor_stats: dict[str, float],
+                 timer: Timer) -> dict[str, float]:
+    """The step's line in metrics.jsonl, over the GLOBAL batch (every rank's responses, in rank order):
+    rewards (overall, per rule, per task), advantages, lengths, the update's statistics (already
+    global), rank 0's phase times with ``timing/all_max`` over the ranks, and throughput."""
+    every = ResponseStats.join(dist.gather(local))
+    m: dict[str, float] = {"step": step}
+    m.update(every.rewards.metrics(every.tasks, every.sources))
+    m.update(advantage_metrics(torch.tensor(every.advantages), torch.tensor(every.advantage_rewards),
+                               settings.group_size))
+    m.update(length_metrics(torch.tensor(every.response_lengths), torch.tensor(every.prompt_lengths),
+                            torch.tensor(every.stopped)))
+    m.update(entropy_metrics(every.entropy, every.loss_lengths, every.tasks, every.sources))
+    m.update(actor_stats)
+    m.update(timer.metrics(PHASES))
+    if dist.active:
+        m["timing/all_max"] = dist.all_max([m["timing/all"]])[0]
+    for key, phase in (("perf/tps", "all"), ("perf/tps_rollout", "rollout"), ("perf/tps_update", "update")):
+        m[key] = throughput(m["prompt_length/mean"], m["response_length/mean"], settings.prompts_per_step,
+                            settings.group_size, dist.world, m[f"timing/{phase}"])
+    if settings.flops is not None and settings.peak_flops > 0:
+        flops = step_flops(settings.flops, every.prompt_lengths, every.response_lengths, settings.group_size,
+                           (settings.old_pass is not None) + (settings.ref_pass is not None), settings.update.epochs,
+                           settings.update.forward.prompt_once)
+        m["perf/mfu"] = mfu(sum(flops.values()), m["timing/all"], dist.world, settings.peak_flops)
+    m["perf/peak_memory_gb"] = m.get("perf/max_memory_allocated_gb", m.get("perf/max_rss_gb", 0.0))
+    return m
+
+
+def entropy_metrics(entropy: list[float], lengths: list[int], tasks: list[str], sources: list) -> dict[str, float]:
+    """``actor/entropy/task/<task>`` and ``actor/entropy/data_source/<source>``: the policy's mean token
+    entropy over each split's responses (at the update's first forward, over the loss mask: ``lengths``
+    counts those tokens), next to ``actor/entropy``."""
+    if not entropy:
+        return {}
+    out = {}
+    for kind, keys in (("task", tasks), ("data_source", sources)):
+        for key in sorted({k for k in keys if k}):
+            rows = [i for i, k in enumerate(keys) if k == key]
+            out[f"actor/entropy/{kind}/{key}"] = sum(entropy[i] for i in rows) / max(sum(lengths[i] for i in rows), 1)
+    return out
 
 
 class Timer:

@@ -2,10 +2,10 @@
 that differ between the layouts: full weights for decoding, full state dicts for checkpoints.
 
 * one rank, or ``ddp``: every rank holds the whole model; `verirl.train.distributed.Dist`
-  sums the gradients once per mini-batch.
+  sums the gradients over the mesh's data-parallel group once per mini-batch.
 * ``fsdp2``: torch's FSDP2 (`fully_shard`) on each decoder layer and then on the root, for the
-  actor and (parameters only) the reference. Parameters, gradients and optimizer state are
-  DTensors sharded over the ranks; each module's forward all-gathers its weights and each backward
+  actor and (parameters only) the reference, over the mesh's data-parallel dimension
+  (``dist.mesh["dp"]``). Parameters, gradients and optimizer state are DTensors sharded over it; each module's forward all-gathers its weights and each backward
   reduce-scatters the gradients, SUMMED (the losses are already divided by the global token or
   sequence counts, so the sum is the one-rank gradient; gloo has no pre-multiplied sum, so the sum
   is forced for every backend).
@@ -53,15 +53,14 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model, dist: Dist, device: torch.device, offload_params: bool = False, trainable: bool = True):
-    """FSDP2 over every decoder layer, then the root (in place; returns ``model``). On accelerators the
-    parameters compute in bf16 and the gradients reduce in fp32; ``offload_params`` keeps the shards
-    on the host (where the device is not the host already). ``trainable=False`` (the reference):
-    parameters only."""
-    from torch.distributed.device_mesh import init_device_mesh
+def shard(model, mesh, device: torch.device, offload_params: bool = False, trainable: bool = True):
+    """FSDP2 over every decoder layer, then the root (in place; returns ``model``), sharded over
+    ``mesh``, a one-dimensional DeviceMesh (the data-parallel dimension, ``dist.mesh["dp"]``). On
+    accelerators the parameters compute in bf16 and the gradients reduce in fp32; ``offload_params``
+    keeps the shards on the host (where the device is not the host already). ``trainable=False``
+    (the reference): parameters only."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.world,))
     accelerator = device.type != "cpu"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if accelerator and next(model.parameters()).dtype == torch.float32 else MixedPrecisionPolicy()

@@ -187,20 +187,20 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     return logp, ent, resp_mask.float()
 
 
-def sequence_logprobs(model, rollout: Rollout, rows: Rows, how: LogprobPass = LogprobPass(),
+def sequence_logprobs(model, rollout: Rollout, rows: Rows, forward: LogprobPass = LogprobPass(),
                       with_entropy: bool = False, layouts: Optional[PackCache] = None):
     """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
-    response, by the packed path when ``how.remove_padding`` (and the model allows it), else padded.
+    response, by the packed path when ``forward.remove_padding`` (and the model allows it), else padded.
     ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows.
 
-    ``how.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
+    ``forward.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
     weights staying in theirs; the backward, called after this returns, follows the forward's dtypes.
     The packed path computes the output layer and the log-probs in the weights' dtype (`packed_logprobs`)."""
-    with mixed_precision(rollout.response_ids.device, how.compute_dtype):
-        if how.remove_padding and supports_packing(model)[0]:
-            return packed_logprobs(model, rollout, _rows(rollout, rows), how.temperature, with_entropy,
-                                   how.share_prompt, how.chunk, layouts)
-        return response_logprobs(model, rollout, rows, how.temperature, with_entropy)
+    with mixed_precision(rollout.response_ids.device, forward.compute_dtype):
+        if forward.remove_padding and supports_packing(model)[0]:
+            return packed_logprobs(model, rollout, _rows(rollout, rows), forward.temperature, with_entropy,
+                                   forward.share_prompt, forward.chunk, layouts)
+        return response_logprobs(model, rollout, rows, forward.temperature, with_entropy)
 
 
 def mixed_precision(device: torch.device, dtype: Optional[torch.dtype]):
@@ -221,16 +221,16 @@ def same_count(micro_batches: list[list[int]], model, dist: Dist) -> list[Option
 
 
 @torch.no_grad()
-def compute_logprobs(model, rollout: Rollout, how: LogprobPass = LogprobPass(),
+def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass(),
                      layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
     N, R = rollout.response_ids.shape
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
-    planned = plan_micro_batches(rollout, range(N), how.micro_batch_size, how.max_tokens, how.prompt_once)
-    with eval_mode(model), on_device_for(model, out.device, how.offload):
+    planned = plan_micro_batches(rollout, range(N), forward.micro_batch_size, forward.max_tokens, forward.prompt_once)
+    with eval_mode(model), on_device_for(model, out.device, forward.offload):
         for mb in same_count(planned, model, dist or Dist.single()):
             with silenced() if mb is None else contextlib.nullcontext():
-                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], how, layouts=layouts)
+                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], forward, layouts=layouts)
             if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
                 out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     reshard(model)
@@ -251,7 +251,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
 
     ``on_policy_out`` (N, R), on-policy only (no old-log-prob pass): filled with the log-probs the
     update computed before its (single) optimizer step, the trainer's side of the rollout engine's
-    log-prob check. ``entropy_out`` (N,): filled with each response's summed token entropy (first epoch).
+    log-prob check. ``entropy_out`` (N,): filled with each response's token entropy summed over its loss
+    mask (first epoch).
 
     The mismatch guard (``p.correction``, when the rollout has the engine's log-probs) multiplies each
     token's policy loss by its weight: 0 for a rejected token, which still counts in the loss's token
@@ -262,10 +263,11 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
                        on_policy_out if batch.old_logprobs is None else None, entropy_out)
 
 
-def loss_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
-    """(N, R) float: the tokens the loss is taken over: the response tokens, less those of truncated
-    responses with ``mask_truncated`` (TRL's mask_truncated_completions)."""
-    mask = r.response_mask.float()
+def trained_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
+    """(N, R) float: the tokens the policy loss, the KL and the entropy are taken over: the rollout's
+    loss mask, less the tokens of truncated responses with ``mask_truncated`` (TRL's
+    mask_truncated_completions)."""
+    mask = r.loss_mask.float()
     return mask * r.stopped[:, None].to(mask.dtype) if p.mask_truncated else mask
 
 
@@ -303,7 +305,7 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
     mb_seqs = p.mini_batch_prompts * p.group_size
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
     params = [q for q in model.parameters() if q.requires_grad]
-    trained = loss_mask(r, p)
+    trained = trained_mask(r, p)
     nonfinite = 0  # mini-batches whose loss or grad norm was not finite: skipped
     for epoch in range(p.epochs):
         for m0 in range(0, N, mb_seqs):
@@ -320,13 +322,13 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                         (logp.sum() * 0.0).backward()
                     continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
-                logp, ent, resp = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
+                logp, ent, _ = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
                 if on_policy_out is not None:
                     on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
                 if entropy_out is not None and epoch == 0:
-                    entropy_out[sel] = (ent.detach() * resp).sum(-1).to(entropy_out.dtype)
+                    entropy_out[sel] = (ent.detach() * r.loss_mask[sel, :w].to(ent.dtype)).sum(-1).to(entropy_out.dtype)
                 loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
                 loss.backward()
                 for k, v in shares.items():
