@@ -1,6 +1,8 @@
 """The step's seams for what comes next: a loss mask apart from the response mask (multi-turn
-rollouts' tool tokens), on the real tiny model; the ranks' named device mesh (model parallelism)."""
+rollouts' tool tokens), on the real tiny model; the step as a producer and a consumer sharing only
+the batch record (asynchronous rollouts); the ranks' named device mesh (model parallelism)."""
 import copy
+import dataclasses
 import os
 import socket
 import subprocess
@@ -11,7 +13,10 @@ import torch
 
 from verirl.core.types import Rollout, TrainBatch
 from verirl.rollout import NativeEngine, SamplingParams, concat_rollouts, left_pad
-from verirl.train.step import as_training_rollout, take_rows
+from verirl.config import load_config
+from verirl.train.build import build_run
+from verirl.train.step import as_training_rollout, consume, produce, take_rows, train_step
+from verirl.train.step_metrics import Timer
 from verirl.train.update import LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 
 HEAD, TAIL = 0, 1  # row HEAD: its first tokens not trained on; row TAIL: its last ones
@@ -100,6 +105,27 @@ def test_the_loss_mask_survives_joining_and_exchanging_rows(tiny, rollout):
     assert torch.equal(back.loss_mask, masked.loss_mask[order, :width])
     assert torch.equal(back.response_mask, masked.response_mask[order, :width])
     assert int(back.loss_mask.sum()) == int(masked.response_mask.sum()) - 6
+
+
+@pytest.mark.slow
+def test_a_batch_produced_without_the_reference_trains_as_the_whole_step(tmp_path):
+    """The producer needs neither the reference model nor the optimizer: a batch produced by a run
+    that has none, consumed by one that has them, gives the update `train_step` gives, with the KL to
+    the reference; the weight version goes from the producer's to one more."""
+    small = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=16",
+             "eval.before_train=false", "eval.at_end=false", "log.progress=false", "reward.workers=0",
+             "data.train_size=64", "eval.size=4", "algo.kl_coef=0.01"]
+    whole = build_run(load_config("tiny", [f"trainer.run_dir={tmp_path / 'a'}", *small]))
+    metrics, _ = train_step(whole, 1)
+    run = build_run(load_config("tiny", [f"trainer.run_dir={tmp_path / 'b'}", *small]))
+    producer = dataclasses.replace(run, ref=None, optimizer=None, scheduler=None)
+    batch = produce(producer, 1, Timer(), weight_version=0)
+    trained = consume(run, batch, Timer())
+    assert trained.weight_version == 1 and "actor/kl" in trained.update
+    for key, value in trained.update.items():
+        assert metrics[key] == value, key
+    whole.scorer.close()
+    run.scorer.close()
 
 
 MESH_RANK = r"""
