@@ -124,7 +124,7 @@ def environment(device: torch.device) -> None:
         import flash_attn  # noqa: F401
         say(f"flash-attn {flash_attn.__version__} installed")
     except ImportError:
-        skip("flash-attn varlen path (verirl.train.packing._varlen_kernel)", "flash-attn is not installed here; torch's varlen_attn stands in")
+        skip("flash-attn varlen path (verirl.core.ops.varlen.varlen_kernel)", "flash-attn is not installed here; torch's varlen_attn stands in")
     try:
         import vllm  # noqa: F401
         say("vllm installed (this check does not run it)")
@@ -296,7 +296,7 @@ def fsdp_one_rank(model_dir: Path, device: torch.device, smoke: bool) -> None:
 
 def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None:
     from verirl.models import load_model
-    from verirl.train import packing
+    from verirl.core.ops import varlen
     from verirl.train.update import LogprobPass
 
     dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -317,14 +317,14 @@ def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None
     runs = [("padded rows, SDPA", padded, "none"),
             ("packed, prompt shared, buckets (small_attention / SDPA)", LogprobPass(remove_padding=True), None),
             ("packed, no prompt sharing, buckets", LogprobPass(remove_padding=True, share_prompt=False), None)]
-    fn = packing.torch_varlen()
+    fn = varlen.torch_varlen()
     if fn is None:
         skip("packed log-probs through torch's variable-length attention", f"torch {torch.__version__} has no varlen_attn")
     elif device.type != "cuda":
         skip("packed log-probs through torch's variable-length attention", "CUDA only (torch's varlen_attn is flash-attention)")
     else:
-        fn_torch = packing.torch_varlen(direct=False)  # torch's varlen_attn function (custom-op dispatch)
-        fn_direct = packing.torch_varlen(direct=True)  # its flash kernels called directly: the default
+        fn_torch = varlen.torch_varlen(direct=False)  # torch's varlen_attn function (custom-op dispatch)
+        fn_direct = varlen.torch_varlen(direct=True)  # its flash kernels called directly: the default
         if fn_torch is None:
             skip("packed log-probs through torch's varlen_attn function", "a signature the adapter does not know")
         else:
@@ -340,17 +340,17 @@ def packed_vs_padded(model_dir: Path, device: torch.device, smoke: bool) -> None
         pass
     base = None
     for name, how, kernel in runs:
-        saved = dict(packing._KERNEL)
+        saved = dict(varlen._KERNEL)
         try:
-            packing._KERNEL["fn"] = None if kernel == "none" else kernel  # None: the buckets, whatever is installed
+            varlen._KERNEL["fn"] = None if kernel == "none" else kernel  # None: the buckets, whatever is installed
             t, lp = timed(lambda: all_logprobs(model, roll, how, micro), device, reps)
         except Exception as e:
             say(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
             SKIPPED.append(f"{name}: failed ({type(e).__name__})")
             continue
         finally:
-            packing._KERNEL.clear()
-            packing._KERNEL.update(saved)
+            varlen._KERNEL.clear()
+            varlen._KERNEL.update(saved)
         base = base or t
         say(f"  {name:<58} {t * 1e3:8.1f} ms ({base / t:4.2f}x padded)  vs fp32: " + diff_line(name.split(',')[0], lp, lp_ref, mask))
 

@@ -26,7 +26,7 @@ def packed(model_dir, device, smoke, small=False):
     """``small``: one micro-batch of a GRPO step of bench/grpo_vs_trl.py (8 prompts of 30-40 tokens x 8
     responses of 32), where launches and host work, not arithmetic, set the time."""
     from verirl.models import load_model
-    from verirl.train import packing
+    from verirl.core.ops import varlen
     from verirl.train.update import LogprobPass, sequence_logprobs
     from verirl.train.packing import PackCache, pack_rows
 
@@ -50,9 +50,9 @@ def packed(model_dir, device, smoke, small=False):
     caches = {}
 
     def variant(name, how, cached=False, kernel="default", grad=False, reps=3):
-        saved = dict(packing._KERNEL)
+        saved = dict(varlen._KERNEL)
         if kernel != "default":
-            packing._KERNEL["fn"] = kernel  # None: the buckets
+            varlen._KERNEL["fn"] = kernel  # None: the buckets
         cache = caches.setdefault(how.share_prompt, PackCache(roll)) if cached else None
         try:
             t, _ = gc.timed(lambda: run(how, cache, grad), device, reps)
@@ -60,15 +60,15 @@ def packed(model_dir, device, smoke, small=False):
         except Exception as e:
             gc.say(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
         finally:
-            packing._KERNEL.clear()
-            packing._KERNEL.update(saved)
+            varlen._KERNEL.clear()
+            varlen._KERNEL.update(saved)
             model.zero_grad(set_to_none=True)
 
     t = time.perf_counter()
     for rows in mbs:
         pack_rows(roll, rows, True)
     gc.say(f"  pack_rows for all {len(mbs)} micro-batches: {(time.perf_counter() - t) * 1e3:.1f} ms (CPU)")
-    kernel = packing._varlen_kernel(torch.zeros(1, 1, 64, device=device, dtype=model.dtype))  # a head size it takes
+    kernel = varlen.varlen_kernel(torch.zeros(1, 1, 64, device=device, dtype=model.dtype))  # a head size it takes
     gc.say(f"  default kernel: {getattr(kernel, '__module__', None)}.{getattr(kernel, '__qualname__', None)}")
     for grad in (False, True):
         gc.say(f"-- {'forward + backward' if grad else 'forward, no grad'}")
@@ -80,7 +80,7 @@ def packed(model_dir, device, smoke, small=False):
         variant("packed default, no prompt sharing, cached", LogprobPass(share_prompt=False), cached=True, grad=grad)
         if device.type == "cuda":  # the default calls torch's flash kernels directly; its varlen_attn function:
             variant("packed, torch's varlen_attn function, cached", LogprobPass(), cached=True,
-                    kernel=packing.torch_varlen(direct=False), grad=grad)
+                    kernel=varlen.torch_varlen(direct=False), grad=grad)
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     how = LogprobPass()

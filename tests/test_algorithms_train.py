@@ -291,40 +291,53 @@ def default_step(tmp_path_factory):
         run.lock.release()
 
 
-@pytest.mark.parametrize("option,key", [
-    (["algo.policy_loss=gspo"], "actor/pg_clipfrac"),  # its own clips, 3e-4 / 4e-4: far more clipping
-    (["algo.policy_loss=dual_clip", "algo.clip_ratio_c=1.01"], None),  # no token of this step has A < 0 and r > c
-    (["algo.policy_loss=cispo", "algo.clip_ratio_max=1.0"], "actor/pg_loss"),
-    (["algo.policy_loss=clip_cov", "algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-5"], "actor/grad_norm"),
-    (["algo.policy_loss=kl_cov", "algo.kl_cov_ratio=0.5"], "actor/pg_loss"),
-    (["algo.scale_rewards=batch"], "adv/max"),
-    (["algo.adv_estimator=reinforce_plus_plus_baseline"], "adv/min"),
-    (["algo.adv_estimator=rloo"], "adv/max"),
-    (["algo.top_entropy_quantile=0.2"], "actor/pg_loss"),
-    (["algo.rollout_correction.rollout_is=token", "algo.rollout_correction.rollout_is_threshold=0.5"], "actor/pg_loss"),
-    (["algo.loss_agg_mode=seq-mean-token-sum-norm", "algo.loss_scale_factor=7"], "actor/pg_loss"),
-    (["algo.mask_truncated=true"], None),  # no response of this step is cut (the actor tests cover the effect)
+# 18 new tokens cut 3 in 4 of this step's responses (20 cut none): what mask_truncated acts on
+TRUNCATING = ["rollout.max_new_tokens=18"]
+
+
+@pytest.mark.parametrize("option,key,shared", [
+    (["algo.policy_loss=gspo"], "actor/pg_clipfrac", []),  # its own clips, 3e-4 / 4e-4: far more clipping
+    # c just above 1: some tokens of the off-policy mini-batch have A < 0 and r > c, where the dual clip acts
+    (["algo.policy_loss=dual_clip", "algo.clip_ratio_c=1.001"], "actor/pg_clipfrac", []),
+    (["algo.policy_loss=cispo", "algo.clip_ratio_max=1.0"], "actor/pg_loss", []),
+    (["algo.policy_loss=clip_cov", "algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-5"], "actor/grad_norm", []),
+    (["algo.policy_loss=kl_cov", "algo.kl_cov_ratio=0.5"], "actor/pg_loss", []),
+    (["algo.scale_rewards=batch"], "adv/max", []),
+    (["algo.adv_estimator=reinforce_plus_plus_baseline"], "adv/min", []),
+    (["algo.adv_estimator=rloo"], "adv/max", []),
+    (["algo.top_entropy_quantile=0.2"], "actor/pg_loss", []),
+    (["algo.rollout_correction.rollout_is=token", "algo.rollout_correction.rollout_is_threshold=0.5"], "actor/pg_loss",
+     []),
+    (["algo.loss_agg_mode=seq-mean-token-sum-norm", "algo.loss_scale_factor=7"], "actor/pg_loss", []),
+    (["algo.mask_truncated=true"], "actor/pg_loss", TRUNCATING),
 ])
-def test_each_option_reaches_the_step(tmp_path, default_step, option, key):
-    """Every option, set in the config, changes what the step computes (the same seed and data as
-    the default step, so anything that differs is the option's doing)."""
-    run = _run(tmp_path / "r", *TWO_MINI, *option)
+def test_each_option_reaches_the_step(tmp_path, default_step, option, key, shared):
+    """Every option, set in the config, changes what the step computes: the same seed, data and ``shared``
+    settings as the step without it, so anything that differs is the option's doing."""
+    base = default_step
+    if shared:
+        run = _run(tmp_path / "base", *TWO_MINI, *shared)
+        try:
+            base = train_step(run, 1)[0]
+        finally:
+            run.lock.release()
+    run = _run(tmp_path / "r", *TWO_MINI, *shared, *option)
     try:
         m, _ = train_step(run, 1)
     finally:
         run.lock.release()
     assert torch.isfinite(torch.tensor(m["actor/grad_norm"]))
-    assert m["reward/mean"] == default_step["reward/mean"]  # the same rollouts: only what the option does differs
-    if key is not None:
-        assert m[key] != pytest.approx(default_step[key], rel=1e-6, abs=1e-9), (option, key, m[key])
+    assert m["reward/mean"] == base["reward/mean"]  # the same rollouts: only what the option does differs
+    assert m[key] != pytest.approx(base[key], rel=1e-6, abs=1e-9), (option, key, m[key])
     if option[0].startswith("algo.policy_loss="):
         assert run.step.update.policy_loss == option[0].split("=")[1]
     if option == ["algo.policy_loss=gspo"]:
         assert (run.step.update.loss.clip_low, run.step.update.loss.clip_high) == (3e-4, 4e-4)
-    if option == ["algo.mask_truncated=true"]:
-        assert run.step.update.mask_truncated
-    if "algo.clip_ratio_c=1.01" in option:
-        assert run.step.update.loss.clip_ratio_c == 1.01
+    if "algo.clip_ratio_c=1.001" in option:  # the dual clip adds its tokens to the PPO clip's
+        assert m["actor/pg_clipfrac"] > base["actor/pg_clipfrac"]
+    if shared == TRUNCATING:  # some responses are cut, not all
+        assert 0 < base["response_length/clip_ratio"] < 1 and m["response_length/clip_ratio"] == \
+            base["response_length/clip_ratio"]
 
 
 def test_normalize_then_sum_logs_the_plain_reward(tmp_path):

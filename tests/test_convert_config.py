@@ -501,6 +501,47 @@ def test_tables_name_real_verirl_keys(module):
     assert all(why for _, why in module.IGNORED)
 
 
+def _registries() -> dict:
+    """Every registry of a choice key a table's note may name, by that key."""
+    from verirl.config.layout import LAUNCHERS, OFFLOADS, STRATEGIES
+    from verirl.core.algo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from verirl.data.prompts import SHUFFLES, TOO_LONG
+    from verirl.models.device import COMPUTE_DTYPES, DEVICES
+    from verirl.models.load import DTYPES
+    from verirl.rewards.rules import RULES
+    from verirl.rollout import ENGINES
+
+    return {r.key: r for r in (LAUNCHERS, OFFLOADS, STRATEGIES, ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS,
+                                POLICY_LOSSES, SHUFFLES, TOO_LONG, COMPUTE_DTYPES, DEVICES, DTYPES, RULES, ENGINES)}
+
+
+@pytest.mark.parametrize("module", [convert_verl, convert_mindspeed])
+def test_table_notes_name_verirl_choices_its_registries_hold(module):
+    """A `key=value` a note of the data tables tells the user to set is a choice of verirl's registry for key."""
+    import re
+
+    registries = _registries()
+    notes = [why for _, why in module.IGNORED] + [*getattr(module, "NO_LOSS_MODE", {}).values(),
+                                                  *getattr(module, "NO_RULE", {}).values()]
+    named = {m for note in notes for m in re.findall(r"(?<![\w.])([a-z_]+\.[a-z_.]*[a-z_])=([\w.]+)", note)}
+    assert named
+    for key, value in named:
+        assert key in registries and value in registries[key], f"{key}={value}"
+
+
+def test_peer_tables_are_package_data():
+    """The tables' data files ship in the wheel: pyproject's package-data names each of them."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["verirl"]
+    package = root / "src" / "verirl"
+    files = [f.relative_to(package).as_posix() for f in (package / "tools" / "align").glob("*.yaml")]
+    assert sorted(files) == ["tools/align/mindspeed_rl.yaml", "tools/align/verl.yaml"]
+    assert all(any(fnmatch(f, g) for g in globs) for f in files)
+
+
 # ---------------------------------------------------------------- veRL: the algorithm options
 
 def _checked(result):

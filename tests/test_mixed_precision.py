@@ -162,18 +162,18 @@ def test_cuda_mixed_precision_packed_pass_takes_the_varlen_kernel(tiny, sampled)
     model = copy.deepcopy(tiny.model).cuda()
     roll = Rollout(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in vars(sampled).items()})
     calls = []
-    real = packing._varlen_kernel
+    real = packing.varlen_kernel
 
     def spy(query, dropout=0.0):
         fn = real(query, dropout)
         calls.append((query.dtype, fn is not None))
         return fn
 
-    packing._varlen_kernel = spy
+    packing.varlen_kernel = spy
     try:
         mixed = compute_logprobs(model, roll, LogprobPass(compute_dtype=torch.bfloat16))
     finally:
-        packing._varlen_kernel = real
+        packing.varlen_kernel = real
     full = compute_logprobs(model, roll, LogprobPass())
     assert calls and all(dtype == torch.bfloat16 and found for dtype, found in calls), calls
     mask = roll.response_mask.bool()

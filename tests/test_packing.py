@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verirl.config import ConfigError, load_config
+from verirl.core.ops import varlen
 from verirl.core.ops.head_logprobs import head_logprobs
 from verirl.rollout.base import left_pad
 from verirl.train.update import (LogprobPass, UpdateParams, build_optimizer, plan_micro_batches, response_logprobs,
@@ -192,13 +193,15 @@ def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_
 
 
 @pytest.mark.parametrize("share", [True, False])
-def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
-    """The arguments handed to flash-attn's varlen kernel (on CUDA) describe the same attention as the
-    buckets: checked here with a written-out kernel of the same semantics."""
+def test_varlen_call_arguments_describe_the_buckets_attention(tiny, sampled, monkeypatch, share):
+    """The layout packed attention hands a varlen kernel (queries, gathered keys, cu_q / cu_k, max_q / max_k,
+    causal) describes the same attention as the buckets: the kernel here is `_varlen_reference`, written
+    out from flash-attn's semantics. The real kernels run on CUDA only: `test_cuda_varlen_kernel_equals_buckets`
+    (bench/gpu_all.sh, part varlen)."""
     import verirl.train.packing as packing
 
     def run(fn):
-        monkeypatch.setattr(packing, "_varlen_kernel", lambda query, dropout=0.0: fn)
+        monkeypatch.setattr(packing, "varlen_kernel", lambda query, dropout=0.0: fn)
         model = copy.deepcopy(tiny.model)
         lp, ent, mask = packed_logprobs(model, sampled, list(range(16)), with_entropy=True, share_prompt=share)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
@@ -211,11 +214,12 @@ def test_varlen_layout_equals_buckets(tiny, sampled, monkeypatch, share):
 
 
 @pytest.mark.parametrize("signature", ["window_size", "is_causal"])
-def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signature):
-    """`packing.torch_varlen` calls torch's varlen_attn as flash-attn's function is called: causal
-    aligned to each segment's last key (window_size=(-1, 0), or is_causal in torch's other signature),
-    grouped-query heads shared (enable_gqa, or k/v repeated where torch has no such flag). torch's
-    kernel is CUDA-only, so here it is the written-out kernel behind each of torch's two signatures."""
+def test_torch_varlen_adapter_passes_flash_attn_arguments_to_varlen_attn(tiny, sampled, monkeypatch, signature):
+    """`varlen.torch_varlen` calls torch's varlen_attn with the arguments flash-attn's function is called
+    with: causal aligned to each segment's last key (window_size=(-1, 0), or is_causal in torch's other
+    signature), grouped-query heads shared (enable_gqa, or k/v repeated where torch has no such flag).
+    varlen_attn here is `_varlen_reference` behind each of torch's two signatures; the real kernel runs
+    on CUDA only (`test_cuda_varlen_kernel_equals_buckets`)."""
     import torch.nn.attention.varlen as tv
 
     import verirl.train.packing as packing
@@ -231,11 +235,11 @@ def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signatu
             seen.append((is_causal, k.shape[1] == q.shape[1]))
             return _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=is_causal)
     monkeypatch.setattr(tv, "varlen_attn", fake)
-    adapter = packing.torch_varlen(direct=False)
+    adapter = varlen.torch_varlen(direct=False)
     assert adapter is not None
 
     def run(fn):
-        monkeypatch.setattr(packing, "_varlen_kernel", lambda query, dropout=0.0: fn)
+        monkeypatch.setattr(packing, "varlen_kernel", lambda query, dropout=0.0: fn)
         model = copy.deepcopy(tiny.model)
         lp, _, mask = packed_logprobs(model, sampled, list(range(16)))
         (lp * mask).sum().backward()
@@ -254,14 +258,12 @@ def test_torch_varlen_adapter_equals_buckets(tiny, sampled, monkeypatch, signatu
 def test_which_torch_varlen_kernel(monkeypatch):
     """By default torch's flash kernels are called directly (`flash_varlen`); VERIRL_VARLEN=torch keeps
     torch's varlen_attn function; neither takes dropout."""
-    import verirl.train.packing as packing
-
     monkeypatch.delenv("VERIRL_VARLEN", raising=False)
-    assert packing.torch_varlen() is packing.flash_varlen
+    assert varlen.torch_varlen() is varlen.flash_varlen
     monkeypatch.setenv("VERIRL_VARLEN", "torch")
-    assert packing.torch_varlen() not in (None, packing.flash_varlen)
+    assert varlen.torch_varlen() not in (None, varlen.flash_varlen)
     with pytest.raises(ConfigError, match="dropout"):
-        packing.flash_varlen(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
+        varlen.flash_varlen(*[torch.zeros(1)] * 5, 1, 1, dropout_p=0.1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's flash kernels run on CUDA only")
@@ -269,8 +271,6 @@ def test_which_torch_varlen_kernel(monkeypatch):
 def test_flash_varlen_equals_torch_varlen_attn(kv_heads):
     """On a GPU: the direct call gives torch's varlen_attn's outputs and gradients (the same kernels), for
     packed causal segments whose queries are the last of their keys (a shared prompt's keys repeated)."""
-    import verirl.train.packing as packing
-
     g = torch.Generator().manual_seed(0)
     q_lens, k_lens = [5, 17, 1, 40], [9, 17, 30, 40]
     cu_q = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).cuda()
@@ -282,13 +282,45 @@ def test_flash_varlen_equals_torch_varlen_attn(kv_heads):
     q, k, v = leaf(sum(q_lens), 9), leaf(sum(k_lens), kv_heads), leaf(sum(k_lens), kv_heads)
     grad = torch.randn(sum(q_lens), 9, 64, generator=g).to("cuda", torch.bfloat16)
     outs = []
-    for fn in (packing.flash_varlen, packing.torch_varlen(direct=False)):
+    for fn in (varlen.flash_varlen, varlen.torch_varlen(direct=False)):
         o = fn(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), softmax_scale=0.125, causal=True)
         dq, dk, dv = torch.autograd.grad(o, (q, k, v), grad)
         outs.append((o, dq, dk, dv))
     assert torch.equal(outs[0][0], outs[1][0])
     for a, b in zip(outs[0][1:], outs[1][1:]):
         assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernels run on CUDA only")
+@pytest.mark.parametrize("kernel", ["flash_varlen", "varlen_attn", "flash_attn"])
+def test_cuda_varlen_kernel_equals_buckets(tiny, sampled, monkeypatch, kernel):
+    """On a GPU, in bfloat16: the real varlen kernel (torch's flash kernels called directly, torch's varlen_attn,
+    flash-attn's function where installed) gives the buckets' log-probs, entropies' gradients and weight
+    gradients for the packed rows, a shared prompt's keys gathered once per response."""
+    import verirl.train.packing as packing
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("torch's flash kernels need an Ampere or newer GPU")
+    if kernel == "flash_attn":
+        fn = pytest.importorskip("flash_attn").flash_attn_varlen_func
+    else:
+        fn = varlen.flash_varlen if kernel == "flash_varlen" else varlen.torch_varlen(direct=False)
+    if fn is None:
+        pytest.skip("this torch has no varlen_attn")
+    model0 = copy.deepcopy(tiny.model).to("cuda", torch.bfloat16)
+    roll = Rollout(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in vars(sampled).items()})
+
+    def run(f):
+        monkeypatch.setattr(packing, "varlen_kernel", lambda query, dropout=0.0: f)
+        model = copy.deepcopy(model0)
+        lp, ent, mask = packed_logprobs(model, roll, list(range(16)), with_entropy=True, share_prompt=True)
+        ((lp.float() * mask).sum() + 0.1 * (ent.float() * mask).sum()).backward()
+        return lp.detach().float(), mask.bool(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+    (la, mask, ga), (lb, _, gb) = run(None), run(fn)
+    assert (la - lb)[mask].abs().max() <= 0.05  # two bfloat16 computations of the same attention
+    for n in ga:
+        assert (ga[n] - gb[n]).abs().max() <= 0.05 * ga[n].abs().max() + 1e-3, n
 
 
 def test_auto_chunk_per_device():

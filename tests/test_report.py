@@ -255,3 +255,16 @@ def test_dollars_in_run_and_task_names_are_plain_text(tmp_path):
     labels = [t.get_text() for t in charts["reward"].figure.axes[0].get_legend().get_texts()]
     assert labels == ["cost $5 and $6", r"x$^{\nope$"]
     assert charts["reward_tasks"].figure.axes[0].get_title() == r"$\frac{$"
+
+
+def test_report_is_a_command_of_the_one_table(capsys):
+    """`verirl report` is the report tool's own command in the CLI's one table of subcommands, which `verirl
+    --help` lists in full, in its order."""
+    import verirl.tools.report as report
+    from verirl.cli import commands
+
+    assert commands()["report"].run is report.run and commands()["report"].help == report.HELP
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = re.search(r"\{([a-z,-]+)\}", capsys.readouterr().out).group(1).split(",")
+    assert listed == list(commands()) and {"train", "eval", "convert-config", "report"} <= set(listed)

@@ -1,7 +1,9 @@
 """A short real GRPO run of the shipped tiny model through the CLI."""
 import json
+import time
+
 import pytest
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verirl.cli import main
 
@@ -16,10 +18,12 @@ REQUIRED = ["step", "reward/mean", "reward/acc/mean", "reward/format/mean", "res
 
 def test_short_grpo_run_end_to_end(tmp_path, capsys):
     run = tmp_path / "run"
+    start = time.monotonic()
     rc = main(["train", "--config", CONFIG, f"trainer.run_dir={run}", "trainer.total_steps=3",
                "data.prompts_per_step=4", "actor.mini_batch_prompts=2", "rollout.n=4", "actor.micro_batch_size=5",
                "trainer.dump_rollouts=true", "eval.size=8", "eval.n=1", "actor.warmup_steps=2",
                "log.progress=false", "log.console_every=1"])
+    elapsed = time.monotonic() - start
     assert rc == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the held-out evaluation before training
@@ -30,11 +34,16 @@ def test_short_grpo_run_end_to_end(tmp_path, capsys):
     # two mini-batches per step: not on-policy, so the old log-prob pass ran
     assert all(r["timing/old_log_prob"] > 0 and r["timing/ref"] > 0 for r in rows)
     assert rows[0]["actor/lr"] < rows[-1]["actor/lr"]  # warm-up
-    r = rows[0]
-    expected_tps = (r["prompt_length/mean"] + r["response_length/mean"]) * 4 * 4 / r["timing/all"]
-    assert r["perf/tps"] == pytest.approx(expected_tps, rel=1e-6)
     dump = [json.loads(l) for l in (run / "rollouts.jsonl").read_text().splitlines()]
     assert len(dump) == 3 * 4 * 4
+    # perf/tps: the step's tokens, counted here from its dumped prompts and responses, over its measured time
+    # (timing/all, itself within the run's wall time)
+    tokenizer = AutoTokenizer.from_pretrained(run / "final")
+    for r in rows:
+        tokens = sum(len(tokenizer(d["prompt"], add_special_tokens=False).input_ids) + d["response_length"]
+                     for d in dump if d["step"] == r["step"])
+        assert r["perf/tps"] * r["timing/all"] == pytest.approx(tokens, rel=1e-6)
+    assert sum(r["timing/all"] for r in rows) < elapsed
     assert {"step", "prompt", "response", "label", "task", "scores", "reward", "response_length", "stopped"} <= set(dump[0])
     assert (run / "config.yaml").exists()
     summary = json.loads((run / "summary.json").read_text())

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import importlib.util
 import os
 import signal
 import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 EPILOG = """examples:
   verirl train                      # the embedded default (the tiny recipe), what `make run` runs
@@ -60,79 +64,116 @@ def _sigint_after_imports():
         raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its one-line help, what it adds to its parser, and what it runs (args -> exit status; a
+    `verirl.core.errors.UserError` it raises is printed as one paragraph, exit 2). ``description``: the text
+    above its options (a tool's module docstring); without one its --help ends with the examples."""
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: Optional[str] = None
+
+
+def _tool(path: str) -> Command:
+    """The command of a tool module (`verirl.tools`): its ``HELP``, ``add_arguments(parser)`` and ``run(args)``;
+    a tool module imports nothing heavy (torch, transformers) at its top level."""
+    module = importlib.import_module(path)
+    return Command(module.HELP, module.add_arguments, module.run, module.__doc__)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verirl", description="GRPO with verifiable rewards.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for name, help_ in [("train", "GRPO training (writes RUN_DIR/metrics.jsonl, RUN_DIR/final/)"),
-                        ("sft", "supervised warm start on a built-in task (builds the tiny model)"),
-                        ("preprocess", "raw json/jsonl/parquet/arrow -> tokenized prompts (MindSpeed-RL keys)")]:
-        s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("--config", "-c", help="a YAML config file" + (
-            ", or a recipe shipped with verirl (tiny); default: tiny" if name == "train" else ""))
-        s.add_argument("--help-config", action="store_true",
-                       help="print every config key with its default; with --config, with the file's values")
-        s.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
-        if name == "train":
-            s.add_argument("--dry-run", action="store_true",
-                           help="check the config and print the layout per rank and a memory estimate, as "
-                                "`verirl plan`; loads no weights, starts nothing")
-            s.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
-            s.add_argument("--quiet", "-q", action="store_true",
-                           help="no per-step output (log.progress=off, log.console_every=0); messages and the "
-                                "final table remain")
-    pl = sub.add_parser("plan", help="check a training config and print its layout per rank and a memory estimate "
-                                     "(no weights loaded)", epilog=EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    pl.add_argument("--config", "-c", help="a YAML config file, or a recipe shipped with verirl (tiny); default: tiny")
-    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    pl.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
-    e = sub.add_parser("export", help="a checkpoint -> a Hugging Face model directory (transformers, vLLM)",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N")
-    e.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
-    v = sub.add_parser("eval", help="greedy accuracy and n samples per prompt: pass@k, maj@n, mean reward",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("--model", default="tiny", help="a Hugging Face model directory (a run's RUN_DIR/final, or "
-                                                   "`verirl export`'s output), or tiny (default)")
-    v.add_argument("--data", default="arith",
-                   help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
-                        "held-out split (default)")
-    v.add_argument("--n", type=int, default=8, help="samples per prompt (default 8; 0 = greedy only)")
-    v.add_argument("--no-greedy", action="store_true", help="skip the greedy decode (val greedy_acc)")
-    v.add_argument("--template", default="tokenizer", help="prompt template for raw files (default: the model's own)")
-    v.add_argument("--templates-file", default="", help="your own templates.json (MindSpeed-RL format)")
-    v.add_argument("--handler", default="R1AlpacaStyleInstructionHandler", help="or VerlParquetHandler")
-    v.add_argument("--verifiers", default="acc", help="comma-separated rules for the score (default acc)")
-    v.add_argument("--max-new-tokens", type=int, default=32)
-    v.add_argument("--max-prompt-length", type=int, default=1024)
-    v.add_argument("--temperature", type=float, default=1.0)
-    v.add_argument("--top-p", type=float, default=1.0,
-                   help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
-    v.add_argument("--top-k", type=int, default=0,
-                   help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
-    v.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
-    v.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
-                   help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
-    v.add_argument("--size", "--val-size", dest="size", type=int, default=200,
-                   help="with --data arith: held-out problems, as eval.size (default 200)")
-    v.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
-    for name, module in _align_commands():
-        a = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+    for name, command in commands().items():
+        s = sub.add_parser(name, help=command.help, description=command.description,
+                           epilog=None if command.description else EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(a)
+        command.add_arguments(s)
     return p
 
 
-def _align_commands():
-    """(name, module) of the alignment commands (`verirl.tools.align.COMMANDS`)."""
-    import importlib
+def _config_arguments(p: argparse.ArgumentParser, recipe: bool = False) -> None:
+    p.add_argument("--config", "-c", help="a YAML config file" + (
+        ", or a recipe shipped with verirl (tiny); default: tiny" if recipe else ""))
+    p.add_argument("--help-config", action="store_true",
+                   help="print every config key with its default; with --config, with the file's values")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
 
-    from verirl.tools.align import COMMANDS
 
-    return [(name, importlib.import_module(path)) for name, path in COMMANDS.items()]
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p, recipe=True)
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config and print the layout per rank and a memory estimate, as "
+                        "`verirl plan`; loads no weights, starts nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no per-step output (log.progress=off, log.console_every=0); messages and the "
+                        "final table remain")
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="a YAML config file, or a recipe shipped with verirl (tiny); default: tiny")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N")
+    p.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
+
+
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="a Hugging Face model directory (a run's RUN_DIR/final, or "
+                                                   "`verirl export`'s output), or tiny (default)")
+    p.add_argument("--data", default="arith",
+                   help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
+                        "held-out split (default)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8; 0 = greedy only)")
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy decode (val greedy_acc)")
+    p.add_argument("--template", default="tokenizer", help="prompt template for raw files (default: the model's own)")
+    p.add_argument("--templates-file", default="", help="your own templates.json (MindSpeed-RL format)")
+    p.add_argument("--handler", default="R1AlpacaStyleInstructionHandler", help="or VerlParquetHandler")
+    p.add_argument("--verifiers", default="acc", help="comma-separated rules for the score (default acc)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-prompt-length", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
+    p.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
+                   help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
+    p.add_argument("--size", "--val-size", dest="size", type=int, default=200,
+                   help="with --data arith: held-out problems, as eval.size (default 200)")
+    p.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
+
+
+@functools.lru_cache(maxsize=1)
+def commands() -> dict[str, Command]:
+    """Every subcommand, in the order of `verirl --help`."""
+    return {
+        "train": Command("GRPO training (writes RUN_DIR/metrics.jsonl, RUN_DIR/final/)", _train_arguments, _train),
+        "sft": Command("supervised warm start on a built-in task (builds the tiny model)", _config_arguments,
+                       _configured),
+        "preprocess": Command("raw json/jsonl/parquet/arrow -> tokenized prompts (MindSpeed-RL keys)",
+                              _config_arguments, _configured),
+        "plan": Command("check a training config and print its layout per rank and a memory estimate (no weights "
+                        "loaded)", _plan_arguments, _plan),
+        "export": Command("a checkpoint -> a Hugging Face model directory (transformers, vLLM)", _export_arguments,
+                          _export),
+        "eval": Command("greedy accuracy and n samples per prompt: pass@k, maj@n, mean reward", _eval_arguments,
+                        _eval),
+        "doctor": _tool("verirl.tools.align.doctor"),
+        "convert-config": _tool("verirl.tools.align.convert"),
+        "compare-runs": _tool("verirl.tools.align.compare_runs"),
+        "compare-activations": _tool("verirl.tools.align.activations"),
+        "report": _tool("verirl.tools.report"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,28 +204,21 @@ def _drop_stdout() -> None:
 
 
 def _run(args) -> int:
-    from verirl.tools.align import COMMANDS
     from verirl.core.errors import UserError, check_env
 
     try:
         check_env()  # VERIRL_* switches, for every command: a misspelled value stops here, not mid-run
+        return commands()[args.command].run(args)
     except UserError as e:
         return _user_error(args.command, e)
 
-    if args.command in COMMANDS:
-        import importlib
 
-        from verirl.core.errors import UserError
-        try:
-            return importlib.import_module(COMMANDS[args.command]).run(args)
-        except UserError as e:
-            return _user_error(args.command, e)
-    if args.command == "export":
-        return _export(args)
-    if args.command == "eval":
-        return _eval(args)
-    if args.command == "plan" or getattr(args, "dry_run", False):
-        return _plan(args)
+def _train(args) -> int:
+    return _plan(args) if args.dry_run else _configured(args)
+
+
+def _configured(args) -> int:
+    """`verirl train | sft | preprocess`: the config (file, then overrides) and the run it describes."""
     from verirl.config import Config, PreprocessConfig, SFTConfig, describe, load_config, to_yaml
     from verirl.core.errors import UserError
 
@@ -269,14 +303,10 @@ def _eval(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from verirl.core.errors import ConfigError, UserError
     from verirl.run.checks import check_model, check_rules
-    from verirl.data import arith_split, encode_prompts
-    from verirl.data.dataset import load_prompts
-    from verirl.core.errors import ConfigError, DataError, UserError
+    from verirl.train.build import build_eval
     from verirl.train.evaluate import evaluate
-    from verirl.models import load_model
-    from verirl.rewards import Scorer, default_workers
-    from verirl.rollout import build_engine
 
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -303,28 +333,11 @@ def _eval(args) -> int:
                                     f"(e.g. from `verirl export`) or tiny.")
         _not_a_run_dir(args.model)
         check_model(args.model, args.template if args.data != "arith" else "", args.templates_file, "--model")
-        lm = load_model(args.model, "float32", "auto")
-        if args.data == "arith":
-            _, prompts = arith_split(0, 0, args.size)
-            prompts = encode_prompts(prompts, lm.tokenizer, args.max_prompt_length, "arith val", "filter")
-        else:
-            if not os.path.exists(args.data):
-                raise ConfigError(f"--data {args.data}: no such file or folder (or use --data arith).")
-            prompts = load_prompts(args.data, lm.path, prompt_type=args.template, templates_file=args.templates_file,
-                                   handler_name=args.handler, map_keys={}, additional_keys=["labels"],
-                                   max_prompt_length=args.max_prompt_length, too_long="filter").prompts
-        if args.limit:
-            prompts = prompts[:args.limit]
-        if not prompts:
-            raise DataError(f"--data {args.data}: no prompts to evaluate.")
-        scorer = Scorer(rules, [1.0] * len(rules), workers=default_workers(), timeout=args.timeout)
-        options = {}
-        if args.engine == "vllm":  # vLLM's defaults of the rollout section (docs/vllm.md)
-            from verirl.config import RolloutConfig
-            from verirl.rollout.vllm import vllm_options
-            options = vllm_options(RolloutConfig(), lm, "float32", {}, 256,
-                                   args.max_prompt_length + args.max_new_tokens, args.seed)
-        engine = build_engine(args.engine, lm.model, lm.pad_id, lm.stop_ids, **options)
+        parts = build_eval(args.model, args.data, size=args.size, template=args.template,
+                           templates_file=args.templates_file, handler=args.handler,
+                           max_prompt_length=args.max_prompt_length, max_new_tokens=args.max_new_tokens,
+                           limit=args.limit, verifiers=rules, timeout=args.timeout, engine=args.engine, seed=args.seed)
+        lm, prompts, scorer, engine = parts.lm, parts.prompts, parts.scorer, parts.engine
         try:
             what = f"{len(prompts)} prompts ({'' if args.no_greedy else 'greedy + '}{args.n} samples each)"
             with console.status(f"evaluating {what}...") as status:

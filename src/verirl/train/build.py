@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import functools
 import random
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from verirl.core.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossPara
 from verirl.config import Config, scale_rewards
 from verirl.data import PromptSampler
 from verirl.data.dataset import data_loading_options, load_data, load_prompts
-from verirl.core.errors import CheckpointError
+from verirl.core.errors import ConfigError
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
@@ -320,3 +319,45 @@ def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
             "dtype": cfg.model.dtype}
     return ActivationSettings(frozenset(d.steps), d.modules, d.backward,
                               Path(d.dir or Path(cfg.trainer.run_dir) / "activations"), meta)
+
+
+@dataclass
+class EvalParts:
+    """What `verirl eval` runs: the model, the prompts, the scorer (close it) and the engine."""
+    lm: object
+    prompts: list[Prompt]
+    scorer: Scorer
+    engine: Engine
+
+
+def build_eval(model: str, data: str, *, size: int, template: str, templates_file: str, handler: str,
+               max_prompt_length: int, max_new_tokens: int, limit: int, verifiers: list[str], timeout: float,
+               engine: str, seed: int) -> EvalParts:
+    """`verirl eval`'s model (float32), prompts (the built-in arith task's ``size`` held-out problems, or the
+    file or folder ``data``; the first ``limit``, 0 = all), scorer (equal weights) and engine."""
+    import os
+
+    from verirl.config import RolloutConfig
+    from verirl.core.errors import DataError
+    from verirl.data import arith_split, encode_prompts
+    from verirl.rewards import default_workers
+
+    lm = load_model(model, "float32", "auto")
+    if data == "arith":
+        _, prompts = arith_split(0, 0, size)
+        prompts = encode_prompts(prompts, lm.tokenizer, max_prompt_length, "arith val", "filter")
+    else:
+        if not os.path.exists(data):
+            raise ConfigError(f"--data {data}: no such file or folder (or use --data arith).")
+        prompts = load_prompts(data, lm.path, prompt_type=template, templates_file=templates_file,
+                               handler_name=handler, map_keys={}, additional_keys=["labels"],
+                               max_prompt_length=max_prompt_length, too_long="filter").prompts
+    if limit:
+        prompts = prompts[:limit]
+    if not prompts:
+        raise DataError(f"--data {data}: no prompts to evaluate.")
+    scorer = Scorer(verifiers, [1.0] * len(verifiers), workers=default_workers(), timeout=timeout)
+    options = {}
+    if engine == "vllm":  # vLLM's defaults of the rollout section (docs/vllm.md)
+        options = vllm_options(RolloutConfig(), lm, "float32", {}, 256, max_prompt_length + max_new_tokens, seed)
+    return EvalParts(lm, prompts, scorer, build_engine(engine, lm.model, lm.pad_id, lm.stop_ids, **options))

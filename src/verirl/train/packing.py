@@ -20,10 +20,9 @@ segments times the square of its longest segment, whereas one block-diagonal mas
 whole row costs the square of the row length, most of it on pairs of tokens that may not
 attend to each other.
 On CUDA with a half-precision model, all segments go instead through one call of a
-variable-length attention kernel per layer: flash-attn's `flash_attn_varlen_func` when it is
-installed, else torch's own `torch.nn.attention.varlen.varlen_attn` (a flash-attention kernel
-inside recent torch) where its kernel runs: an Ampere or
-newer GPU, a head size that is a multiple of 8 up to 256, no attention dropout. Segments are taken in packed order, so the queries are the packed row
+variable-length attention kernel per layer (`verirl.core.ops.varlen.varlen_kernel` picks it:
+flash-attn's `flash_attn_varlen_func` when it is installed, else torch's own flash kernels where
+they run). Segments are taken in packed order, so the queries are the packed row
 itself (no gather, no reordering) and only a shared prompt's keys are gathered once per response;
 causal is aligned to each segment's last key. The arguments are checked on CPU against a
 written-out kernel of the same semantics. On a GPU the kernel's one call per layer takes the place
@@ -35,18 +34,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verirl.core.errors import ConfigError, env_choice
+from verirl.core.errors import ConfigError
 from verirl.core.ops.attention import small_attention, small_enough
 from verirl.core.ops.head_logprobs import head_logprobs
+from verirl.core.ops.varlen import varlen_kernel
 from verirl.train.strategy import final_hidden
 from verirl.train.record import response_positions
 from verirl.core.types import Rollout
@@ -246,102 +244,6 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
                        t(out_row), t(out_col), len(rows), max(width, 1))
 
 
-_KERNEL = {}
-
-
-class _FlashVarlen(torch.autograd.Function):
-    """torch's flash kernels on packed segments, called directly (``aten._flash_attention_forward`` and
-    ``_backward``, what ``torch.nn.attention.varlen.varlen_attn`` runs on its flash path): the same
-    kernels without that function's custom-op dispatch, which cost ~180 us of host time a call on an
-    H200's host (a 30-layer forward and backward at GRPO-step sizes is bound by host time there).
-    q (T, H, d), k/v (T_k, KVH, d) with KVH dividing H; no dropout."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale, causal: bool):
-        out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
-        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse, seed, offset)
-        ctx.args = (max_q, max_k, causal, scale)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        q, k, v, cu_q, cu_k, out, lse, seed, offset = ctx.saved_tensors
-        max_q, max_k, causal, scale = ctx.args
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal, seed, offset, scale=scale)
-        return dq, dk, dv, None, None, None, None, None, None
-
-
-def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
-    """`_FlashVarlen` called as flash-attn's ``flash_attn_varlen_func`` is."""
-    if dropout_p:
-        raise ConfigError("torch's varlen kernels take no attention dropout here; install flash-attn, or set "
-                          "actor.use_remove_padding=false.")
-    return _FlashVarlen.apply(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k),
-                              softmax_scale, bool(causal))
-
-
-def torch_varlen(direct: Optional[bool] = None):
-    """torch's ``varlen_attn`` called as flash-attn's ``flash_attn_varlen_func`` is (the call below),
-    or None where this torch has none. ``direct`` (the default unless ``VERIRL_VARLEN=torch``): the kernels
-    that function runs on its flash path, called without its dispatch (`flash_varlen`). Whether they run
-    at all (CUDA, half precision, head size, GPU generation) is `_varlen_kernel`'s decision."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    if direct is None:
-        direct = env_choice("VERIRL_VARLEN") == "auto"
-    if direct:
-        return flash_varlen
-    params = inspect.signature(varlen_attn).parameters
-
-    def call(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
-        if dropout_p:
-            raise ConfigError("torch's varlen_attn has no attention dropout; install flash-attn, or set "
-                              "actor.use_remove_padding=false.")
-        kw = {} if softmax_scale is None else {"scale": softmax_scale}
-        if causal:  # flash-attn's causal: aligned to the last key of each segment (bottom-right)
-            if "is_causal" in params:
-                kw["is_causal"] = True
-            else:
-                kw["window_size"] = (-1, 0)
-        H, KVH = q.shape[1], k.shape[1]
-        if KVH != H:
-            if "enable_gqa" in params:
-                kw["enable_gqa"] = True
-            else:
-                k, v = k.repeat_interleave(H // KVH, dim=1), v.repeat_interleave(H // KVH, dim=1)
-        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
-
-    return call if ("is_causal" in params or "window_size" in params) else None
-
-
-def _varlen_kernel(query: torch.Tensor, dropout: float = 0.0):
-    """For CUDA half-precision tensors: flash-attn's ``flash_attn_varlen_func`` when the package is
-    installed, else torch's ``varlen_attn`` where its flash kernel runs (an Ampere or newer GPU, head
-    size a multiple of 8 up to 256, no attention dropout); None elsewhere (the buckets below are
-    used). ``VERIRL_VARLEN=buckets`` keeps the buckets everywhere."""
-    if query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16):
-        return None
-    if "fn" not in _KERNEL:
-        fn, ours = None, False
-        if env_choice("VERIRL_VARLEN") != "buckets":
-            try:
-                from flash_attn import flash_attn_varlen_func as fn
-            except ImportError:
-                fn = torch_varlen()
-                ours = fn is not None
-        _KERNEL["fn"], _KERNEL["torch"] = fn, ours
-    d = query.shape[-1]
-    if _KERNEL.get("torch") and not (dropout == 0 and d <= 256 and d % 8 == 0
-                                     and torch.cuda.get_device_capability(query.device) >= (8, 0)):
-        return None
-    return _KERNEL["fn"]
-
-
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                      sliding_window=None, **kwargs):
     """An attention function for transformers' AttentionInterface: the packed layout while a packed
@@ -360,7 +262,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (T, H, d), (T, KVH, d)
     scale = d ** -0.5 if scaling is None else scaling
     p_drop = dropout if module.training else 0.0
-    varlen_fn = _varlen_kernel(query, p_drop)
+    varlen_fn = varlen_kernel(query, p_drop)
     if varlen_fn is not None:  # every segment in one call; causal aligned to the last key, as here
         vl = layout.varlen
         if vl.k_pos is not None:  # a shared prompt's keys and values, once per response

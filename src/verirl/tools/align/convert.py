@@ -38,6 +38,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from verirl.config import flatten
@@ -51,6 +52,14 @@ STATUSES = ("translated", "decide", "ignored", "unknown")
 _RANK = {"": 0, "unknown": 1, "ignored": 2, "translated": 3, "decide": 4}  # a later, stronger status wins
 _NO = object()
 _SAME = "the same meaning"
+
+
+
+def peer_tables(name: str) -> dict[str, Any]:
+    """The data file ``name`` beside this module: a format's tables (its defaults, its ignored keys), parsed."""
+    import yaml
+
+    return yaml.safe_load((Path(__file__).parent / name).read_text(encoding="utf-8"))
 
 
 def add_arguments(parser) -> None:

@@ -17,48 +17,35 @@ master of April-May 2025 ("pre-2.0"), where they differ:
 
 The actor reads megatron_training updated by actor_config (``{**megatron_training, **actor_config}``
 in cli/train_grpo.py), so an actor_config key wins over the megatron_training key of the same name.
+
+MindSpeed-RL's defaults and ignored keys are data: mindspeed_rl.yaml beside this file.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import Direct, NeedsDecision, Translation
+from verirl.tools.align.convert import Direct, NeedsDecision, Translation, peer_tables
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
 
-# MindSpeed-RL's defaults (2.x) for the keys the translation reads; megatron keys under megatron_training.
-DEFAULTS: dict[str, Any] = {
-    MT + "global_batch_size": None, MT + "seq_length": None, MT + "train_iters": None, MT + "seed": 1234,
-    MT + "lr": None, MT + "lr_decay_style": "linear", MT + "min_lr": 0.0, MT + "weight_decay": 0.01,
-    MT + "lr_warmup_fraction": None, MT + "clip_grad": 1.0, MT + "adam_beta1": 0.9, MT + "adam_beta2": 0.999,
-    MT + "micro_batch_size": None, MT + "attention_dropout": 0.1, MT + "hidden_dropout": 0.1,
-    MT + "no_shuffle": False, MT + "tokenizer_name_or_path": None, MT + "stage": None,
-    RL + "n_samples_per_prompt": 1, RL + "mini_batch_size": 1, RL + "epochs": 1, RL + "max_prompt_length": 512,
-    RL + "clip_ratio": 0.2, RL + "clip_higher_enable": False, RL + "clip_ratio_low": 0.1, RL + "clip_ratio_high": 0.1,
-    RL + "entropy_coeff": 0.0, RL + "kl_penalty": "low_var_kl", RL + "kl_ctrl_type": "fixed", RL + "init_kl_coef": 0.01,
-    RL + "adv_estimator": "group_norm", RL + "verifier_function": ["base_acc"], RL + "verifier_weight": [1.0],
-    RL + "rule_reward": True, RL + "use_dynamic_bsz": False, RL + "max_packing_token_size": 4096,
-    RL + "update_max_packing_token_size": 4096, RL + "ref_max_packing_token_size": 4096,
-    RL + "token_level_loss": True, RL + "use_kl_in_reward": False, RL + "update_micro_batch_size": None,
-    RL + "overlong_buffer_enable": False, RL + "overlong_buffer": 0, RL + "overlong_buffer_penalty_factor": 1.0,
-    RL + "rollout_max_tokens": 2048, RL + "filter_groups_enable": False, RL + "filter_groups_metric": "acc",
-    RL + "filter_groups_max_batches": 1, RL + "filter_groups_train_batch_size": 1,
-}
-# Where the pre-2.0 RLConfig defaulted otherwise (mindspeed_rl/config_cls/rl_config.py before 2.0).
-PRE2_DEFAULTS: dict[str, Any] = {RL + "entropy_coeff": 0.001, RL + "kl_penalty": "kl"}
-# generate_config.sampling_config: MindSpeed-RL's when the section is left out; a section given replaces it
-# whole, and then a key it lacks takes vLLM's SamplingParams default.
-SAMPLING_DEFAULTS = {"max_tokens": 128, "top_p": 1.0, "top_k": 50, "min_p": 0.0, "temperature": 0.2}
-VLLM_DEFAULTS = {"max_tokens": 16, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "temperature": 1.0}
+_TABLES = peer_tables("mindspeed_rl.yaml")
+# MindSpeed-RL's defaults (2.x) for the keys the translation reads, and the pre-2.0 ones that differ;
+# generate_config.sampling_config's when the section is left out, and vLLM's for a key a given section lacks.
+DEFAULTS: dict[str, Any] = _TABLES["defaults"]
+PRE2_DEFAULTS: dict[str, Any] = _TABLES["pre2_defaults"]
+SAMPLING_DEFAULTS: dict[str, Any] = _TABLES["sampling_defaults"]
+VLLM_DEFAULTS: dict[str, Any] = _TABLES["vllm_defaults"]
+# MindSpeed-RL's rule names verirl has no rule of (a name in verirl.rewards.rules.RULES is written as it is).
+NO_RULE: dict[str, str] = _TABLES["no_rule"]
+# Model numerics MindSpeed-RL may set in its own yaml: Megatron's name -> config.json's name.
+NUMERICS: dict[str, str] = _TABLES["numerics"]
+# (glob, why) for the keys verirl needs no equivalent of; the first match wins. Keys under megatron_training and
+# actor_config share one list (the actor reads both).
+IGNORED: list[tuple[str, str]] = [*[(prefix + glob, why) for prefix in (MT, AC) for glob, why in
+                                    _TABLES["actor_ignored"].items()], *_TABLES["ignored"].items()]
 
-# MindSpeed-RL's rule names (mindspeed_rl/models/rule_verifier.py): verirl's rules of the same names are written
-# after them (verirl.rewards.rules.RULES, docs/rewards.md); these have no verirl rule.
-NO_RULE = {
-    "math_verify_reward": "1/0 by math-verify (verirl's acc also uses math-verify but scores 1 / -0.5 / -1)",
-    "math_17k_acc": "1/0 on the math-17k labels", "acc_for_dapo": "DAPO's 1/-1 accuracy",
-    "acc_for_ppo": "PPO's accuracy", "retool_reward": "a tool-use reward",
-}
+
 def _kl_type(v: str) -> str:
     from verirl.core.algo.kl import KL_ESTIMATORS
 
@@ -91,127 +78,6 @@ DIRECT = [
     Direct(MT + "dataset_additional_keys", "data.dataset_additional_keys", list,
            note="extra columns kept for the rewards (task, data_source, ...)"),
 ]
-
-_MEGATRON = "Megatron's model parallelism: verirl's data-parallel layout (FSDP2) replaces it, whole layers per rank"
-_KERNEL = "a Megatron/Ascend fusion or kernel switch: the same maths, another kernel"
-_LAYOUT = "the other run's devices; verirl's result does not depend on the number of ranks (docs/distributed.md): " \
-          "set trainer.nproc_per_node / nnodes for the machine that runs it"
-_VLLM = "a vLLM engine setting; verirl's rollout engine has its own (rollout.micro_batch_size)"
-_TD = "how MindSpeed-RL's transfer dock dispatches work: no effect on the maths"
-_OBS = "logging or profiling: verirl writes RUN_DIR/metrics.jsonl"
-_FILES = "the other machine's checkpoint files: verirl loads model.path and writes under trainer.run_dir"
-
-# (glob, why) for the keys verirl needs no equivalent of; the first match wins. Keys under megatron_training
-# and actor_config share one list (the actor reads both).
-_ACTOR_IGNORED: list[tuple[str, str]] = [
-    ("tensor_model_parallel_size", _MEGATRON), ("pipeline_model_parallel_size", _MEGATRON),
-    ("context_parallel_size", _MEGATRON), ("context_parallel_algo", _MEGATRON),
-    ("expert_model_parallel_size", _MEGATRON),
-    ("sequence_parallel", _MEGATRON), ("num_layer_list", _MEGATRON), ("noop_layers", _MEGATRON),
-    ("num_layers_per_virtual_pipeline_stage", _MEGATRON), ("moe_tp_extend_ep", _MEGATRON),
-    ("use_distributed_optimizer", "Megatron's sharded optimizer state: verirl's FSDP2 shards it too"),
-    ("use_tp_pp_dp_mapping", _MEGATRON),
-    ("recompute_*", "activation recomputation: memory only"), ("swap_*", "memory only"),
-    ("reuse_fp32_param", "memory only"), ("use_fused_*", _KERNEL), ("use_flash_attn", _KERNEL),
-    ("no_masked_softmax_fusion", _KERNEL), ("no_gradient_accumulation_fusion", _KERNEL),
-    ("gemm_gradient_accumulation_fusion", _KERNEL), ("attention_softmax_in_fp32", _KERNEL),
-    ("use_mcore_models", _KERNEL), ("moe_alltoall_overlap_comm", _KERNEL), ("use_ascend_coc", _KERNEL),
-    ("coc_*", _KERNEL), ("overlap_grad_reduce", _KERNEL), ("overlap_param_gather", _KERNEL),
-    ("transformer_impl", _KERNEL),
-    ("npu_deterministic", "NPU determinism switch"), ("use_cp_send_recv_overlap", _KERNEL),
-    ("use_fused_ring_attention_update", _KERNEL), ("attention_mask_type", "causal, as verirl's"),
-    ("bf16", "Megatron trains in bf16 with fp32 master weights: verirl's model.dtype=float32 with "
-             "model.compute_dtype=bfloat16 (model.dtype alone sets one dtype for weights and compute)"),
-    ("initial_loss_scale", "fp16 loss scaling: bf16 needs none"),
-    ("init_method_std", "initialises new weights only: the model is loaded (finetune)"),
-    ("distributed_backend", "verirl picks the backend for the device"), ("no_shared_storage", "checkpoint I/O"),
-    ("finetune", "load the weights without their optimizer state: verirl starts a run from model.path"),
-    ("load", _FILES), ("save", _FILES), ("no_load_optim", _FILES), ("no_load_rng", _FILES), ("no_save_optim", _FILES),
-    ("no_save_rng", _FILES), ("pretrained_checkpoint", _FILES), ("load_checkpoint_loosely", _FILES),
-    ("variable_seq_lengths", "padding layout: verirl packs sequences (actor.use_remove_padding)"),
-    ("no_pad_to_seq_lengths", "padding layout: verirl packs sequences"), ("reset_attention_mask", "padding layout"),
-    ("reset_position_ids", "padding layout"), ("pad_to_multiple_of", "padding layout"),
-    ("shape_order", "tensor layout"),
-    ("tokenizer_type", "a Hugging Face tokenizer, as verirl's"), ("tokenizer_not_use_fast", "the tokenizer class"),
-    ("tokenizer_padding_side", "verirl pads as it needs"), ("is_instruction_dataset", "the data format"),
-    ("full_shuffle_instruction_dataset", "Megatron's index shuffle across epochs (see no_shuffle)"),
-    ("num_workers", "data-loader processes"), ("log_interval", _OBS), ("log_throughput", _OBS),
-    ("eval_iters", "Megatron's own evaluation: not run in GRPO"), ("eval_interval", "Megatron's own evaluation"),
-    ("lora_*", "LoRA settings: LoRA is off (no lora_target_modules)"), ("ai_framework", "PyTorch, as verirl"),
-    ("use_kv_cache", "generation is vLLM's"), ("do_sample", "generation is vLLM's (generate_config)"),
-    ("optimizer", "adam: AdamW with weight_decay, as verirl's"),
-    ("ddp_bucket_size", _KERNEL), ("accumulate_allreduce_grads_in_fp32", _KERNEL),
-    ("no_check_for_nan_in_loss_and_grad", "verirl checks for non-finite losses itself (trainer.max_nonfinite_steps)"),
-    ("vocab_extra_ids", "none"), ("moe_*", "MoE settings of the model architecture"), ("skip_train", "false"),
-    ("enable_high_availability", "MindSpeed's fault tolerance"), ("dataloader_type", "Megatron's data-loader kind"),
-    ("prompt_type_path", "MindSpeed-RL's templates.json: verirl ships the same templates"),
-    *[(name, "the architecture: verirl reads it from model.path's config.json") for name in (
-        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "max_position_embeddings",
-        "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights", "add_qkv_bias", "disable_bias_linear",
-        "group_query_attention", "num_query_groups", "position_embedding_type", "normalization", "swiglu",
-        "use_rotary_position_embeddings", "kv_channels", "qk_layernorm", "attention_bias", "norm_topk_prob",
-        "num_experts", "mm_model")],
-]
-# Model numerics MindSpeed-RL may set in its own yaml: Megatron's name -> config.json's name.
-NUMERICS = {"norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta", "padded_vocab_size": "vocab_size"}
-
-IGNORED: list[tuple[str, str]] = [
-    ("defaults", "Hydra's defaults list (the model yaml): see megatron_training.model"),
-    ("hydra.*", "Hydra's own settings"),
-    *[(MT + p, why) for p, why in _ACTOR_IGNORED], *[(AC + p, why) for p, why in _ACTOR_IGNORED],
-    (RL + "actor_resource.*", _LAYOUT), (RL + "reference_resource.*", _LAYOUT), (RL + "reward_resource.*", _LAYOUT),
-    (RL + "critic_resource.*", _LAYOUT), (RL + "vit_resource.*", _LAYOUT),
-    (RL + "num_cpus_for_*", _LAYOUT), (RL + "*dispatch_size", _TD), (RL + "experience_count*", _TD),
-    (RL + "guarantee_order", _TD), (RL + "blocking", _TD), (RL + "async_engine", _TD), (RL + "zmq_communication", _TD),
-    (RL + "hccl_buffersize", _TD), (RL + "data_strategy", _TD), (RL + "transfer_queue_*", _TD),
-    (RL + "partial_rollout_max_split", _TD), (RL + "require_max_age_all_finished", _TD),
-    (RL + "use_dp_batch_balance", "verirl balances its token-budget micro-batches itself"),
-    (RL + "use_integrated_worker", "actor, reference and rollout share the devices, as verirl always does"),
-    (RL + "integrated_mode_config*", "colocation settings"),
-    (RL + "runtime_env_path", "Ray's runtime environment file"), (RL + "tp_split_expert", _MEGATRON),
-    (RL + "enable_sharding_validate", "a resharding self-check"), (RL + "share_backbone", "vision models only"),
-    (RL + "is_multimodal", "vision models only"), (RL + "reuse_image_embeds", "vision models only"),
-    (RL + "colocate_actor_and_vit", "vision models only"), (RL + "vit_*", "vision models only"),
-    (RL + "use_tensorboard", _OBS), (RL + "use_wandb", _OBS), (RL + "wandb_*", _OBS), (RL + "use_swanlab", _OBS),
-    (RL + "swanlab_*", _OBS), (RL + "log_max_throughput", _OBS),
-    (RL + "gamma", "GAE's discount: GRPO does not use it"), (RL + "lam", "GAE's lambda: GRPO does not use it"),
-    (RL + "advantage_whiten", "whitening of GAE advantages: GRPO normalises per group"),
-    (RL + "cliprange_value", "the critic's value clip: no critic"), (RL + "kl_horizon", "adaptive KL only"),
-    (RL + "kl_target", "adaptive KL only"), (RL + "beta", "weighs a reward model against the rules: rules only here"),
-    (RL + "num_samples_per_step", "unused by GRPO"),
-    (RL + "actor_forward_micro_batch_size", "the old-log-prob pass's micro-batch: verirl runs it in the actor's "
-                                            "micro-batches or token budget (and skips it when on-policy)"),
-    (RL + "ref_forward_micro_batch_size", "the reference pass's micro-batch: verirl runs it in the actor's "
-                                          "micro-batches or ref.log_prob_max_token_len_per_device"),
-    (RL + "actor_max_packing_token_size", "the old-log-prob pass's token budget: verirl's is the actor's"),
-    (RL + "*dynamic_max_batch_size", "a cap on sequences per dynamic micro-batch: verirl caps by tokens only"),
-    (RL + "shuffle_mini_batch", "false: the step's order, as verirl keeps it"),
-    (RL + "filter_groups_*", "DAPO's dynamic sampling: read with filter_groups_enable under stage ray_dapo only"),
-    (RL + "overlong_*", "DAPO's overlong penalty: read with overlong_buffer_enable only"),
-    (RL + "rollout_max_tokens", "the overlong penalty's length: read with overlong_buffer_enable only"),
-    (RL + "multi_turn_enable", "false: single-turn"), (RL + "tool_*", "tools are off"),
-    (RL + "max_tool_*", "tools are off"),
-    (RL + "max_parallel_calls", "tools are off"), (RL + "max_total_response_length", "tools are off"),
-    (RL + "verifier_parallel", "scoring processes: verirl's reward.workers is sized for this machine"),
-    (GEN + "infer_*_parallel_size", "vLLM's parallel layout: verirl's rollout runs on each data-parallel rank"),
-    (GEN + "offload_train_*", "memory placement during the rollout, not maths: set actor.offload for this machine"),
-    (GEN + "max_num_seqs", _VLLM), (GEN + "max_model_len", _VLLM), (GEN + "max_num_batched_tokens", _VLLM),
-    (GEN + "dtype", _VLLM + "; the rollout uses the model's weights as trained"),
-    (GEN + "gpu_memory_utilization", _VLLM), (GEN + "enforce_eager", _VLLM), (GEN + "torchair_graph", _VLLM),
-    (GEN + "enable_prefix_caching", _VLLM), (GEN + "num_scheduler_steps", _VLLM),
-    (GEN + "enable_expert_parallel", _VLLM),
-    (GEN + "expert_map_path", _VLLM), (GEN + "ascend_scheduler_config_enabled", _VLLM), (GEN + "eplb_*", _VLLM),
-    (GEN + "limit_mm_*", "vision models only"), (GEN + "trust_remote_code", "verirl loads the model's own class"),
-    (GEN + "micro_batch_size", _VLLM), (GEN + "data_parallel_size", _VLLM),
-    (SAMP + "logprobs", "vLLM returns sampling log-probs: verirl recomputes them with the training model"),
-    (SAMP + "detokenize", _VLLM), (SAMP + "min_p", "0: off, as verirl"),
-    (SAMP + "seed", "vLLM's sampling seed: verirl seeds its sampling with trainer.seed"),
-    ("profiler_config.*", _OBS), ("msprobe_config.*", _OBS),
-    ("ref_config.*", "the separate reference worker's layout: verirl colocates the reference with the actor"),
-    ("critic_config.*", "GRPO has no critic"),
-    ("reward_config.*", "the reward model's worker (see rl_config.rule_reward): verirl scores with rules"),
-]
-
 
 # ---------------------------------------------------------------- helpers
 

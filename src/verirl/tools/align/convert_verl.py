@@ -14,12 +14,13 @@ January 2026). Where an older veRL behaves differently and a config may come fro
 Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
 `translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
 and `IGNORED` (glob, why) for what verirl needs no equivalent of. Anything else is "unknown".
+veRL's defaults and ignored keys are data: verl.yaml beside this file.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import Direct, NeedsDecision, Translation
+from verirl.tools.align.convert import Direct, NeedsDecision, Translation, peer_tables
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -29,47 +30,18 @@ PL = A + "policy_loss."
 RC = "algorithm.rollout_correction."
 FG = "algorithm.filter_groups."
 
-# veRL's defaults for the keys the translation reads (verl/trainer/config/ppo_trainer.yaml).
-DEFAULTS: dict[str, Any] = {
-    "data.train_batch_size": 1024, "data.gen_batch_size": None, "data.max_prompt_length": 512,
-    "data.max_response_length": 512,
-    "data.shuffle": True, "data.seed": None, "data.filter_overlong_prompts": False, "data.truncation": "error",
-    "data.prompt_key": "prompt", "data.reward_fn_key": "data_source",
-    A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size": None, A + "ppo_micro_batch_size_per_gpu": None,
-    A + "use_dynamic_bsz": False, A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1,
-    A + "clip_ratio": 0.2, A + "clip_ratio_low": 0.2, A + "clip_ratio_high": 0.2, A + "loss_agg_mode": "token-mean",
-    A + "entropy_coeff": 0.0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
-    A + "grad_clip": 1.0, A + "optim.clip_grad": 1.0, A + "optim.lr": 1e-6, A + "optim.betas": [0.9, 0.999],
-    A + "optim.weight_decay": 0.01, A + "optim.lr_warmup_steps": -1, A + "optim.lr_warmup_steps_ratio": 0.0,
-    A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None, A + "optim.optimizer": "AdamW",
-    A + "policy_loss.loss_mode": "vanilla", A + "strategy": "fsdp", A + "clip_ratio_c": 3.0,
-    A + "loss_scale_factor": None, PL + "clip_cov_ratio": 0.0002, PL + "clip_cov_lb": 1.0, PL + "clip_cov_ub": 5.0,
-    PL + "kl_cov_ratio": 0.0002, PL + "ppo_kl_coef": 0.1, "trainer.use_legacy_worker_impl": "auto",
-    R + "calculate_log_probs": False,
-    RC + "rollout_is": None, RC + "rollout_is_threshold": 2.0, RC + "rollout_rs": None,
-    RC + "rollout_rs_threshold": None,
-    RC + "bypass_mode": False, RC + "rollout_is_batch_normalize": False,
-    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "do_sample": True,
-    R + "val_kwargs.n": 1, R + "val_kwargs.do_sample": False, R + "val_kwargs.temperature": 0.0,
-    R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
-    M + "use_remove_padding": True,
-    "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
-    "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.save_freq": -1,
-    "trainer.test_freq": -1, "trainer.val_before_train": True, "trainer.project_name": "verl_examples",
-    "trainer.experiment_name": "gsm8k", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1,
-    "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
-    "reward_model.enable": False,
-}
+_TABLES = peer_tables("verl.yaml")
+# veRL's defaults for the keys the translation reads; (glob, why) for the keys verirl needs no equivalent of,
+# the first match wins; the loss modes verirl has no loss for.
+DEFAULTS: dict[str, Any] = _TABLES["defaults"]
+IGNORED: list[tuple[str, str]] = list(_TABLES["ignored"].items())
+NO_LOSS_MODE: dict[str, str] = _TABLES["no_loss_mode"]
 
 # veRL's KL types, loss aggregations, advantage estimators and loss modes carry the names verirl's registries
 # use (verirl.core.algo: KL_ESTIMATORS, AGGREGATIONS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES): a name in the registry is
 # verirl's of the same meaning, except these loss modes. veRL's vanilla applies the dual clip
 # (compute_policy_loss_vanilla), which is verirl's dual_clip; verirl's vanilla has none.
 RENAMED_LOSS_MODES = {"vanilla": "dual_clip"}
-NO_LOSS_MODE = {
-    "gpg": "GPG's loss (no ratio, no clip)", "sapo": "SAPO's soft gate (tau_pos / tau_neg)",
-    "geo_mean": "GMPO's geometric-mean ratio", "bypass_mode": "the rollout-correction bypass loss",
-}
 
 
 def _kl_type(v: str) -> str:
@@ -133,173 +105,6 @@ DIRECT = [
     Direct("trainer.val_before_train", "eval.before_train", bool),
     Direct(M + "path", "model.path", note="the other machine's path or hub id"),
 ]
-
-_LAYOUT = "the other run's device layout; verirl's result does not depend on the number of ranks " \
-          "(docs/distributed.md): set trainer.nproc_per_node / nnodes for the machine that runs it"
-_MEMORY = "memory placement, not maths: set actor.offload / ref.offload for this machine"
-_VLLM = "a vLLM/SGLang engine setting; verirl's rollout engine has its own (rollout.micro_batch_size)"
-_KERNEL = "a kernel or compile switch: the same maths, another kernel"
-_OBS = "logging, profiling or tracing: verirl writes RUN_DIR/metrics.jsonl"
-
-# (glob, why) for the keys verirl needs no equivalent of; the first match wins.
-IGNORED: list[tuple[str, str]] = [
-    ("defaults", "Hydra's defaults list: the translation applies veRL's defaults to the keys it reads "
-                 "(rows marked default)"),
-    ("hydra.*", "Hydra's own settings"),
-    ("*._target_", "the Python class veRL builds the section with"),
-    ("*profiler*", _OBS), ("global_profiler.*", _OBS), ("*.prometheus.*", _OBS), ("*.trace.*", _OBS),
-    ("critic.*", "GRPO has no critic (veRL only uses it for GAE); verirl has none"),
-    ("reward_model.*", "reward_model.enable is false: rewards come from the reward function"),
-    ("reward.reward_model.*", "reward.reward_model.enable is false: rewards come from the reward function"),
-    ("reward.num_workers", "scoring processes: verirl's reward.workers is sized for this machine"),
-    ("*sandbox_fusion.*", "veRL's code-execution sandbox for code rewards: verirl's rules run no code"),
-    ("model_engine", "Hydra's choice of veRL's training engine (fsdp, megatron, ...): verirl's is FSDP2"),
-    ("*@*", "a Hydra config-group choice: veRL's engine layout"),
-    (A + "optim.zero_indexed_step", "where veRL's cosine schedule starts counting: the schedule here is constant"),
-    (A + "optim.muon_*", "a parameter of the Muon optimizer: read only with optimizer muon"),
-    (A + "optim.*_dtype", "the precision of Megatron's precision-aware optimizer state (off)"),
-    (A + "optim.use_precision_aware_optimizer", "Megatron's precision-aware optimizer: off, fp32 state as verirl's"),
-    (A + "optim.use_layer_wise_distributed_optimizer", "how Megatron shards the optimizer state: the same maths"),
-    (A + "optim.override_optimizer_config.*", _MEMORY + " (Megatron's optimizer offload)"),
-    (A + "veomni.*", _MEMORY + "; veOmni's parallel layout, replaced by verirl's FSDP2"),
-    (REF + "veomni.*", _MEMORY + "; veOmni's parallel layout"),
-    (A + "engine.*", "the training engine's parallel layout and offload: verirl's FSDP2 data parallelism"),
-    ("*entropy_from_logits_chunk_size", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
-    ("*pad_to_length*", "padding to fixed lengths for compiled kernels: verirl packs sequences"),
-    (R + "seed", "vLLM's sampling seed: verirl seeds its sampling with trainer.seed"),
-    (R + "full_determinism", _VLLM), (R + "moe_*", _VLLM), (R + "disaggregation.*", _VLLM + " (prefill/decode on "
-                                                                                         "separate devices)"),
-    (R + "qat", "the rollout's copy of actor.qat (quantization-aware training)"),
-    (R + "n_gpus_per_node", _LAYOUT), (R + "nnodes", _LAYOUT),
-    (FG + "max_inflight_gen_batches", "how many generation batches veRL's DAPO trainer keeps in flight: the same "
-                                      "prompts, drawn ahead"),
-    ("data.audio_key", "audio models only"), ("data.mm_processor_kwargs", "vision and audio models only"),
-    ("data.function_tool_path", "tools are off"),
-    ("reward_manager.*", "veRL's reward manager gathers the scores; verirl's rules are reward.verifiers"),
-    ("ray_kwargs.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
-    ("ray_init.*", "Ray start-up arguments (verirl: trainer.launcher=ray, trainer.ray_address)"),
-    ("transfer_queue.*", "veRL's data transfer queue: no equivalent needed"),
-    ("algorithm.gamma", "GAE's discount: GRPO does not use it"),
-    ("algorithm.lam", "GAE's lambda: GRPO does not use it"),
-    (RC + "loss_type", "the loss of bypass mode only (bypass_mode is false)"),
-    (RC + "*", "a rollout-correction setting the translation does not read (see rollout_is / rollout_rs)"),
-    ("algorithm.use_pf_ppo", "PF-PPO reweighting: not available, and off here"),
-    ("algorithm.pf_ppo.*", "PF-PPO reweighting: not available, and off here"),
-    (FG + "_target_", "the Python class veRL builds the section with"),
-    ("reward.reward_manager.*", "veRL's reward manager: dapo adds the overlong penalty (translated from its "
-                                "overlong_buffer_cfg); verirl's rules are reward.verifiers"),
-    ("*overlong_buffer*.log", "logs the overlong penalty: verirl logs it as the rule reward/overlong"),
-    (A + "rollout_n", "interpolated from rollout.n"), (REF + "rollout_n", "interpolated from rollout.n"),
-    (A + "fsdp_config.*", _MEMORY + "; sharding is FSDP2 with actor.strategy=fsdp2"),
-    (REF + "fsdp_config.*", _MEMORY), (A + "checkpoint.*", "what veRL's checkpoints hold: verirl's hold everything"),
-    (PL + "*", "a parameter of another policy-loss mode (read only with the loss_mode it belongs to)"),
-    (A + "tau_pos", "SAPO's parameter: read only with loss_mode sapo"),
-    (A + "tau_neg", "SAPO's parameter: read only with loss_mode sapo"),
-    (A + "optim.total_training_steps", "filled in by veRL's trainer at run time"),
-    (A + "optim.optimizer_impl", "where veRL imports the optimizer from"),
-    (A + "optim.override_optimizer_config", "extra optimizer arguments: none are set"),
-    (A + "optim.min_lr_ratio", "the cosine schedule's floor: the schedule here is constant"),
-    (A + "optim.num_cycles", "the cosine schedule's cycles: the schedule here is constant"),
-    (A + "optim.lr_decay_steps", "the decay's length: the schedule here is constant"),
-    (A + "optim.min_lr", "the decay's floor: the schedule here is constant"),
-    (A + "optim.weight_decay_incr_style", "constant weight decay, as verirl's"),
-    (A + "optim.lr_wsd_*", "the warmup-stable-decay schedule's decay: not used by a constant schedule"),
-    (A + "optim.use_checkpoint_opt_param_scheduler", "whether a checkpoint's scheduler state wins on resume"),
-    (A + "megatron.*offload", _MEMORY), (REF + "megatron.*offload", _MEMORY),
-    (A + "megatron.override_transformer_config.recompute_*", "activation recomputation: memory only"),
-    (A + "megatron.override_transformer_config.attention_backend", _KERNEL),
-    (A + "megatron.seed", "Megatron's seed for new weights and dropout: the model is loaded, without dropout"),
-    (A + "megatron.*", "Megatron's model parallelism and checkpoint format: verirl's FSDP2 data parallelism "
-                       "replaces it"),
-    (REF + "megatron.*", "Megatron's model parallelism for the reference: verirl colocates it with the actor"),
-    (A + "load_weight", "veRL's Megatron worker loads the weights, as verirl does"), (REF + "load_weight", "as above"),
-    (R + "layer_name_map.*", "weight names for veRL's Megatron-to-vLLM resharding"),
-    (R + "use_fire_sampling", "FIRE sampling is off"),
-    (M + "lora.*", "LoRA is off (lora.rank 0)"),
-    (A + "shuffle", "veRL's mini-batch shuffle (off by default): verirl keeps the step's order"),
-    (A + "data_loader_seed", "seeds veRL's mini-batch shuffle, which is off"),
-    (A + "ulysses_sequence_parallel_size", "sequence parallelism: verirl shards by data parallelism and keeps "
-                                           "whole sequences on a device"),
-    (REF + "ulysses_sequence_parallel_size", "sequence parallelism: not used by verirl"),
-    (A + "use_torch_compile", _KERNEL), (REF + "use_torch_compile", _KERNEL), (A + "use_fused_kernels", _KERNEL),
-    (A + "entropy_from_logits_with_chunking", _KERNEL + " (verirl chunks the output layer: actor.logprob_chunk)"),
-    (A + "entropy_checkpointing", _KERNEL), (REF + "entropy_from_logits_with_chunking", _KERNEL),
-    (REF + "entropy_checkpointing", _KERNEL), (A + "calculate_entropy", "verirl always logs the entropy"),
-    (A + "calculate_sum_pi_squared", "a diagnostic"), (A + "sum_pi_squared_checkpointing", "a diagnostic"),
-    (A + "use_prefix_grouper", "verirl computes a shared prompt once per group (actor.share_prompt)"),
-    (A + "use_remove_padding", "interpolated from actor_rollout_ref.model.use_remove_padding"),
-    (A + "freeze_vision_tower", "vision models only"), (A + "router_replay.*", "MoE router replay: off"),
-    (REF + "router_replay.*", "MoE router replay: off"),
-    (REF + "strategy", "the reference model follows the actor's strategy"),
-    (REF + "log_prob_micro_batch_size*", "verirl's reference pass runs in the actor's micro-batches "
-                                         "(actor.micro_batch_size) or ref.log_prob_max_token_len_per_device"),
-    (REF + "log_prob_use_dynamic_bsz", "follows actor.use_dynamic_bsz, as here"),
-    (R + "log_prob_*", "the old-log-prob pass: verirl runs it in the actor's micro-batches or token budget, and "
-                       "skips it when the update is on-policy"),
-    (R + "val_kwargs.*", "evaluation sampling"),
-    (R + "prompt_length", "interpolated from data.max_prompt_length"),
-    (R + "tensor_model_parallel_size", "the rollout engine's tensor parallelism: translated with the vllm engine "
-                                       "only (rollout.tensor_parallel_size)"),
-    (R + "data_parallel_size", _VLLM), (R + "expert_parallel_size", _VLLM), (R + "pipeline_model_parallel_size", _VLLM),
-    (R + "mode", "sync or async rollout server: verirl generates in the training processes"),
-    (R + "dtype", _VLLM + "; the rollout uses the model's weights as trained (model.dtype)"),
-    (R + "gpu_memory_utilization", _VLLM + "; translated with the vllm engine (rollout.gpu_memory_utilization)"),
-    (R + "enforce_eager", _VLLM), (R + "cudagraph_capture_sizes", _VLLM),
-    (R + "free_cache_engine", _VLLM), (R + "max_num_batched_tokens", _VLLM), (R + "max_model_len", _VLLM),
-    (R + "max_num_seqs", _VLLM), (R + "enable_chunked_prefill", _VLLM), (R + "enable_prefix_caching", _VLLM),
-    (R + "logprobs_mode", _VLLM), (R + "scheduling_policy", _VLLM), (R + "load_format", _VLLM),
-    (R + "disable_log_stats", _VLLM), (R + "engine_kwargs*", _VLLM),
-    (R + "agent.*", "veRL's agent loop workers"), (R + "checkpoint_engine.*", "how veRL moves weights to vLLM"),
-    (R + "skip_rollout", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
-    (R + "skip_dump_dir", "veRL's rollout dump cache: see verirl's rollout.engine=replay"),
-    (R + "skip_tokenizer_init", _VLLM), (R + "enable_rollout_routing_replay", "MoE routing replay: off"),
-    (R + "quantization*", _VLLM), (R + "layered_summon", _VLLM), (R + "over_sample_rate", "off"),
-    (R + "multi_stage_wake_up", _VLLM), (R + "mtp", _VLLM), (R + "multi_turn.*", "multi-turn rollouts are off"),
-    (R + "ignore_eos", "false, as verirl"),
-    (M + "enable_gradient_checkpointing", "memory only: activation checkpointing does not change the maths"),
-    (M + "enable_activation_offload", _MEMORY), (M + "use_shm", "how veRL copies the model files"),
-    (M + "trust_remote_code", "verirl loads the model's own transformers class"),
-    (M + "external_lib", "a module veRL imports to register a model class"),
-    (M + "use_liger", _KERNEL), (M + "use_fused_kernels", _KERNEL), (M + "fused_kernel_options.*", _KERNEL),
-    (M + "tiled_mlp.*", _KERNEL), (M + "mtp.*", "multi-token prediction: off"),
-    (M + "lora_alpha", "LoRA is off (lora_rank 0)"), (M + "target_modules", "LoRA is off (lora_rank 0)"),
-    (M + "exclude_modules", "LoRA is off"), (M + "lora_adapter_path", "LoRA is off"),
-    (M + "hf_config_path", "unset: the config.json of model.path"), (M + "tokenizer_path", "unset: model.path's"),
-    (M + "custom_chat_template", "unset: the tokenizer's own template"),
-    (M + "override_config", "empty: the model's config.json as it is"),
-    ("actor_rollout_ref.hybrid_engine", "verirl always colocates actor, rollout and reference"),
-    ("data.tokenizer", "unset: the model's tokenizer"), ("data.use_shm", "how veRL copies the data files"),
-    ("data.train_max_samples", "-1: the whole file"), ("data.val_max_samples", "-1: the whole file"),
-    ("data.val_batch_size", "verirl evaluates in the engine's batches"),
-    ("data.return_raw_input_ids", "veRL's data-loader output format"), ("data.return_raw_chat", "veRL's data-loader "
-                                                                                                "output format"),
-    ("data.return_full_prompt", "veRL's data-loader output format"),
-    ("data.return_multi_modal_inputs", "vision models only"), ("data.image_key", "vision models only"),
-    ("data.video_key", "vision models only"), ("data.image_patch_size", "vision models only"),
-    ("data.dataloader_num_workers", "data-loader processes: no effect on what is drawn"),
-    ("data.filter_overlong_prompts_workers", "processes for the overlong filter"),
-    ("data.validation_shuffle", "verirl evaluates in the file's order"),
-    ("data.trust_remote_code", "verirl loads the model's own tokenizer class"),
-    ("data.custom_cls.*", "unset: veRL's own data set class"), ("data.sampler.*", "unset: veRL's random sampler"),
-    ("data.datagen.*", "unset"), ("data.apply_chat_template_kwargs", "empty"),
-    ("data.tool_config_path", "tools are off"),
-    ("custom_reward_function.name", "no custom_reward_function.path: the name is unused"),
-    ("trainer.n_gpus_per_node", _LAYOUT), ("trainer.nnodes", _LAYOUT), ("trainer.device", _LAYOUT),
-    ("trainer.balance_batch", "verirl balances its token-budget micro-batches itself"),
-    ("trainer.critic_warmup", "no critic"), ("trainer.max_critic_ckpt_to_keep", "no critic"),
-    ("trainer.logger", _OBS), ("trainer.log_val_generations", _OBS), ("trainer.validation_data_dir", _OBS),
-    ("trainer.default_local_dir", "the other machine's checkpoint folder: verirl writes under trainer.run_dir"),
-    ("trainer.default_hdfs_dir", "HDFS copies of checkpoints"), ("trainer.del_local_ckpt_after_load", "HDFS only"),
-    ("trainer.resume_from_path", "the other machine's checkpoint"), ("trainer.esi_redundant_time", "ESI only"),
-    ("trainer.ray_wait_register_center_timeout", "Ray start-up"),
-    ("trainer.rollout_data_dir", "unset: no rollout dump"), ("trainer.val_only", "false: training"),
-    ("trainer.val_generations_to_log_to_wandb", _OBS),
-    ("trainer.remove_previous_ckpt_in_save", "verirl keeps trainer.keep_checkpoints checkpoints"),
-    ("trainer.max_actor_ckpt_to_keep", "unset: veRL keeps every checkpoint"),
-    ("trainer.use_legacy_worker_impl", "which veRL worker class runs the actor: the same maths (it matters only "
-                                       "for loss_scale_factor, see there)"),
-]
-
 
 # ---------------------------------------------------------------- derived keys
 
