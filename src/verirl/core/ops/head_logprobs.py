@@ -20,12 +20,10 @@ def auto_chunk(vocab: int, device: str = "cpu", budget_elems: int = 0) -> int:
     """Rows per chunk so one chunk's float32 logits stay near ``budget_elems`` (0: the device type's
     budget), and at least 64 rows (a product with fewer runs well below the matmul rate).
 
-    CPU, 4M logits (16 MB): on SmolLM2-135M's GRPO step (8 x 8, bench/grpo_vs_trl.py's settings) the
-    process's peak memory fell from 7.65 to 7.10 GB against 32M, at the same step time.
+    CPU, 4M logits (16 MB): less peak memory than larger chunks at the same step time.
     Accelerators, 64M logits (256 MB; 1,365 rows of a 49k vocabulary): a chunk's work there takes
-    microseconds, so small chunks are bound by kernel launches. On an H200, SmolLM2's packed
-    log-prob pass over 42k tokens took 285 ms with the CPU's 85-row chunks and 217 ms with
-    16,384-row ones (bench/gpu_profile.py)."""
+    microseconds, so small chunks are bound by kernel launches. The figures behind both budgets:
+    BENCHMARKS.md, "Kernel choices"."""
     budget = budget_elems or (CPU_BUDGET if device == "cpu" else ACCELERATOR_BUDGET)
     return max(64, budget // max(vocab, 1))
 
