@@ -266,10 +266,10 @@ def test_the_first_line_names_the_recipes_algorithm():
 
 
 def test_a_checkpoint_config_with_an_earlier_verirls_names_resumes_without_settings_differ():
-    """The resume path (`trainer.restore`) reads the checkpoint's config through upgrade_dict: the names an
+    """The resume path (`verirl.train.checkpoint.restore`) reads the checkpoint's config through upgrade_dict: the names an
     earlier verirl wrote are today's, so an unchanged run lists no changed settings."""
     from verirl.config import to_dict, upgrade_dict
-    from verirl.train.trainer import config_changes
+    from verirl.train.checkpoint import config_changes
 
     now = to_dict(load_config("tiny"))
     old = {section: dict(values) for section, values in now.items()}
