@@ -24,9 +24,10 @@ examples:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verirl.models.diagnose import LEVELS, Report, diagnose
+if TYPE_CHECKING:
+    from verirl.models.diagnose import Report
 
 HELP = "check a model directory: EOS/pad/BOS ids per source, chat-template end of turn, vocabulary, numerics"
 
@@ -44,6 +45,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from verirl.models.diagnose import diagnose  # imports torch: not at `verirl --help`'s start
+
     report = diagnose(args.model_dir, args.template, args.templates_file)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -76,6 +79,8 @@ def render(report: Report) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+
+    from verirl.models.diagnose import LEVELS
 
     console = Console(highlight=False)
     arch = ", ".join(report.architectures) or "?"
