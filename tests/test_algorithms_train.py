@@ -15,7 +15,7 @@ from verirl.rollout import NativeEngine, SamplingParams
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer, compute_logprobs, update_policy
 from verirl.train.build import build_run
 from verirl.train.step import train_step
-from verirl.core.types import Rollout, TrainBatch
+from verirl.core.types import TrainBatch
 
 SMALL = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=20",
          "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",

@@ -78,7 +78,7 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
                 f"({'CUDA' if kind == 'CUDA' else 'ASCEND_RT'}_VISIBLE_DEVICES), or use model.device=cpu.")
 
 
-def _cores() -> int:
+def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
@@ -86,7 +86,7 @@ def threads_per_rank(cfg: Config, cores: Optional[int] = None) -> int:
     """torch intra-op threads of one rank: trainer.threads, or 0 = the cores divided by the local ranks."""
     if cfg.trainer.threads > 0:
         return cfg.trainer.threads
-    return max(1, (cores or _cores()) // cfg.trainer.nproc_per_node)
+    return max(1, (cores or cpu_cores()) // cfg.trainer.nproc_per_node)
 
 
 def reward_workers_per_rank(cfg: Config, cores: Optional[int] = None) -> int:
@@ -94,4 +94,4 @@ def reward_workers_per_rank(cfg: Config, cores: Optional[int] = None) -> int:
     (0 = scored in the rank's own process)."""
     if cfg.reward.workers >= 0:
         return cfg.reward.workers
-    return max(1, min((cores or _cores()) // cfg.trainer.nproc_per_node, REWARD_WORKERS_CAP))
+    return max(1, min((cores or cpu_cores()) // cfg.trainer.nproc_per_node, REWARD_WORKERS_CAP))

@@ -20,7 +20,7 @@ from typing import Optional
 
 from verirl.config import Config
 from verirl.core.errors import ModelError
-from verirl.config.layout import REWARD_WORKERS_CAP, _cores, reward_workers_per_rank, threads_per_rank, world_size
+from verirl.config.layout import REWARD_WORKERS_CAP, cpu_cores, reward_workers_per_rank, threads_per_rank, world_size
 from verirl.models.device import visible_devices
 
 __all__ = ["make_plan", "render", "Plan", "count_parameters"]
@@ -283,7 +283,7 @@ def make_layout(cfg: Config) -> Layout:
 
 
 def make_resources(cfg: Config, cores: Optional[int] = None) -> Resources:
-    cores = cores or _cores()
+    cores = cores or cpu_cores()
     local = cfg.trainer.nproc_per_node
     threads = threads_per_rank(cfg, cores)
     threads_from = (f"trainer.threads={cfg.trainer.threads}" if cfg.trainer.threads > 0
