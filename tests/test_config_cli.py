@@ -1,5 +1,7 @@
 """Bad input gets one paragraph naming the key, the value and the fix; never a traceback."""
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -280,3 +282,12 @@ def test_a_checkpoint_config_with_an_earlier_verirls_names_resumes_without_setti
     assert config_changes(upgrade_dict(old), now) == []
     with pytest.raises(ConfigError, match=r"Unknown config key 'trainer.eval_samples'.*Did you mean: eval.n\?"):
         load_config("tiny", ["trainer.eval_samples=3"])  # on the command line, the old name is refused
+
+
+def test_the_parser_is_built_without_torch():
+    """`verirl --help` and a mistyped command answer at once: building the parser (every subcommand's
+    flags) imports neither torch nor transformers."""
+    code = ("import sys; from verirl.cli import _parser; _parser(); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

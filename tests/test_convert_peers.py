@@ -127,7 +127,7 @@ def test_evaluation_samples_with_top_k():
 
 def test_eval_top_p_out_of_range_is_one_paragraph(capsys):
     assert main(["eval", "--top-p", "0", "--top-k", "-1"]) == 2
-    assert "--top-p 0.0 --top-k -1" in capsys.readouterr().err
+    assert "--top-p=0.0 must be in (0, 1]" in capsys.readouterr().err
 
 
 def test_verl_notes_follow_the_file():

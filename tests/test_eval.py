@@ -65,7 +65,40 @@ def test_verirl_eval_on_the_embedded_model(tmp_path, capsys):
 
 def test_verirl_eval_bad_input_is_one_clear_line(tmp_path, capsys):
     assert main(["eval", "--data", str(tmp_path / "missing.jsonl")]) == 2
-    assert "no such file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--data='{tmp_path / 'missing.jsonl'}' does not exist" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags,train_key", [
+    (["--data", "/no/such/file.jsonl"], "eval.data=/no/such/file.jsonl"),
+    (["--max-prompt-length", "0"], "data.max_prompt_length=0"),
+    (["--top-k", "-2"], "eval.top_k=-2"),
+    (["--verifiers", "acc,accc"], "reward.verifiers=[acc,accc]"),
+    (["--template", "nosuch", "--data", "/etc/hostname"], "data.prompt_type=nosuch"),
+])
+def test_eval_runs_the_check_train_runs_and_names_its_flags(flags, train_key, tmp_path, capsys):
+    """`verirl eval` checks the config its flags make with `verirl.run.checks.check`: the paragraph
+    `verirl plan` gives for the same value, each key named by eval's flag."""
+    more = ["eval.data=/etc/hostname"] if train_key.startswith("data.prompt_type") else []
+    weights = ["reward.weights=[1,1]"] if train_key.startswith("reward") else []
+    assert main(["plan", train_key, *more, *weights]) == 2
+    planned = capsys.readouterr().err.split(": ", 2)[2]
+    assert main(["eval", *flags]) == 2
+    evaluated = capsys.readouterr().err.split(": ", 2)[2]
+    flag = flags[-2] if train_key.startswith("data.prompt_type") is False else "--template"
+    key = train_key.split("=")[0]
+    assert flag in evaluated and key not in evaluated, evaluated
+    assert evaluated.replace(flag, key) == planned.replace(" (1 rank)", ""), (planned, evaluated)
+
+
+def test_eval_writes_no_run_directory_so_checks_none(tmp_path, monkeypatch, capsys):
+    """trainer.run_dir (runs/default) would be made inside a file here: a run is refused, an evaluation
+    is not (it writes no run directory)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file")
+    assert main(["plan"]) == 2
+    assert "which is a file" in capsys.readouterr().err
+    assert main(["eval", "--size", "4", "--n", "0"]) == 0
 
 
 def test_a_run_directory_as_model_names_its_final_model_or_export(tmp_path, capsys):

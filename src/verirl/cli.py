@@ -140,17 +140,20 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-length", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0,
-                   help="nucleus sampling of the n samples, as eval.top_p (default 1.0: off)")
+                   help="nucleus sampling of the n samples (default 1.0: off)")
     p.add_argument("--top-k", type=int, default=0,
-                   help="sample from the k most likely tokens, as eval.top_k (default 0: off)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call, as reward.timeout")
+                   help="sample from the k most likely tokens (default 0: off)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call")
     p.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
                    help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts (0 = all)")
     p.add_argument("--size", "--val-size", dest="size", type=int, default=200,
-                   help="with --data arith: held-out problems, as eval.size (default 200)")
+                   help="with --data arith: held-out problems (default 200)")
     p.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
+    for action in p._actions:  # the config key each flag sets, as `verirl train` would name it
+        if action.dest in EVAL_KEYS:
+            action.help = f"{action.help} [{EVAL_KEYS[action.dest]}]"
 
 
 @functools.lru_cache(maxsize=1)
@@ -304,7 +307,7 @@ def _eval(args) -> int:
     from rich.table import Table
 
     from verirl.core.errors import ConfigError, UserError
-    from verirl.run.checks import check_model, check_rules
+    from verirl.run.checks import check
     from verirl.train.build import build_eval
     from verirl.train.evaluate import evaluate
 
@@ -312,38 +315,30 @@ def _eval(args) -> int:
     hf_logging.disable_progress_bar()
     console = Console(stderr=args.json == "-")
     try:
-        if args.n < 0 or (args.n == 0 and args.no_greedy):
-            raise ConfigError(f"--n {args.n}: give at least one sample per prompt (or 0 with greedy decoding).")
-        if not 0 < args.top_p <= 1 or args.top_k < 0:
-            raise ConfigError(f"--top-p {args.top_p} --top-k {args.top_k}: top-p must be in (0, 1] and top-k 0 (off) "
-                              f"or a positive number of tokens.")
-        rules = [r for r in args.verifiers.split(",") if r]
-        check_rules(rules, {})
+        if args.n == 0 and args.no_greedy:
+            raise ConfigError("--n 0 --no-greedy: nothing to evaluate. Give at least one sample per prompt (--n), "
+                              "or leave the greedy decode on.")
         if args.json and args.json != "-":  # before the work, not after it
             where = os.path.dirname(os.path.abspath(args.json))
             if not os.path.isdir(where) or not os.access(where, os.W_OK) or (
                     os.path.exists(args.json) and not os.access(args.json, os.W_OK)):
                 raise ConfigError(f"--json {args.json}: cannot write there (no such folder, or not writable). "
                                   f"Give a writable path.")
-        if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ConfigError("--engine vllm but vLLM is not installed here. pip install 'verirl[vllm]' "
-                              "(docs/vllm.md), or use --engine native.")
-        if args.model != "tiny" and not os.path.isdir(args.model):
-            raise ConfigError(f"--model {args.model}: not a directory. Give a Hugging Face model directory "
-                                    f"(e.g. from `verirl export`) or tiny.")
         _not_a_run_dir(args.model)
-        check_model(args.model, args.template if args.data != "arith" else "", args.templates_file, "--model")
-        parts = build_eval(args.model, args.data, size=args.size, template=args.template,
-                           templates_file=args.templates_file, handler=args.handler,
-                           max_prompt_length=args.max_prompt_length, max_new_tokens=args.max_new_tokens,
-                           limit=args.limit, verifiers=rules, timeout=args.timeout, engine=args.engine, seed=args.seed)
+        try:
+            cfg = eval_config(args)
+            check(cfg, run_dir=False)  # the checks of `verirl train`, but for the run directory eval writes none
+            parts = build_eval(cfg, limit=args.limit)
+        except UserError as e:
+            raise _in_flags(e, EVAL_KEYS) from None
         lm, prompts, scorer, engine = parts.lm, parts.prompts, parts.scorer, parts.engine
         try:
             what = f"{len(prompts)} prompts ({'' if args.no_greedy else 'greedy + '}{args.n} samples each)"
             with console.status(f"evaluating {what}...") as status:
-                res = evaluate(engine, lm.tokenizer, prompts, scorer, n=args.n, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                               greedy=not args.no_greedy, seed=args.seed,
+                e = cfg.eval
+                res = evaluate(engine, lm.tokenizer, prompts, scorer, n=e.n, max_new_tokens=cfg.rollout.max_new_tokens,
+                               temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, greedy=e.greedy,
+                               seed=cfg.trainer.seed,
                                progress=_eval_progress(console, status, len(prompts)))
         finally:
             scorer.close()
@@ -351,7 +346,7 @@ def _eval(args) -> int:
         return _user_error("eval", e)
     res.update({"model": args.model, "data": args.data, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k,
-                "max_new_tokens": args.max_new_tokens, "verifiers": rules})
+                "max_new_tokens": args.max_new_tokens, "verifiers": cfg.reward.verifiers})
     keys = [k for k in res["overall"] if k != "prompts"]
     t = Table(title=f"verirl eval: {args.model} on {args.data}, n={args.n}, T={args.temperature}")
     t.add_column("subset")
@@ -368,6 +363,44 @@ def _eval(args) -> int:
             json.dump(res, f, indent=2)
         console.print(f"results: {args.json}")
     return 0
+
+
+# `verirl eval`'s flags (argparse's names) and the config key each sets; its errors name the flag
+EVAL_KEYS = {"model": "model.path", "data": "eval.data", "size": "eval.size", "n": "eval.n",
+             "temperature": "eval.temperature", "top_p": "eval.top_p", "top_k": "eval.top_k",
+             "template": "data.prompt_type", "templates_file": "data.templates_file", "handler": "data.handler_name",
+             "max_prompt_length": "data.max_prompt_length", "max_new_tokens": "rollout.max_new_tokens",
+             "engine": "rollout.engine", "verifiers": "reward.verifiers", "timeout": "reward.timeout",
+             "seed": "trainer.seed"}
+
+
+def eval_config(args):
+    """The config `verirl eval`'s flags describe: the model in float32 on the default device, the built-in
+    task's held-out split for --data arith, the rules at equal weights."""
+    from verirl.config import load_config_dict
+
+    values: dict = {}
+    for dest, key in EVAL_KEYS.items():
+        section, name = key.split(".")
+        values.setdefault(section, {})[name] = getattr(args, dest)
+    values["eval"]["data"] = "" if args.data == "arith" else args.data
+    values["eval"]["greedy"] = not args.no_greedy
+    values["reward"]["verifiers"] = [r for r in args.verifiers.split(",") if r]
+    values["reward"].update(weights=[1.0] * len(values["reward"]["verifiers"]), tasks={})
+    return load_config_dict(values)
+
+
+def _in_flags(e: Exception, keys: dict[str, str]) -> Exception:
+    """``e`` with each config key of ``keys`` named by its flag (model.path -> --model)."""
+    import copy
+    import re
+
+    text = str(e)
+    for dest, key in sorted(keys.items(), key=lambda kv: -len(kv[1])):
+        text = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w.])", "--" + dest.replace("_", "-"), text)
+    named = copy.copy(e)
+    named.args = (text,)
+    return named
 
 
 def _eval_progress(console, status, total: int):

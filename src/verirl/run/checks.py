@@ -7,9 +7,9 @@ the names each room's registry knows, the reward rules, the algorithm options, t
 machine: installed packages, paths, the run directory, the model directory (`verirl.models.diagnose`,
 no weights read), the launch, the data's template, the modules an activation dump names. They live here, above the config, because the
 names are the rooms' (models, data, rollout, rewards). `verirl train` and `verirl plan` run them
-before anything heavy (no model loaded, nothing written; `verirl eval`, which has no config, runs
-`check_rules` and `check_model`); `verirl convert-config` runs the values and names alone, for a
-config that names another machine's files.
+before anything heavy (no model loaded, nothing written); `verirl eval` runs them on the config its
+flags make, without the run directory it does not write; `verirl convert-config` runs the values and
+names alone, for a config that names another machine's files.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Ask(NamedTuple):
     paths: bool  # this machine's files may be read
     import_rules: bool  # custom reward rules are imported (their top level runs), not only read
     devices: Optional[tuple[str, int]]  # (kind, count) of the local launcher's devices; None: no limit
+    run_dir: bool = True  # the command writes trainer.run_dir (`verirl eval` writes none)
 
 
 class Rule(NamedTuple):
@@ -39,16 +40,16 @@ class Rule(NamedTuple):
 
 
 def check(cfg: Config, *, paths: bool = True, import_rules: bool = True,
-          devices: Optional[tuple[str, int]] = None) -> None:
+          devices: Optional[tuple[str, int]] = None, run_dir: bool = True) -> None:
     """Every rule of `RULES`, in order; raises the first failure's one paragraph.
 
     ``paths=False``: names and values only (no files, no model directory, no imports, no devices, no
     installed packages). ``import_rules=False`` (`verirl plan`): rule files are read, not run.
     ``devices``: (kind, count) of the accelerators the local launcher would use; None: those visible here
-    (`local_devices`)."""
+    (`local_devices`). ``run_dir=False``: trainer.run_dir is not checked (nothing is written there)."""
     if paths and devices is None:
         devices = local_devices(cfg)
-    ask = Ask(paths, import_rules and paths, devices if paths else None)
+    ask = Ask(paths, import_rules and paths, devices if paths else None, run_dir)
     for rule in RULES:
         if paths or not rule.machine:
             rule.run(cfg, ask)
@@ -86,7 +87,11 @@ def check_data_reading(handler_name: str, prompt_type: str, templates_file: str)
 
     HANDLERS.check(handler_name)
     if prompt_type != "tokenizer":
-        get_template(prompt_type, templates_file or None)
+        try:
+            get_template(prompt_type, templates_file or None)
+        except ConfigError as e:  # preprocess's key is prompt_type, the run's data.prompt_type
+            text = str(e)
+            raise ConfigError(f"data.{text}" if text.startswith("prompt_type ") else text) from None
 
 
 def check_model(path: str, template: str = "", templates_file: str = "", key: str = "model.path") -> None:
@@ -230,7 +235,8 @@ def check_paths(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(
             f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
             f"(config.json, weights, tokenizer) or model.path=tiny for the model shipped with verirl.")
-    check_run_dir(cfg.trainer.run_dir)
+    if ask is None or ask.run_dir:
+        check_run_dir(cfg.trainer.run_dir)
     resume = str(cfg.trainer.resume)
     if resume.lower() not in ("auto", "false", "none", "") and not os.path.exists(resume):
         raise ConfigError(f"trainer.resume={resume!r} is neither auto, false nor an existing path. Give auto "

@@ -20,7 +20,6 @@ from verirl.core.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossPara
 from verirl.config import Config, scale_rewards
 from verirl.data import PromptSampler
 from verirl.data.dataset import data_loading_options, load_data, load_prompts
-from verirl.core.errors import ConfigError
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
@@ -330,34 +329,30 @@ class EvalParts:
     engine: Engine
 
 
-def build_eval(model: str, data: str, *, size: int, template: str, templates_file: str, handler: str,
-               max_prompt_length: int, max_new_tokens: int, limit: int, verifiers: list[str], timeout: float,
-               engine: str, seed: int) -> EvalParts:
-    """`verirl eval`'s model (float32), prompts (the built-in arith task's ``size`` held-out problems, or the
-    file or folder ``data``; the first ``limit``, 0 = all), scorer (equal weights) and engine."""
-    import os
-
-    from verirl.config import RolloutConfig
+def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
+    """`verirl eval`'s model, prompts (the built-in task's eval.size held-out problems, or the file or
+    folder eval.data; the first ``limit``, 0 = all), scorer and engine, from the config its flags make
+    (`verirl.run.checks.check` has passed it)."""
     from verirl.core.errors import DataError
-    from verirl.data import arith_split, encode_prompts
+    from verirl.data import encode_prompts
+    from verirl.data.tasks import TASKS
     from verirl.rewards import default_workers
 
-    lm = load_model(model, "float32", "auto")
-    if data == "arith":
-        _, prompts = arith_split(0, 0, size)
-        prompts = encode_prompts(prompts, lm.tokenizer, max_prompt_length, "arith val", "filter")
+    data, reward, rollout = cfg.data, cfg.reward, cfg.rollout
+    lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
+    if cfg.eval.data:
+        prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(data, too_long="filter")).prompts
     else:
-        if not os.path.exists(data):
-            raise ConfigError(f"--data {data}: no such file or folder (or use --data arith).")
-        prompts = load_prompts(data, lm.path, prompt_type=template, templates_file=templates_file,
-                               handler_name=handler, map_keys={}, additional_keys=["labels"],
-                               max_prompt_length=max_prompt_length, too_long="filter").prompts
+        _, val = TASKS[data.task](data.seed, 0, cfg.eval.size)
+        prompts = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", "filter")
     if limit:
         prompts = prompts[:limit]
     if not prompts:
-        raise DataError(f"--data {data}: no prompts to evaluate.")
-    scorer = Scorer(verifiers, [1.0] * len(verifiers), workers=default_workers(), timeout=timeout)
+        raise DataError(f"eval.data={cfg.eval.data or data.task}: no prompts to evaluate.")
+    scorer = Scorer(reward.verifiers, reward.weights, reward.tasks, default_workers(), reward.timeout,
+                    max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score)
     options = {}
-    if engine == "vllm":  # vLLM's defaults of the rollout section (docs/vllm.md)
-        options = vllm_options(RolloutConfig(), lm, "float32", {}, 256, max_prompt_length + max_new_tokens, seed)
-    return EvalParts(lm, prompts, scorer, build_engine(engine, lm.model, lm.pad_id, lm.stop_ids, **options))
+    if rollout.engine == "vllm":  # the rollout section's vLLM settings (docs/vllm.md)
+        options = vllm_options(rollout, lm, cfg.model.dtype, dict(cfg.model.override_config), 256,
+                               data.max_prompt_length + rollout.max_new_tokens, cfg.trainer.seed)
+    return EvalParts(lm, prompts, scorer, build_engine(rollout.engine, lm.model, lm.pad_id, lm.stop_ids, **options))
