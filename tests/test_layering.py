@@ -58,7 +58,7 @@ class Rule(NamedTuple):
 LAYERS = [
     ("core", ("verirl.core",)),
     ("config", ("verirl.config",)),
-    ("rooms", ("verirl.models", "verirl.data", "verirl.rollout", "verirl.rewards")),
+    ("rooms", ("verirl.models", "verirl.data", "verirl.rollout", "verirl.rewards", "verirl.sandbox")),
     ("run", ("verirl.run",)),
     ("train", ("verirl.train",)),
     ("launch", ("verirl.launch",)),

@@ -143,7 +143,11 @@ class RewardConfig:
     timeout: float = setting(10.0, "seconds per scoring call, from when it starts running; past it the worker is "
                                    "replaced and the call scores 0", gt=0)
     max_memory_mb: int = setting(0, "address-space (virtual memory) cap per scoring worker, MB; 0 = no cap (Linux "
-                                 "only)", ge=0)
+                                 "only), or 4096 in the sandbox", ge=0)
+    sandbox: bool = setting(True, "score in `verirl.sandbox` (docs/sandbox.md): no network, the file system "
+                                  "read-only, the run directory and home hidden, uid 65534 (or a user namespace), "
+                                  "nothing of a call's left alive after it, none of the trainer's variables; false: "
+                                  "plain workers with the trainer's uid, files and environment (said at start)")
     max_abs_score: float = setting(1e6, "a rule's score beyond +-this (or not finite) is an error: scored 0, counted "
                                    "in reward/errors", gt=0)
     aggregate: str = setting("sum", "sum (weighted sum of the rules) / normalize_then_sum (each rule normalised in "

@@ -38,21 +38,26 @@ a memory cap and captured output would still be ours to write, on top of a new d
 from __future__ import annotations
 
 import collections
+import json
 import math
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Optional, Sequence
 
-from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule
+from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, check_score
 
 Scores = list[tuple[Optional[float], str]]
 
 TAIL_BYTES = 16 * 1024  # of a call's output kept for the warning
+MAX_REPLY = 64 * 2**20  # bytes of one reply a worker may send (more: it is replaced)
+WHY_CHARS = 2000  # of one failure's reason from a worker
 TAIL_LINES = 5
 LINE_CHARS = 200
 START_TIMEOUT = 120.0  # seconds a new worker may take to import verirl and report ready
@@ -179,7 +184,17 @@ def _worker_main(tasks: Connection, alive: Connection, output: Connection, paren
     base_mb = _address_space_mb()
     if max_memory_mb > 0:
         _cap_address_space(max_memory_mb)
-    tasks.send(("ready", os.getpid(), base_mb))
+    _reply(tasks, ["ready", os.getpid(), base_mb, None])
+    _serve(tasks, lambda: _kill_tree(os.getpid(), reap=True))
+
+
+def _reply(tasks: Connection, msg: list) -> None:
+    """To the trainer as JSON: what a rule's process sends is data, never unpickled."""
+    tasks.send_bytes(json.dumps(msg).encode())
+
+
+def _serve(tasks: Connection, clean_up) -> None:
+    """A worker's calls until the trainer closes the pipe; ``clean_up`` ends a call's processes."""
     while True:
         try:
             msg = tasks.recv()
@@ -188,20 +203,105 @@ def _worker_main(tasks: Connection, alive: Connection, output: Connection, paren
         if msg is None:
             os._exit(0)
         n = len(msg[1])
-        tasks.send(("start",))
+        _reply(tasks, ["start"])
         try:
             scores: Scores = call_rule(*msg)
         except BaseException as e:  # noqa: BLE001  (call_rule catches the rule's own; this is what is left)
             scores = [(None, f"failed in the scoring worker: {type(e).__name__}: {e}")] * n
-        _kill_tree(os.getpid(), reap=True)  # a rule's processes end with its call
+        clean_up()  # a rule's processes end with its call
         _flush()
         try:
-            tasks.send(("done", scores))
-        except Exception as e:  # noqa: BLE001  (e.g. MemoryError while pickling under the cap)
-            tasks.send(("done", [(None, f"scores could not be sent back: {type(e).__name__}")] * n))
+            _reply(tasks, ["done", scores])
+        except Exception as e:  # noqa: BLE001  (e.g. MemoryError under the cap, a value JSON cannot hold)
+            _reply(tasks, ["done", [(None, f"scores could not be sent back: {type(e).__name__}: {e}")] * n])
+
+
+def sandboxed_worker(args: dict, report: Optional[dict], prepare: bool, prepared=None) -> None:
+    """The scoring worker inside `verirl.sandbox` (its launcher calls it twice): ``prepare``, before the
+    namespaces, imports the rule library and the rules it is told of; then, inside, it serves calls
+    over the file descriptors the trainer passed. As the PID namespace's first process it ends a
+    call's processes with one ``kill(-1)``."""
+    if prepare:
+        import verirl.rewards.rules  # noqa: F401
+        from verirl.rewards.custom import resolve
+        for spec in args["preload"]:
+            try:
+                resolve(spec)
+            except Exception:  # noqa: BLE001  (the call says why: "could not be loaded")
+                pass
+        return None
+    from multiprocessing.connection import Connection as _Connection
+
+    tasks, alive = _Connection(args["tasks_fd"]), _Connection(args["alive_fd"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watchdog() -> None:
+        try:
+            while True:
+                alive.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="verirl-reward-watchdog", daemon=True).start()
+    _reply(tasks, ["ready", os.getpid(), _address_space_mb(), report])
+    _serve(tasks, _end_namespace if os.getpid() == 1 else (lambda: _kill_tree(os.getpid(), reap=True)))
+
+
+def _end_namespace() -> None:
+    """Kill and reap every other process of this PID namespace (this one is its first process)."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 # ----------------------------------------------------------------------------- parent side
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """How the pool's workers are sandboxed (`verirl.sandbox`): the paths they must not see (the run
+    directory, the home) and the rules they import before the sandbox closes."""
+    hide: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()
+
+
+class _Launched:
+    """A sandbox launcher's process, with the part of `multiprocessing.Process` the pool uses. The
+    launcher exits 128+N when the sandbox's first process died of signal N: that reads as -N."""
+
+    def __init__(self, popen: "subprocess.Popen"):
+        self.popen, self.pid = popen, popen.pid
+        self.sentinel = os.pidfd_open(popen.pid)
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        try:
+            self.popen.kill()
+        except ProcessLookupError:
+            pass
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        code = self.popen.poll()
+        return -(code - 128) if code is not None and code > 128 else code
 
 
 class _Batch:
@@ -262,6 +362,39 @@ class _Worker:
             c.close()
 
 
+def _checked(task: _Task, scores, max_abs_score: float) -> Scores:
+    """A worker's reply as the trainer takes it: one (score, why) per response, scores re-checked
+    (`check_score`), reasons cut; anything else (a rule that wrote to the pipe itself) fails the call."""
+    n = len(task.responses)
+    if not isinstance(scores, list) or len(scores) != n or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[1], str) for p in scores):
+        return [(None, "the worker's reply was not one (score, reason) per response")] * n
+    out: Scores = []
+    for value, why in scores:
+        if value is None:
+            out.append((None, why[:WHY_CHARS]))
+        elif not task.rule.scores:
+            out.append((value, ""))
+        else:
+            out.append(check_score(value, max_abs_score))
+    return out
+
+
+_sandbox_said = False
+
+
+def _say_sandbox_once(report: dict) -> None:
+    global _sandbox_said
+    from verirl.sandbox import missing
+
+    if not _sandbox_said:
+        _sandbox_said = True
+        off = missing(report)
+        if off:
+            print(f"reward.sandbox: not everything is on here ({'; '.join(off)}); `verirl doctor --sandbox` "
+                  f"shows the table, docs/sandbox.md what each mechanism stops.", file=sys.stderr)
+
+
 def _death(exitcode: Optional[int]) -> str:
     if exitcode is not None and exitcode < 0:
         try:
@@ -284,7 +417,8 @@ class RewardPool:
     _pdeathsig = True  # tests set it False on the class to check the watchdog alone
 
     def __init__(self, workers: int, timeout: Optional[float], max_memory_mb: int = 0,
-                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE):
+                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE, sandbox: Optional[SandboxSpec] = None):
+        self.sandbox = sandbox
         self.workers = max(1, workers)
         self.timeout = float(timeout) if timeout and timeout > 0 else math.inf
         self.max_memory_mb, self.max_abs_score = int(max_memory_mb), float(max_abs_score)
@@ -402,6 +536,9 @@ class RewardPool:
 
     def _spawn_missing(self) -> None:
         while len(self._live) < self.workers and self._broken is None:
+            if self.sandbox is not None:
+                self._live.append(self._spawn_sandboxed())
+                continue
             ctx = mp.get_context("spawn")
             conn, child_conn = ctx.Pipe(duplex=True)
             alive_r, alive_w = ctx.Pipe(duplex=False)
@@ -412,6 +549,27 @@ class RewardPool:
             for c in (child_conn, alive_r, out_w):  # the worker holds these now; ours would hide its EOFs
                 c.close()
             self._live.append(_Worker(proc, conn, alive_w, out_r))
+
+    def _spawn_sandboxed(self) -> "_Worker":
+        """A worker in `verirl.sandbox`: its launcher, started with the sandbox's environment alone, gets
+        the pipes' file descriptors and runs `sandboxed_worker` inside."""
+        from verirl.sandbox import Limits, environment, launch_config, launcher_argv, python_paths
+
+        spec = self.sandbox
+        conn, child_conn = mp.Pipe(duplex=True)
+        alive_r, alive_w = mp.Pipe(duplex=False)
+        out_r, out_w = mp.Pipe(duplex=False)
+        limits = Limits(memory_mb=self.max_memory_mb or Limits().memory_mb, cpu_s=0)
+        cfg = launch_config("worker", limits, entry="verirl.rewards.pool:sandboxed_worker", sys_path=list(sys.path),
+                            hide=list(spec.hide), keep=python_paths(),
+                            args={"tasks_fd": child_conn.fileno(), "alive_fd": alive_r.fileno(),
+                                  "preload": list(spec.preload)})
+        proc = _Launched(subprocess.Popen(launcher_argv(cfg), stdin=subprocess.DEVNULL, stdout=out_w.fileno(),
+                                          stderr=out_w.fileno(), pass_fds=(child_conn.fileno(), alive_r.fileno()),
+                                          env=environment()))
+        for c in (child_conn, alive_r, out_w):
+            c.close()
+        return _Worker(proc, conn, alive_w, out_r)
 
     def _dispatch(self) -> None:
         for w in self._live:
@@ -445,17 +603,19 @@ class RewardPool:
         w.drain()
         try:
             while w.conn.poll():
-                msg = w.conn.recv()
-                if msg[0] == "ready":
+                msg = json.loads(w.conn.recv_bytes(MAX_REPLY))
+                if msg[0] == "ready" and not w.ready:
                     w.ready, w.base_mb, self._start_failures = True, msg[2], 0
-                elif msg[0] == "start":
+                    if msg[3] is not None:
+                        _say_sandbox_once(msg[3])
+                elif msg[0] == "start" and w.task is not None and w.started is None:
                     w.started = time.monotonic()
-                elif msg[0] == "done" and w.task is not None:
+                elif msg[0] == "done" and w.task is not None and w.started is not None:
                     w.drain()  # all it printed before "done" is in the pipe
                     task, w.task, w.started = w.task, None, None
-                    self._finish(task, self._explain(w, msg[1]))
-        except (EOFError, OSError):
-            pass  # it died: seen below
+                    self._finish(task, self._explain(w, _checked(task, msg[1], self.max_abs_score)))
+        except (EOFError, OSError, ValueError, TypeError, IndexError, KeyError):
+            pass  # it died, or sent what no worker sends (replaced below once it is gone or late)
         now = time.monotonic()
         if not w.proc.is_alive():
             self._retire(w, _death(w.proc.exitcode))

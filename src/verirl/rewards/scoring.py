@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, load_rule
-from verirl.rewards.pool import RewardPool
+from verirl.rewards.pool import RewardPool, SandboxSpec
+from verirl.sandbox import hidden_paths
 
 _told_in_process = False  # the "no timeout" line is printed once per process
 
@@ -40,21 +41,24 @@ class RewardResult:
 class Scorer:
     """The configured rules, with weights and task routing, scored in a pool (``workers > 0``:
     each call under ``timeout`` seconds from its start and, on Linux, ``max_memory_mb`` of address
-    space; see `verirl.rewards.pool`) or in this process (``workers == 0``, for debugging: no
+    space; see `verirl.rewards.pool`; with ``sandbox``, each worker in `verirl.sandbox`, which also
+    covers the paths ``hide``, the run directory) or in this process (``workers == 0``, for debugging: no
     timeout, no memory cap, output not captured; said once on stderr). A score that is not a
     number, not finite or beyond +-``max_abs_score`` is an error, like a rule that raises."""
 
     def __init__(self, verifiers: Sequence[str], weights: Sequence[float],
                  task_rules: Optional[Mapping[str, Sequence[str]]] = None, workers: int = 0,
                  timeout: float = 10.0, chunk: int = 16, max_memory_mb: int = 0,
-                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE):
+                 max_abs_score: float = DEFAULT_MAX_ABS_SCORE, sandbox: bool = False,
+                 hide: Sequence[str] = ()):
         global _told_in_process
         self.rules = [load_rule(v) for v in verifiers]
+        spec = SandboxSpec(tuple(hidden_paths(tuple(hide))), tuple(r.spec for r in self.rules)) if sandbox else None
         by_ref = {r.spec: r for r in self.rules} | {r.name: r for r in self.rules}
         self.weights = {r.name: float(w) for r, w in zip(self.rules, weights)}
         self.task_rules = {t: [by_ref[n] for n in names] for t, names in (task_rules or {}).items()}
         self.max_abs_score = float(max_abs_score)
-        self.pool = RewardPool(workers, timeout, max_memory_mb, self.max_abs_score) if workers > 0 else None
+        self.pool = RewardPool(workers, timeout, max_memory_mb, self.max_abs_score, spec) if workers > 0 else None
         self.chunk = chunk
         self._warned: set[tuple[str, str]] = set()
         if self.pool is None and not _told_in_process:

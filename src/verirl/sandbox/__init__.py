@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -69,7 +68,9 @@ def hidden_paths(run_dirs: tuple[str, ...] = ()) -> list[str]:
     keep = python_paths()
     closed = [a for k in keep for a in _ancestors(k) if not os.stat(a).st_mode & 0o001]  # others cannot pass
     candidates = [os.path.realpath(p) for p in (*run_dirs, home, *closed) if p]
-    return [c for c in dict.fromkeys(candidates) if c not in ("/", "/tmp") and c not in keep]
+    fresh = ("/tmp", "/dev/shm")  # new and empty in the sandbox already
+    return [c for c in dict.fromkeys(candidates) if c != "/" and c not in keep
+            and not any(c == f or c.startswith(f + "/") for f in fresh)]
 
 
 def _ancestors(path: str) -> list[str]:

@@ -29,7 +29,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, AT_RECURSIVE, AT_FDCWD = 0x1, 0x2, 0x8000, -100
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (the unified syscall table)
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(os.uname().machine)
@@ -153,7 +153,7 @@ def _mounts(cfg: dict, report: dict) -> None:
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size)
     except OSError:
         pass
-    hide = cfg["_hide"]
+    hide = {h: d for h, d in cfg["_hide"].items() if os.path.lexists(h)}  # not under the new /tmp
     try:
         _hide(hide, list(dict.fromkeys(cfg.get("keep", []))))
         report["hidden paths"] = f"on ({len(hide)}: {', '.join(hide)})" if hide else "on (none asked)"
@@ -217,6 +217,7 @@ def _drop_privileges(cfg: dict, report: dict, in_userns: bool) -> None:
                                       else f"uid {os.getuid()} (capabilities not dropped)")
     try:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        _prctl(PR_SET_DUMPABLE, 1)  # a change of uid clears it, and with it the process's own /proc files
     except OSError:
         pass
 
