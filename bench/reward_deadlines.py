@@ -9,6 +9,9 @@ Each pool is started and warmed outside the timing; a batch is ``--calls`` calls
 sleeps for an hour plus ``--calls`` calls of the built-in `format` rule, and the time is from
 submitting the batch to having every score. The last lines compare the two on ``--calls`` x 64
 quick calls (`format`, one response each), where only the per-call overhead of the pools shows.
+Then the sandbox's cost (reward.sandbox=true against false): the start of a worker, a quick call
+through a warm sandboxed worker against a plain one, and one `verirl.sandbox.run_program` (a fresh
+sandbox per program, what the `code` reward pays per test run).
 """
 from __future__ import annotations
 
@@ -102,6 +105,32 @@ def main() -> None:
         ours.close()
         fmt_only.close()
         peer.close()
+        sandbox_cost(quick, args.workers, args.timeout)
+
+
+def sandbox_cost(quick: list[str], workers: int, timeout: float) -> None:
+    from verirl.sandbox import run_program
+
+    per_call, start = {}, {}
+    for sandbox in (False, True):
+        scorer = Scorer(["format"], [1.0], workers=workers, timeout=timeout, chunk=1, sandbox=sandbox)
+        t0 = time.perf_counter()
+        scorer(quick[:workers], [{"label": "1"}] * workers)  # the workers start
+        start[sandbox] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        scorer(quick, [{"label": "1"}] * len(quick))
+        per_call[sandbox] = (time.perf_counter() - t0) / len(quick)
+        scorer.close()
+    runs = 20
+    run_program("pass")
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        assert run_program("print(1)").stdout == "1\n"
+    program = (time.perf_counter() - t0) / runs
+    print(f"sandbox: {workers} workers start in {start[True]:.2f} s sandboxed, {start[False]:.2f} s plain")
+    print(f"sandbox: {len(quick)} quick calls: sandboxed {per_call[True] * 1e6:.0f} us a call, plain "
+          f"{per_call[False] * 1e6:.0f} us a call (ratio {per_call[True] / per_call[False]:.2f})")
+    print(f"sandbox: run_program('print(1)'), a fresh sandbox each: {program * 1e3:.1f} ms a program")
 
 
 if __name__ == "__main__":

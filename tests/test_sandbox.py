@@ -147,7 +147,7 @@ def test_a_rule_cannot_write_to_the_run_directory(scorer, tmp_path):
 
 @pytest.mark.parametrize("how", ["fork", "setsid", "background"])
 def test_nothing_a_rule_starts_outlives_its_call(scorer, how):
-    marker = f"vsbx-{how}"[:15]
+    marker = f"vs{how[:3]}{os.getpid() % 10**6}"  # this run's alone (a process name holds 15 characters)
     started, errors = _score(scorer, how, marker=marker)
     assert errors == 0 and started >= (100 if how == "fork" else 1)  # alive in the sandbox before the call ended
     deadline = time.monotonic() + 5
@@ -191,7 +191,7 @@ def test_memory_loops_and_floods_end_within_their_limits(scorer, what, within):
 
 
 def test_killing_the_trainer_mid_call_leaves_nothing(rule_file, tmp_path):
-    marker = "vsbx-kill9"
+    marker = f"vskill{os.getpid() % 10**6}"
     script = tmp_path / "trainer.py"
     script.write_text(textwrap.dedent(f'''
         from verirl.rewards import Scorer
@@ -272,3 +272,24 @@ def test_hostile_programs_are_held_as_an_unprivileged_user(tmp_path_factory):
         shutil.rmtree(top, ignore_errors=True)
     assert table["user namespace"] == "on" and table["unprivileged uid"].startswith("on"), table
     assert all(held.values()), held
+
+
+def test_doctor_prints_what_is_on(capsys):
+    from verirl.cli import main
+    from verirl.sandbox import MECHANISMS
+
+    rc = main(["doctor", "--sandbox", "--json"])
+    table = json.loads(capsys.readouterr().out)
+    assert list(table) == MECHANISMS
+    assert rc == (1 if any(v.startswith("off") for v in table.values()) else 0)
+
+
+def test_plain_workers_are_said_once_at_start(capsys):
+    from verirl.config import load_config
+    from verirl.train.build import build_scorer
+
+    reward = load_config("tiny", ["reward.sandbox=false"]).reward
+    build_scorer(reward, 1).close()
+    assert "reward.sandbox=false: rules run in plain workers" in capsys.readouterr().err
+    build_scorer(load_config("tiny").reward, 1).close()
+    assert "reward.sandbox=false" not in capsys.readouterr().err

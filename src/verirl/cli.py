@@ -144,6 +144,8 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0,
                    help="sample from the k most likely tokens (default 0: off)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per scoring call")
+    p.add_argument("--no-sandbox", dest="sandbox", action="store_false",
+                   help="score in plain workers, with this user's files, network and environment (docs/sandbox.md)")
     p.add_argument("--engine", default="native", choices=["native", "hf", "vllm"],
                    help="native (default), hf (transformers generate) or vllm (pip install 'verirl[vllm]'; docs/vllm.md)")
     p.add_argument("--seed", type=int, default=0)
@@ -371,6 +373,7 @@ EVAL_KEYS = {"model": "model.path", "data": "eval.data", "size": "eval.size", "n
              "template": "data.prompt_type", "templates_file": "data.templates_file", "handler": "data.handler_name",
              "max_prompt_length": "data.max_prompt_length", "max_new_tokens": "rollout.max_new_tokens",
              "engine": "rollout.engine", "verifiers": "reward.verifiers", "timeout": "reward.timeout",
+             "sandbox": "reward.sandbox",
              "seed": "trainer.seed"}
 
 

@@ -31,9 +31,11 @@ def _alive(marker: str) -> list[int]:
 HOSTILE_PROGRAMS = {
     "write": ("open({path!r}, 'a').write('x')", lambda r, ctx: r.returncode != 0 and ctx["file"].read_text() == "keep"),
     "setsid": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-               "        import ctypes; ctypes.CDLL(None).prctl(15, b'vsbx-prog', 0, 0, 0); time.sleep(600)\n"
-               "    os._exit(0)\ntime.sleep(0.2)\nprint('done')",
-               lambda r, ctx: r.ok and r.stdout == "done\n"),
+               "        import ctypes; ctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0); time.sleep(600)\n"
+               "    os._exit(0)\ntime.sleep(0.3)\n"
+               "print(sum(open(f'/proc/{{p}}/comm').read().strip() == '{marker}' for p in os.listdir('/proc') "
+               "if p.isdigit()))",
+               lambda r, ctx: r.ok and r.stdout == "1\n"),  # alive while the program ran
     "connect": ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('in')\n"
                 "except OSError:\n    print('out')", lambda r, ctx: r.stdout == "out\n"),
     "environ": ("print(sorted({{kv.split('=')[0] for kv in open('/proc/self/environ').read().split(chr(0)) if kv}}))",
@@ -52,17 +54,18 @@ def _hostile_programs(directory: Path) -> dict[str, bool]:
     os.chmod(target, 0o666)
     server = socket.create_server(("127.0.0.1", 0))
     ctx = {"file": target}
+    marker = f"vsprog{os.getpid() % 10**6}"  # this run's alone
     held = {}
     try:
         for name, (code, ok) in HOSTILE_PROGRAMS.items():
-            code = code.format(path=str(target), port=server.getsockname()[1])
+            code = code.format(path=str(target), port=server.getsockname()[1], marker=marker)
             result = run_program(code, stdin="abc" if name == "stdin" else "",
                                  limits=Limits(seconds=2 if name == "loop" else 20))
             held[name] = bool(ok(result, ctx))
     finally:
         server.close()
     time.sleep(0.2)
-    held["nothing left"] = not _alive("vsbx-prog")
+    held["nothing left"] = not _alive(marker)
     return held
 
 

@@ -234,6 +234,8 @@ def sandboxed_worker(args: dict, report: Optional[dict], prepare: bool, prepared
 
     tasks, alive = _Connection(args["tasks_fd"]), _Connection(args["alive_fd"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getpid() != 1:  # no PID namespace here: the orphans of a call's processes become this worker's
+        _own_children()
 
     def watchdog() -> None:
         try:

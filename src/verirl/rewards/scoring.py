@@ -13,6 +13,15 @@ from verirl.rewards.pool import RewardPool, SandboxSpec
 from verirl.sandbox import hidden_paths
 
 _told_in_process = False  # the "no timeout" line is printed once per process
+_told_no_sandbox = False
+
+
+def _say_no_sandbox_here() -> None:
+    global _told_no_sandbox
+    if not _told_no_sandbox:
+        _told_no_sandbox = True
+        print(f"reward.sandbox: the sandbox needs Linux (this is {sys.platform}); rules run in plain workers, "
+              f"with this user's files, network and environment (docs/sandbox.md).", file=sys.stderr)
 
 
 @dataclass
@@ -53,6 +62,9 @@ class Scorer:
                  hide: Sequence[str] = ()):
         global _told_in_process
         self.rules = [load_rule(v) for v in verifiers]
+        if sandbox and not sys.platform.startswith("linux") and workers > 0:
+            _say_no_sandbox_here()
+            sandbox = False
         spec = SandboxSpec(tuple(hidden_paths(tuple(hide))), tuple(r.spec for r in self.rules)) if sandbox else None
         by_ref = {r.spec: r for r in self.rules} | {r.name: r for r in self.rules}
         self.weights = {r.name: float(w) for r, w in zip(self.rules, weights)}
@@ -63,8 +75,9 @@ class Scorer:
         self._warned: set[tuple[str, str]] = set()
         if self.pool is None and not _told_in_process:
             _told_in_process = True
-            print("reward.workers=0: rules are scored in this process, with no timeout and no memory cap "
-                  "(reward.timeout and reward.max_memory_mb apply only with workers > 0).", file=sys.stderr)
+            print("reward.workers=0: rules are scored in this process, with no timeout, no memory cap and no "
+                  "sandbox (reward.timeout, reward.max_memory_mb and reward.sandbox apply only with workers > 0).",
+                  file=sys.stderr)
 
     def __call__(self, responses: Sequence[str], samples: Sequence[dict]) -> RewardResult:
         return self.submit(responses, samples).result()

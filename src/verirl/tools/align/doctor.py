@@ -16,8 +16,12 @@ It reads config.json, generation_config.json and the tokenizer files (no weights
 Exit status: 0 when no finding is an error, 1 when one is, 2 when MODEL_DIR cannot be read.
 See docs/doctor.md for every finding and how to read the report.
 
+`verirl doctor --sandbox` (no MODEL_DIR) prints instead what `verirl.sandbox` sets up on this machine
+for this user, each mechanism on or off and why (docs/sandbox.md); exit 0 when all is on, 1 if not.
+
 examples:
   verirl doctor tiny
+  verirl doctor --sandbox
   verirl doctor ~/models/Qwen2.5-7B-Instruct --template qwen_r1
   verirl doctor ~/models/Qwen2.5-7B --json > doctor.json
 """
@@ -33,9 +37,11 @@ HELP = "check a model directory: EOS/pad/BOS ids per source, chat-template end o
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model_dir", metavar="MODEL_DIR",
+    parser.add_argument("model_dir", metavar="MODEL_DIR", nargs="?",
                         help="a Hugging Face model directory (config.json, tokenizer files; weights not needed), "
                              "or tiny")
+    parser.add_argument("--sandbox", action="store_true",
+                        help="instead: what the sandbox of reward rules and programs sets up here (docs/sandbox.md)")
     parser.add_argument("--template", default="", metavar="NAME",
                         help="also check a prompt template of verirl's templates.json (e.g. qwen_r1): its stop "
                              "words' token ids, as data.prompt_type would use them; 'tokenizer' = the chat template")
@@ -45,6 +51,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.sandbox:
+        return _sandbox(args.json)
+    if not args.model_dir:
+        from verirl.core.errors import UserError
+        raise UserError("give a MODEL_DIR (a Hugging Face model directory, or tiny), or --sandbox.")
     from verirl.models.diagnose import diagnose  # imports torch: not at `verirl --help`'s start
 
     report = diagnose(args.model_dir, args.template, args.templates_file)
@@ -53,6 +64,20 @@ def run(args) -> int:
     else:
         render(report)
     return report.exit_code
+
+
+def _sandbox(as_json: bool) -> int:
+    from verirl.sandbox import missing, probe, render
+
+    table = probe()
+    if as_json:
+        print(json.dumps(table, indent=2))
+    else:
+        print(render(table))
+        off = missing(table)
+        print(f"\n{len(off)} mechanism(s) off: docs/sandbox.md says what each one stops." if off else
+              "\nevery mechanism is on (docs/sandbox.md: what each stops, and what none of them does).")
+    return 1 if missing(table) else 0
 
 
 # --- output -----------------------------------------------------------------------------------------------
