@@ -4,7 +4,10 @@ verirl's own small pool. Not `multiprocessing.Pool`: it cannot stop one task, so
 meant terminating every worker. Not ``pebble`` either: it can cancel one task, but parent death,
 a memory cap and captured output would still be ours to write, on top of a new dependency.
 
-- Workers are spawned processes, one duplex pipe each. A worker runs one call at a time and
+- Workers are spawned processes, one duplex pipe each; with a `SandboxSpec`, each is started by
+  `verirl.sandbox`'s launcher instead and runs `sandboxed_worker` inside its namespaces. A worker
+  replies in JSON (never a pickle: what a rule's process sends is data), and the trainer takes a
+  reply only in the shape its call asked for (`_checked`). A worker runs one call at a time and
   reports when it starts it; the call's deadline is ``timeout`` seconds from that report, so
   time spent queued behind other calls does not count.
 - A manager thread, one per pool and alive as long as the pool, hands queued calls to idle
