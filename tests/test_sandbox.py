@@ -89,6 +89,12 @@ RULES = textwrap.dedent('''
                 pass
         elif response == "print":
             print("y" * 100_000_000)
+        elif response in ("half message", "deep json"):  # write to the worker's own pipe to the trainer
+            import json as _json, struct
+            fd = _json.loads(open("/proc/self/cmdline").read().split("\\0")[4])["args"]["tasks_fd"]
+            body = b"[" * 100_000
+            os.write(fd, struct.pack("!i", 64) if response == "half message" else struct.pack("!i", len(body)) + body)
+            time.sleep(30)
         elif response == "hang":
             _background(marker)
             time.sleep(600)
@@ -188,6 +194,16 @@ def test_memory_loops_and_floods_end_within_their_limits(scorer, what, within):
     assert time.monotonic() - start < within
     assert (score, errors) == ((1.0, 0) if what == "print" else (0.0, 1))
     assert _score(scorer, "ok") == (1.0, 0)  # the run goes on
+
+
+@pytest.mark.parametrize("what", ["half message", "deep json"])
+def test_a_rule_writing_to_the_trainers_pipe_costs_its_call_only(scorer, what):
+    """Half a message (the trainer's read waits `PIPE_WAIT` at most) or JSON nested 100,000 deep (no
+    RecursionError reaches the trainer): the worker is replaced, the call scores 0, the next is scored."""
+    start = time.monotonic()
+    assert _score(scorer, what) == (0.0, 1)
+    assert time.monotonic() - start < 15
+    assert _score(scorer, "ok") == (1.0, 0)
 
 
 def test_killing_the_trainer_mid_call_leaves_nothing(rule_file, tmp_path):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,11 +46,23 @@ HOSTILE_PROGRAMS = {
     "loop": ("while True: pass", lambda r, ctx: r.timed_out and r.seconds < 5),
     "print": ("print('y' * 100_000_000)", lambda r, ctx: r.truncated and len(r.stdout) == Limits().output_bytes),
     "stdin": ("import sys; print(sys.stdin.read()[::-1])", lambda r, ctx: r.ok and r.stdout == "cba\n"),
+    # clears its parent-death signal and never ends: the launcher ends it at the deadline all the same
+    "undying": ("import ctypes, time\nlibc = ctypes.CDLL(None)\nlibc.prctl(1, 0, 0, 0, 0)\n"
+                "libc.prctl(15, b'{marker}', 0, 0, 0)\nwhile True: time.sleep(1)",
+                lambda r, ctx: r.timed_out),
+    "terminal": ("import os; print(os.path.exists('/dev/tty'), os.getsid(0) == os.getpid(), sorted(os.listdir('/dev')))",
+                 lambda r, ctx: r.stdout.startswith("False True ['fd', 'full', 'null', 'random', 'shm', 'stderr'")),
+    "sockets": ("import os; print(os.listdir('/run'))", lambda r, ctx: r.stdout == "[]\n"),
+    "hidden": ("import os; print(os.path.exists({secret!r}), os.listdir({secret_dir!r}))",
+               lambda r, ctx: r.stdout == "False []\n"),
 }
 
 
 def _hostile_programs(directory: Path) -> dict[str, bool]:
     """Each program of HOSTILE_PROGRAMS run through `run_program`; whether the sandbox held."""
+    secret_dir = Path(tempfile.mkdtemp(prefix="verirl-hidden-", dir="/var/tmp"))  # outside /tmp: really hidden
+    (secret_dir / "secret.txt").write_text("token")
+    os.chmod(secret_dir, 0o755)
     target = directory / "target.txt"
     target.write_text("keep")
     os.chmod(target, 0o666)
@@ -58,13 +72,15 @@ def _hostile_programs(directory: Path) -> dict[str, bool]:
     held = {}
     try:
         for name, (code, ok) in HOSTILE_PROGRAMS.items():
-            code = code.format(path=str(target), port=server.getsockname()[1], marker=marker)
-            result = run_program(code, stdin="abc" if name == "stdin" else "",
-                                 limits=Limits(seconds=2 if name == "loop" else 20))
+            code = code.format(path=str(target), port=server.getsockname()[1], marker=marker,
+                               secret=str(secret_dir / "secret.txt"), secret_dir=str(secret_dir))
+            result = run_program(code, stdin="abc" if name == "stdin" else "", hide=(str(secret_dir),),
+                                 limits=Limits(seconds=2 if name in ("loop", "undying") else 20))
             held[name] = bool(ok(result, ctx))
     finally:
         server.close()
-    time.sleep(0.2)
+        shutil.rmtree(secret_dir, ignore_errors=True)
+    time.sleep(0.5)
     held["nothing left"] = not _alive(marker)
     return held
 

@@ -145,7 +145,7 @@ class RewardConfig:
     max_memory_mb: int = setting(0, "address-space (virtual memory) cap per scoring worker, MB; 0 = no cap (Linux "
                                  "only), or 4096 in the sandbox", ge=0)
     sandbox: bool = setting(True, "score in `verirl.sandbox` (docs/sandbox.md): no network, the file system "
-                                  "read-only, the run directory and home hidden, uid 65534 (or a user namespace), "
+                                  "read-only, the run directory and home hidden, a uid of its own (or a user namespace), "
                                   "nothing of a call's left alive after it, none of the trainer's variables; false: "
                                   "plain workers with the trainer's uid, files and environment (said at start)")
     max_abs_score: float = setting(1e6, "a rule's score beyond +-this (or not finite) is an error: scored 0, counted "

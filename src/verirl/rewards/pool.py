@@ -59,11 +59,14 @@ from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, check_
 Scores = list[tuple[Optional[float], str]]
 
 TAIL_BYTES = 16 * 1024  # of a call's output kept for the warning
-MAX_REPLY = 64 * 2**20  # bytes of one reply a worker may send (more: it is replaced)
+MAX_REPLY = 4 * 2**20  # bytes of one reply a worker may send (more: it is replaced)
+MAX_MESSAGES = 8  # read from one worker per pass of the manager
+PIPE_WAIT = 5.0  # seconds one read or write on a sandboxed worker's pipe may block
 WHY_CHARS = 2000  # of one failure's reason from a worker
 TAIL_LINES = 5
 LINE_CHARS = 200
 START_TIMEOUT = 120.0  # seconds a new worker may take to import verirl and report ready
+START_GRACE = 10.0  # seconds a ready worker may take to report that it started a call it was sent
 MAX_START_FAILURES = 3  # workers in a row that die before they are ready: then queued calls fail
 
 
@@ -277,20 +280,37 @@ class SandboxSpec:
     preload: tuple[str, ...] = ()
 
 
+def _bound_waits(conn: Connection) -> None:
+    """A read or a write on the trainer's end of a worker's pipe waits at most `PIPE_WAIT` seconds: a
+    worker that sends half a message, or stops reading, is replaced rather than wait for."""
+    import socket
+    import struct
+
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    wait_for = struct.pack("ll", int(PIPE_WAIT), 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait_for)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait_for)
+    sock.close()
+
+
 class _Launched:
     """A sandbox launcher's process, with the part of `multiprocessing.Process` the pool uses. The
     launcher exits 128+N when the sandbox's first process died of signal N: that reads as -N."""
 
     def __init__(self, popen: "subprocess.Popen"):
         self.popen, self.pid = popen, popen.pid
-        self.sentinel = os.pidfd_open(popen.pid)
+        try:
+            self.sentinel = os.pidfd_open(popen.pid)  # readable once the process has ended (Linux >= 5.3)
+        except (AttributeError, OSError):  # older: the worker's output pipe closing and the pool's 5 s poll see it
+            self.sentinel, self._never = os.pipe()
 
     def is_alive(self) -> bool:
         return self.popen.poll() is None
 
     def kill(self) -> None:
+        """SIGTERM: the launcher SIGKILLs the sandbox's first process, and so its whole PID namespace."""
         try:
-            self.popen.kill()
+            self.popen.terminate()
         except ProcessLookupError:
             pass
 
@@ -298,10 +318,17 @@ class _Launched:
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            return
+            self.popen.kill()  # a launcher that did not end (it always does): its first process dies with it
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
+            if getattr(self, "_never", None) is not None:
+                os.close(self._never)
+                self._never = None
 
     @property
     def exitcode(self) -> Optional[int]:
@@ -335,6 +362,8 @@ class _Worker:
         self.base_mb: Optional[int] = None
         self.task: Optional[_Task] = None
         self.started: Optional[float] = None  # when the worker reported starting its task
+        self.sent = 0.0  # when its task was sent
+        self.unusable: Optional[str] = None  # why it must be replaced (set by the manager)
         self.printed = b""  # the tail of what it printed since its last call ended
 
     def drain(self) -> None:
@@ -546,6 +575,7 @@ class RewardPool:
                 continue
             ctx = mp.get_context("spawn")
             conn, child_conn = ctx.Pipe(duplex=True)
+            _bound_waits(conn)
             alive_r, alive_w = ctx.Pipe(duplex=False)
             out_r, out_w = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker_main, name="verirl-reward-worker", daemon=True,
@@ -562,6 +592,7 @@ class RewardPool:
 
         spec = self.sandbox
         conn, child_conn = mp.Pipe(duplex=True)
+        _bound_waits(conn)
         alive_r, alive_w = mp.Pipe(duplex=False)
         out_r, out_w = mp.Pipe(duplex=False)
         limits = Limits(memory_mb=self.max_memory_mb or Limits().memory_mb, cpu_s=0)
@@ -585,20 +616,23 @@ class RewardPool:
                     continue
                 try:
                     w.conn.send((t.rule, t.responses, t.samples, self.max_abs_score))
-                except (OSError, ValueError):  # it died: `_service` will see; the call never started
+                except (OSError, ValueError):  # dead, or not reading: `_service` replaces it; the call never started
                     self._queue.appendleft(t)
+                    w.unusable = "it could not be sent a call"
                     break
                 except Exception as e:  # noqa: BLE001  (a sample that cannot be pickled)
                     self._finish(t, [(None, f"could not be sent to a worker: {type(e).__name__}: {e}")]
                                  * len(t.responses))
                     continue
-                w.task, w.started = t, None
+                w.task, w.started, w.sent = t, None, time.monotonic()
 
     def _next_deadline(self) -> float:
         soonest = math.inf
         for w in self._live:
             if w.task is not None and w.started is not None:
                 soonest = min(soonest, w.started + self.timeout)
+            elif w.task is not None:
+                soonest = min(soonest, w.sent + self.timeout + START_GRACE)
             elif not w.ready:
                 soonest = min(soonest, w.spawned + START_TIMEOUT)
         return soonest
@@ -606,8 +640,11 @@ class RewardPool:
     def _service(self, w: _Worker) -> None:
         """Read what ``w`` printed and sent; then handle its death or its missed deadline."""
         w.drain()
+        bad = None
         try:
-            while w.conn.poll():
+            for _ in range(MAX_MESSAGES):
+                if not w.conn.poll():
+                    break
                 msg = json.loads(w.conn.recv_bytes(MAX_REPLY))
                 if msg[0] == "ready" and not w.ready:
                     w.ready, w.base_mb, self._start_failures = True, msg[2], 0
@@ -619,13 +656,20 @@ class RewardPool:
                     w.drain()  # all it printed before "done" is in the pipe
                     task, w.task, w.started = w.task, None, None
                     self._finish(task, self._explain(w, _checked(task, msg[1], self.max_abs_score)))
-        except (EOFError, OSError, ValueError, TypeError, IndexError, KeyError):
-            pass  # it died, or sent what no worker sends (replaced below once it is gone or late)
+        except (EOFError, ConnectionError):
+            pass  # it died: seen below
+        except Exception as e:  # noqa: BLE001  (a reply no worker sends: what a rule wrote to the pipe itself)
+            bad = f"the worker sent what no worker sends ({type(e).__name__}); replaced"
         now = time.monotonic()
-        if not w.proc.is_alive():
+        bad = bad or w.unusable
+        if bad is not None:
+            self._retire(w, bad)
+        elif not w.proc.is_alive():
             self._retire(w, _death(w.proc.exitcode))
         elif w.task is not None and w.started is not None and now - w.started > self.timeout:
             self._retire(w, f"timed out after {self.timeout:g}s")
+        elif w.task is not None and w.started is None and now - w.sent > self.timeout + START_GRACE:
+            self._retire(w, f"timed out after {self.timeout:g}s (the worker never started the call)")
         elif not w.ready and now - w.spawned > START_TIMEOUT:
             self._retire(w, f"worker did not start within {START_TIMEOUT:g}s")
 

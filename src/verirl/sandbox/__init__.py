@@ -9,10 +9,13 @@ No daemon and no container runtime: the Linux kernel's own namespaces and limits
   child subreaper of what the sandbox starts and kills it all when the first process ends.
 - Network namespace: only a loopback interface, down: no connection leaves the sandbox.
 - Mount namespace: the whole file system read-only, fresh tmpfs mounts on /tmp (the working
-  directory) and /dev/shm, the paths it is told to hide (the run directory, the home directory)
-  covered by empty read-only mounts, and a /proc that shows only the sandbox's processes.
-- As root: the uid and gid drop to 65534 (nobody), with no supplementary groups, so that files the
-  trainer's user alone may read are closed too and ``RLIMIT_NPROC`` counts the sandbox's processes.
+  directory) and /dev/shm, a /dev of null, zero, full, random and urandom alone, the paths it is
+  told to hide (the run directory, the home directory, /run's sockets) covered by empty read-only
+  mounts, and a /proc that shows only the sandbox's processes.
+- Session: the sandbox leaves the caller's session, so it has no terminal to type into.
+- As root: the uid and gid drop to one of the sandbox's own (`sandbox_uid`, above any user's), with
+  no supplementary groups, so that files the trainer's user alone may read are closed too and
+  ``RLIMIT_NPROC`` counts that sandbox's processes alone. If that fails, nothing runs.
   As a normal user: a user namespace makes the rest possible, and every capability is dropped.
 - Limits: open files, file size, processes, address space, CPU seconds; a wall-clock deadline kept
   by the caller; output kept up to a byte limit.
@@ -36,10 +39,12 @@ from pathlib import Path
 from typing import Optional
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
-NOBODY = 65534
+UID_BASE = 0x50000  # the sandboxes' uids, one per sandbox: UID_BASE .. UID_BASE + 65535 (no user has them)
+SOCKET_DIRS = ("/run", "/var/run")
+_uids = iter(range(1 << 30))
 MECHANISMS = ["user namespace", "pid namespace", "network namespace", "mount namespace", "ipc namespace",
-              "uts namespace", "read-only file system", "private /tmp", "private /proc", "hidden paths",
-              "unprivileged uid", "limits"]
+              "uts namespace", "read-only file system", "private /tmp", "private /dev", "private /proc",
+              "hidden paths", "unprivileged uid", "limits"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class Limits:
     memory_mb: int = 4096  # address space (RLIMIT_AS: an allocation past it fails, MemoryError in Python)
     files: int = 256  # open file descriptors (RLIMIT_NOFILE)
     file_mb: int = 64  # size of one written file (RLIMIT_FSIZE: a write past it fails)
-    processes: int = 256  # processes of the sandbox's uid (RLIMIT_NPROC; as root, uid 65534's)
+    processes: int = 256  # processes of the sandbox's uid (RLIMIT_NPROC; as root, the sandbox's own uid)
     tmp_mb: int = 256  # the private /tmp and /dev/shm (tmpfs)
     output_bytes: int = 1 << 20  # stdout and stderr each kept up to this; past it the program is stopped
 
@@ -62,12 +67,13 @@ def environment(home: str = "/tmp") -> dict[str, str]:
 
 def hidden_paths(run_dirs: tuple[str, ...] = ()) -> list[str]:
     """What the sandbox covers with an empty read-only mount: the run directories, the trainer's home,
+    /run (the machine's sockets: D-Bus, Docker's, systemd's, which work across network namespaces),
     and a directory above the Python environment that other users cannot pass (a private home holding
     it); the Python environment inside them (`python_paths`) is bound back at its path, read-only."""
     home = os.path.expanduser("~")
     keep = python_paths()
     closed = [a for k in keep for a in _ancestors(k) if not os.stat(a).st_mode & 0o001]  # others cannot pass
-    candidates = [os.path.realpath(p) for p in (*run_dirs, home, *closed) if p]
+    candidates = [os.path.realpath(p) for p in (*run_dirs, home, *closed, *SOCKET_DIRS) if p]
     fresh = ("/tmp", "/dev/shm")  # new and empty in the sandbox already
     return [c for c in dict.fromkeys(candidates) if c != "/" and c not in keep
             and not any(c == f or c.startswith(f + "/") for f in fresh)]
@@ -79,14 +85,29 @@ def _ancestors(path: str) -> list[str]:
 
 
 def python_paths() -> list[str]:
-    """The directories this interpreter runs from and imports from: the sandbox keeps them readable."""
-    found = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             *(p for p in sys.path if p)]
+    """What the sandbox keeps readable for Python: the interpreter's and the environment's prefixes,
+    the standard library, the package directories on the path (site-packages), and the directory
+    verirl itself is imported from. Not the working directory or a script's: they hold the project."""
+    import verirl
+
+    verirl_root = os.path.dirname(os.path.dirname(os.path.abspath(verirl.__file__)))
+    library = [p for p in sys.path if p and (os.path.realpath(p).startswith(os.path.realpath(sys.base_prefix))
+                                             or os.path.realpath(p).startswith(os.path.realpath(sys.prefix))
+                                             or os.path.basename(p) in ("site-packages", "dist-packages"))]
+    found = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), *library, verirl_root]
     return [os.path.realpath(p) for p in dict.fromkeys(found) if os.path.isdir(p)]
 
 
+def sandbox_uid() -> int:
+    """A uid no other sandbox of this machine is likely to hold now, so that one sandbox's processes
+    count against its own RLIMIT_NPROC alone (the uid is dropped to as root; files it owns live only
+    in the sandbox's tmpfs)."""
+    return UID_BASE + (os.getpid() * 7919 + next(_uids)) % 65536
+
+
 def launch_config(mode: str, limits: Limits, **more) -> dict:
-    return {"mode": mode, "parent_pid": os.getpid(), "uid": NOBODY, "gid": NOBODY,
+    uid = sandbox_uid()
+    return {"mode": mode, "parent_pid": os.getpid(), "uid": uid, "gid": uid,
             "limits": dataclasses.asdict(limits), "env": environment(), **more}
 
 
@@ -174,7 +195,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits, start: flo
         if truncated:
             break
     if timed_out or truncated:
-        proc.kill()
+        proc.terminate()  # the launcher SIGKILLs the sandbox's first process, and with it the namespace
     sel.close()
     try:
         proc.wait(timeout=max(deadline - time.monotonic(), 5.0) if not (timed_out or truncated) else 10)
@@ -240,4 +261,4 @@ def render(table: dict[str, str]) -> str:
 
 
 __all__ = ["Limits", "ProgramResult", "run_program", "probe", "missing", "say_once", "render", "environment",
-           "hidden_paths", "python_paths", "launch_config", "launcher_argv", "NOBODY"]
+           "hidden_paths", "python_paths", "launch_config", "launcher_argv", "sandbox_uid"]

@@ -3,12 +3,19 @@ only, so that it starts fast and imports nothing from the trainer's environment.
 
 It enters new namespaces (user where it is not root, then mount, PID, network, IPC, UTS), forks the
 sandbox's first process (PID 1 of its PID namespace: when it ends, the kernel kills every process
-inside), and waits for it; its exit status is the sandbox's. The first process makes the file
-system read-only but for fresh tmpfs mounts on /tmp and /dev/shm (its working directory), hides the
-paths it is told to, mounts a /proc that shows only the sandbox's processes, sets the resource
-limits, drops to an unprivileged uid (as root) or drops every capability (in a user namespace),
-and then either executes the program (``mode: program``) or runs a function of verirl's
-(``mode: worker``: the reward pool's worker, after it has imported its rules).
+inside), and waits for it; its exit status is the sandbox's. The launcher stays outside the
+sandbox, where nothing inside can reach it, and it is the one that ends the sandbox: SIGTERM (sent
+by the caller at a deadline, or by the kernel when the caller dies: its parent-death signal) makes
+it SIGKILL the first process, and so the whole PID namespace.
+
+The first process leaves the caller's session (no terminal to type into), makes the file system
+read-only but for fresh tmpfs mounts on /tmp (its working directory) and /dev/shm, replaces /dev
+with null, zero, full, random and urandom alone, hides the paths it is told to (and /run, where
+the machine's sockets live), mounts a /proc that shows only the sandbox's processes, sets the
+resource limits, drops to an unprivileged uid of its own (as root) or drops every capability (in a
+user namespace), and then either executes the program (``mode: program``) or runs a function of
+verirl's (``mode: worker``: the reward pool's worker, after it has imported its rules). If it
+cannot drop its privileges it stops (exit 125) rather than run anything.
 
 Every step that the kernel refuses is recorded, not fatal: the first process writes what it set up
 as one JSON line to ``report_fd`` (or hands it to the worker function) and goes on with the rest.
@@ -28,11 +35,10 @@ import sys
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x2000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, AT_RECURSIVE, AT_FDCWD = 0x1, 0x2, 0x8000, -100
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (the unified syscall table)
-SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(os.uname().machine)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -88,7 +94,6 @@ def _unshare(report: dict) -> None:
 
 
 def _read_only_root(report: dict) -> None:
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the trainer's mounts
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
     res = _libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
     if res == 0:
@@ -105,39 +110,83 @@ def _read_only_root(report: dict) -> None:
     report["read-only file system"] = "on" if not failed else f"partly ({len(failed)} mounts stay writable)"
 
 
+def _under(path: str, top: str) -> bool:
+    return path.startswith(top.rstrip("/") + "/")
+
+
 def _hide(hide: dict[str, bool], keep: list[str]) -> None:
-    """Cover each path of ``hide`` with an empty read-only tmpfs; the directories of ``keep`` inside one
-    (the Python environment) are bound back at their own path, read-only, so that the program still
-    finds its interpreter and packages (and the uid that cannot pass a private home can reach them)."""
+    """Cover each path of ``hide`` with an empty read-only tmpfs (a file: /dev/null). The directories
+    of ``keep`` inside one (the interpreter and its packages) are bound back at their own path,
+    read-only, so that the program still finds them (and a uid that cannot pass a private home can
+    reach them); a hidden path inside a kept directory is covered after it is bound back."""
+    outer = {h: d for h, d in hide.items() if not any(_under(h, o) for o in hide) and not any(_under(h, k) for k in keep)}
+    inner = {h: d for h, d in hide.items() if h not in outer and not any(_under(h, o) for o in outer)}
     staged: list[tuple[str, str]] = []
     os.makedirs("/tmp/.verirl-keep", exist_ok=True)
     for i, k in enumerate(keep):
-        if any(k.startswith(h.rstrip("/") + "/") for h in hide) and os.path.isdir(k):
+        if any(_under(k, h) for h in outer) and os.path.isdir(k):
             stage = f"/tmp/.verirl-keep/{i}"
             os.mkdir(stage)
             _mount(k, stage, None, MS_BIND | MS_REC)
             staged.append((stage, k))
-    for h, is_dir in hide.items():
+    _cover(outer)
+    for stage, k in staged:
+        os.makedirs(k, mode=0o755, exist_ok=True)
+        _mount(stage, k, None, MS_MOVE)
+        os.rmdir(stage)
+    os.rmdir("/tmp/.verirl-keep")
+    _cover({h: d for h, d in inner.items() if os.path.lexists(h)})
+    _read_only(outer)
+
+
+def _cover(paths: dict[str, bool]) -> None:
+    for h, is_dir in paths.items():
         if is_dir:
             _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
         else:
             _mount("/dev/null", h, None, MS_BIND)
-    for stage, k in staged:
-        os.makedirs(k, mode=0o755, exist_ok=True)
-        _mount(stage, k, None, 0x2000)  # MS_MOVE
-        os.rmdir(stage)
-    os.rmdir("/tmp/.verirl-keep")
+
+
+def _read_only(paths: dict[str, bool], recursive: bool = True) -> None:
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    for h, is_dir in hide.items():
+    for h, is_dir in paths.items():
         if is_dir:
-            _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, h.encode(), AT_RECURSIVE, ctypes.byref(attr),
-                                 ctypes.sizeof(attr)), f"read-only {h}")
+            _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, h.encode(), AT_RECURSIVE if recursive else 0,
+                                 ctypes.byref(attr), ctypes.sizeof(attr)), f"read-only {h}")
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def _minimal_dev(size: str) -> None:
+    """/dev with the five harmless devices alone (no terminal, no GPU, no disk), and a private /dev/shm."""
+    os.mkdir("/tmp/.verirl-dev")
+    for name in DEVICES:
+        open(f"/tmp/.verirl-dev/{name}", "w").close()
+        _mount(f"/dev/{name}", f"/tmp/.verirl-dev/{name}", None, MS_BIND)
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name in DEVICES:
+        open(f"/dev/{name}", "w").close()
+        _mount(f"/tmp/.verirl-dev/{name}", f"/dev/{name}", None, MS_MOVE)
+        os.unlink(f"/tmp/.verirl-dev/{name}")
+    os.rmdir("/tmp/.verirl-dev")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    _read_only({"/dev": True}, recursive=False)
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size)
 
 
 def _mounts(cfg: dict, report: dict) -> None:
+    names = ["read-only file system", "private /tmp", "private /dev", "hidden paths", "private /proc"]
     if report.get("mount namespace") != "on":
-        report["read-only file system"] = report["private /tmp"] = "off (no mount namespace)"
-        report["hidden paths"] = "off (no mount namespace)"
+        report.update({n: "off (no mount namespace)" for n in names})
+        return
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the caller's mounts
+    except OSError as e:
+        report.update({n: f"off (mounts are not private: {e.strerror})" for n in names})
         return
     try:
         _read_only_root(report)
@@ -149,16 +198,19 @@ def _mounts(cfg: dict, report: dict) -> None:
         report["private /tmp"] = "on"
     except OSError as e:
         report["private /tmp"] = f"off ({e.strerror})"
-    try:
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size)
-    except OSError:
-        pass
-    hide = {h: d for h, d in cfg["_hide"].items() if os.path.lexists(h)}  # not under the new /tmp
-    try:
-        _hide(hide, list(dict.fromkeys(cfg.get("keep", []))))
-        report["hidden paths"] = f"on ({len(hide)}: {', '.join(hide)})" if hide else "on (none asked)"
-    except OSError as e:
-        report["hidden paths"] = f"off ({e})"
+        report["private /dev"] = report["hidden paths"] = "off (no private /tmp to stage them in)"
+    if report["private /tmp"] == "on":
+        try:
+            _minimal_dev(size)
+            report["private /dev"] = "on"
+        except OSError as e:
+            report["private /dev"] = f"off ({e})"
+        hide = {h: d for h, d in cfg["_hide"].items() if os.path.lexists(h)}  # not under the new /tmp
+        try:
+            _hide(hide, list(dict.fromkeys(cfg.get("keep", []))))
+            report["hidden paths"] = f"on ({len(hide)}: {', '.join(hide)})" if hide else "on (none asked)"
+        except OSError as e:
+            report["hidden paths"] = f"off ({e})"
     if report.get("pid namespace") == "on":
         try:
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -172,6 +224,7 @@ def _mounts(cfg: dict, report: dict) -> None:
 def _limits(cfg: dict, report: dict) -> None:
     lim = cfg["limits"]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size limit a write fails (EFBIG), not the process
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files of what runs inside
     for name, key, scale in [("RLIMIT_NOFILE", "files", 1), ("RLIMIT_FSIZE", "file_mb", 2**20),
                              ("RLIMIT_NPROC", "processes", 1), ("RLIMIT_AS", "memory_mb", 2**20),
                              ("RLIMIT_CPU", "cpu_s", 1)]:
@@ -181,8 +234,6 @@ def _limits(cfg: dict, report: dict) -> None:
         which = getattr(resource, name)
         cap = int(value * scale)
         hard = resource.getrlimit(which)[1]
-        if name == "RLIMIT_CPU" and cfg["mode"] == "worker":
-            continue  # the worker sets it per call (`cpu_limit`)
         if hard != resource.RLIM_INFINITY:
             cap = min(cap, hard)
         try:
@@ -192,34 +243,35 @@ def _limits(cfg: dict, report: dict) -> None:
     report["limits"] = "on"
 
 
-def _capset_zero() -> bool:
-    if SYS_CAPSET is None:
-        return False
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
-    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} sets, all zero
-    return _libc.syscall(SYS_CAPSET, ctypes.byref(Header(0x20080522, 0)), data) == 0
+def _capabilities_left() -> bool:
+    """Whether this process holds any capability (in its own user namespace)."""
+    with open("/proc/self/status") as f:
+        caps = {k: int(v, 16) for k, v in (line.split(":\t") for line in f if line.startswith("Cap"))}
+    return bool(caps.get("CapEff") or caps.get("CapPrm"))
 
 
 def _drop_privileges(cfg: dict, report: dict, in_userns: bool) -> None:
+    """As root: the sandbox's own uid and gid, no groups (which clears every capability). Otherwise:
+    every capability dropped (`capset`). Either way ``no_new_privs``. A failure stops the sandbox."""
     if os.geteuid() == 0 and not in_userns:
-        try:
-            os.setgroups([])
-            os.setgid(cfg["gid"])
-            os.setuid(cfg["uid"])
-            report["unprivileged uid"] = f"on (uid {cfg['uid']})"
-        except OSError as e:
-            report["unprivileged uid"] = f"off ({e.strerror})"
+        os.setgroups([])
+        os.setgid(cfg["gid"])
+        os.setuid(cfg["uid"])
+        if os.getuid() != cfg["uid"] or os.geteuid() != cfg["uid"]:
+            raise OSError(errno.EPERM, "the uid did not change")
+        report["unprivileged uid"] = f"on (uid {cfg['uid']})"
     else:
-        report["unprivileged uid"] = (f"on (uid {os.getuid()}, no capabilities)" if _capset_zero()
-                                      else f"uid {os.getuid()} (capabilities not dropped)")
-    try:
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        _prctl(PR_SET_DUMPABLE, 1)  # a change of uid clears it, and with it the process's own /proc files
-    except OSError:
-        pass
+        data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} sets, all zero
+        _check(_libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
+        report["unprivileged uid"] = f"on (uid {os.getuid()}, no capabilities)"
+    if _capabilities_left():
+        raise OSError(errno.EPERM, "capabilities are left after dropping them")
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(PR_SET_DUMPABLE, 1)  # a change of uid clears it, and with it the process's own /proc files
 
 
 def _parent_gone(fd: int) -> bool:
@@ -247,10 +299,15 @@ def _prepare(cfg: dict):
 
 
 def _first_process(cfg: dict, report: dict, parent_fd: int, entry, prepared) -> None:
+    os.setsid()  # out of the caller's session: no controlling terminal to push keystrokes into
     _die_with(parent_fd)
+    try:
+        _write("/proc/self/oom_score_adj", "1000")  # the kernel's out-of-memory killer takes the sandbox first
+    except OSError:
+        pass
     in_userns = report.get("user namespace") == "on"
     _mounts(cfg, report)
-    os.chdir("/tmp" if report.get("private /tmp") == "on" else "/")
+    os.chdir("/tmp" if report.get("private /tmp") == "on" else cfg["_workdir"])
     if cfg["mode"] == "program":
         with open("main.py", "w") as f:
             f.write(cfg["code"])
@@ -300,20 +357,42 @@ def _reap_all() -> None:
             return
 
 
+_child = 0
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM (the caller's deadline, or its death): end the sandbox from outside it."""
+    if _child:
+        os.kill(_child, signal.SIGKILL)
+    else:
+        os._exit(128 + signum)
+
+
 def main() -> None:
+    global _child
     cfg = json.loads(sys.argv[1])
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the caller decides
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))  # the caller's death ends the sandbox through `_stop`
     if os.getppid() != cfg["parent_pid"]:
-        os._exit(1)  # the trainer is gone already
+        os._exit(1)  # the caller is gone already
     entry, prepared = _prepare(cfg)
     cfg["_hide"] = {h: os.path.isdir(h) for h in cfg.get("hide", []) if os.path.lexists(h)}
     report: dict = {}
     _unshare(report)
+    workdir = None
+    if report.get("mount namespace") != "on":  # the real file system: a directory of this sandbox's own
+        import tempfile
+        workdir = tempfile.mkdtemp(prefix="verirl-sandbox-")
+        if os.geteuid() == 0:
+            os.chown(workdir, cfg["uid"], cfg["gid"])
+    cfg["_workdir"] = workdir
     if report.get("pid namespace") != "on":
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     alive_r, alive_w = os.pipe()
     child = os.fork()
     if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(alive_w)
         try:
             _first_process(cfg, report, alive_r, entry, prepared)
@@ -321,13 +400,8 @@ def main() -> None:
             print(f"verirl sandbox: set-up failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             os._exit(125)
         os._exit(0)
+    _child = child
     os.close(alive_r)
-    for fd in cfg.get("close_in_launcher", []):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the trainer decides
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -336,6 +410,9 @@ def main() -> None:
             continue
     if report.get("pid namespace") != "on":
         _reap_all()
+    if workdir:
+        import shutil
+        shutil.rmtree(workdir, ignore_errors=True)
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status))
