@@ -196,6 +196,7 @@ def test_memory_loops_and_floods_end_within_their_limits(scorer, what, within):
     assert _score(scorer, "ok") == (1.0, 0)  # the run goes on
 
 
+@pytest.mark.slow  # in .ci/run (make test-slow)
 @pytest.mark.parametrize("what", ["half message", "deep json"])
 def test_a_rule_writing_to_the_trainers_pipe_costs_its_call_only(scorer, what):
     """Half a message (the trainer's read waits `PIPE_WAIT` at most) or JSON nested 100,000 deep (no
@@ -206,6 +207,7 @@ def test_a_rule_writing_to_the_trainers_pipe_costs_its_call_only(scorer, what):
     assert _score(scorer, "ok") == (1.0, 0)
 
 
+@pytest.mark.slow  # in .ci/run (make test-slow)
 def test_killing_the_trainer_mid_call_leaves_nothing(rule_file, tmp_path):
     marker = f"vskill{os.getpid() % 10**6}"
     script = tmp_path / "trainer.py"
@@ -258,6 +260,7 @@ def test_hostile_programs_are_held_as_root(tmp_path):
 UNPRIVILEGED = 65533
 
 
+@pytest.mark.slow  # in .ci/run (make test-slow)
 def test_hostile_programs_are_held_as_an_unprivileged_user(tmp_path_factory):
     """The same programs from a process of uid 65533 (setpriv, no capabilities): the sandbox is built on
     a user namespace. The system Python runs them, with a copy of verirl's sandbox readable by that uid."""

@@ -88,9 +88,7 @@ def python_paths() -> list[str]:
     """What the sandbox keeps readable for Python: the interpreter's and the environment's prefixes,
     the standard library, the package directories on the path (site-packages), and the directory
     verirl itself is imported from. Not the working directory or a script's: they hold the project."""
-    import verirl
-
-    verirl_root = os.path.dirname(os.path.dirname(os.path.abspath(verirl.__file__)))
+    verirl_root = str(Path(__file__).resolve().parents[2])  # the directory verirl/ is imported from
     library = [p for p in sys.path if p and (os.path.realpath(p).startswith(os.path.realpath(sys.base_prefix))
                                              or os.path.realpath(p).startswith(os.path.realpath(sys.prefix))
                                              or os.path.basename(p) in ("site-packages", "dist-packages"))]
