@@ -133,21 +133,29 @@ def test_everything_is_on_as_root():
     assert not off, off
 
 
-def test_a_rule_cannot_write_to_the_run_directory(scorer, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    metrics = run / "metrics.jsonl"
+@pytest.fixture
+def run_dir():
+    """A run directory outside /tmp (which the sandbox replaces with its own, hiding anything there)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="verirl-run-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_rule_cannot_write_to_the_run_directory(scorer, run_dir):
+    metrics = run_dir / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n')
-    hidden = Scorer([scorer.rules[0].spec], [1.0], workers=1, timeout=4, sandbox=True, hide=[str(run)])
+    os.chmod(run_dir, 0o777)  # even where the sandbox's uid may write
+    os.chmod(metrics, 0o666)
+    hidden = Scorer([scorer.rules[0].spec], [1.0], workers=1, timeout=4, sandbox=True, hide=[str(run_dir)])
     try:
-        assert _score(hidden, "write", path=str(metrics)) == (0.0, 1)  # scored 0, counted in reward/errors
+        assert _score(hidden, "write", path=str(metrics)) == (0.0, 1)  # hidden: scored 0, counted in reward/errors
         assert _score(hidden, "ok") == (1.0, 0)
     finally:
         hidden.close()
     assert metrics.read_text() == '{"step": 1}\n'
-    os.chmod(run, 0o777)  # even where the uid could write: the file system is read-only
-    os.chmod(metrics, 0o666)
-    assert _score(scorer, "write", path=str(metrics)) == (0.0, 1)
+    assert _score(scorer, "write", path=str(metrics)) == (0.0, 1)  # visible: the file system is read-only
     assert metrics.read_text() == '{"step": 1}\n'
 
 
