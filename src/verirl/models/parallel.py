@@ -1,0 +1,72 @@
+"""Tensor parallelism for the decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral; SmolLM2 and the
+tiny model are of it), on torch's own `torch.distributed.tensor.parallel` over one mesh dimension.
+
+In each decoder layer q, k, v and gate, up are column-parallel (each rank computes its share of the
+heads and of the MLP's inner width) and o and down row-parallel (the partial products are summed
+across the group), so a layer's weights are held 1/tp per rank and the hidden states between layers
+are whole on every rank. The embedding is vocabulary-parallel (rows split; the looked-up vectors
+summed across the group), and so is the output layer that shares its weight: its log-probs come from
+`verirl.core.ops.head_logprobs.vocab_parallel_head_logprobs` on the rank's rows (`head_shard`), so
+no rank holds a whole vocabulary's logits. Norms stay replicated.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from verirl.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # config.json model_type values with a plan here
+_COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+_ROW = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def check_tensor_parallel(config, tp: int, key: str = "actor.tensor_parallel_size") -> None:
+    """The model's shape splits over ``tp`` ranks: a known family, and heads, key/value heads, the MLP's
+    width and the vocabulary each divisible by tp; one paragraph with the arithmetic otherwise."""
+    if tp == 1:
+        return
+    kind = getattr(config, "model_type", "?")
+    if kind not in TP_FAMILIES:
+        raise ConfigError(f"{key}={tp}: model_type '{kind}' has no tensor-parallel plan in verirl; the families "
+                          f"that have one: {', '.join(TP_FAMILIES)}. Use {key}=1 (data parallel only).")
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        value = getattr(config, name, None)
+        if value is not None and value % tp:
+            raise ConfigError(f"{key}={tp} does not divide the model's {name}={value} ({value} / {tp} = "
+                              f"{value / tp:.3g}): each of the {tp} ranks takes an equal share of it. Choose a "
+                              f"{key} that divides {name}.")
+
+
+def tensor_parallel(model: torch.nn.Module, mesh: "DeviceMesh") -> torch.nn.Module:
+    """Shard ``model`` (a causal LM of `TP_FAMILIES`) in place over the 1-D ``mesh``; returns it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    check_tensor_parallel(model.config, mesh.size())
+    decoder = model.get_decoder()
+    for layer in decoder.layers:
+        plan = {name: ColwiseParallel() for name in _COLUMN} | {name: RowwiseParallel() for name in _ROW}
+        parallelize_module(layer, mesh, plan)
+    parallelize_module(decoder.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                   output_layouts=Replicate()))
+    weight = decoder.embed_tokens.weight
+    assert weight.placements == (Shard(0),)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.get_output_embeddings().weight = weight  # the output layer keeps sharing the sharded table
+    else:
+        parallelize_module(model.get_output_embeddings(), mesh, ColwiseParallel(output_layouts=Shard(-1)))
+    return model
+
+
+def head_shard(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of the output layer's weight, the first row's index in the whole vocabulary)
+    for `vocab_parallel_head_logprobs`."""
+    weight = model.get_output_embeddings().weight
+    local = weight.to_local()
+    mesh = weight.device_mesh
+    return local, mesh.get_local_rank() * local.shape[0]
