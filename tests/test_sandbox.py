@@ -128,6 +128,9 @@ def _score(scorer, response, **sample):
 def test_everything_is_on_as_root():
     if os.geteuid() != 0:
         pytest.skip("as root only")
+    unshare = shutil.which("unshare")
+    if not unshare or subprocess.run([unshare, "--pid", "--fork", "--mount", "--net", "true"]).returncode:
+        pytest.skip("this machine refuses new namespaces even to root (a container without privileges)")
     table = probe()
     off = {m: v for m, v in table.items() if not (v.startswith("on") or v.startswith("not needed"))}
     assert not off, off
