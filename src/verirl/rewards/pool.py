@@ -61,7 +61,7 @@ Scores = list[tuple[Optional[float], str]]
 TAIL_BYTES = 16 * 1024  # of a call's output kept for the warning
 MAX_REPLY = 4 * 2**20  # bytes of one reply a worker may send (more: it is replaced)
 MAX_MESSAGES = 8  # read from one worker per pass of the manager
-PIPE_WAIT = 5.0  # seconds one read or write on a sandboxed worker's pipe may block
+PIPE_WAIT = 5.0  # seconds one read or write on a worker's pipe may block (`_bound_waits`)
 WHY_CHARS = 2000  # of one failure's reason from a worker
 TAIL_LINES = 5
 LINE_CHARS = 200
@@ -82,14 +82,19 @@ def _die_with_parent(parent_pid: int, alive: Connection, pdeathsig: bool) -> Non
             pass  # no prctl: the watchdog below still ends this worker
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os._exit(1)
+    _exit_when_closed(alive, lambda: _kill_tree(os.getpid(), reap=False))
 
+
+def _exit_when_closed(alive: Connection, before_exit) -> None:
+    """A thread that ends this worker (after ``before_exit()``) once its pipe from the parent reaches
+    end-of-file: the parent never writes to it, so that means the parent is gone."""
     def watchdog() -> None:
         try:
             while True:
-                alive.recv_bytes()  # the parent never writes; end-of-file means it is gone
+                alive.recv_bytes()
         except (EOFError, OSError):
             pass
-        _kill_tree(os.getpid(), reap=False)
+        before_exit()
         os._exit(1)
 
     threading.Thread(target=watchdog, name="verirl-reward-watchdog", daemon=True).start()
@@ -242,16 +247,7 @@ def sandboxed_worker(args: dict, report: Optional[dict], prepare: bool, prepared
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getpid() != 1:  # no PID namespace here: the orphans of a call's processes become this worker's
         _own_children()
-
-    def watchdog() -> None:
-        try:
-            while True:
-                alive.recv_bytes()
-        except (EOFError, OSError):
-            pass
-        os._exit(1)
-
-    threading.Thread(target=watchdog, name="verirl-reward-watchdog", daemon=True).start()
+    _exit_when_closed(alive, lambda: None)  # as PID 1 its exit ends the namespace; else the launcher reaps
     _reply(tasks, ["ready", os.getpid(), _address_space_mb(), report])
     _serve(tasks, _end_namespace if os.getpid() == 1 else (lambda: _kill_tree(os.getpid(), reap=True)))
 
@@ -299,6 +295,7 @@ class _Launched:
 
     def __init__(self, popen: "subprocess.Popen"):
         self.popen, self.pid = popen, popen.pid
+        self._never: Optional[int] = None  # the write end of the stand-in sentinel, where there is no pidfd
         try:
             self.sentinel = os.pidfd_open(popen.pid)  # readable once the process has ended (Linux >= 5.3)
         except (AttributeError, OSError):  # older: the worker's output pipe closing and the pool's 5 s poll see it
@@ -326,7 +323,7 @@ class _Launched:
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
-            if getattr(self, "_never", None) is not None:
+            if self._never is not None:
                 os.close(self._never)
                 self._never = None
 

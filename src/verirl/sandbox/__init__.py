@@ -133,8 +133,8 @@ class ProgramResult:
 def run_program(code: str, stdin: str = "", limits: Optional[Limits] = None, *,
                 hide: tuple[str, ...] = ()) -> ProgramResult:
     """Run the Python program ``code`` in a fresh sandbox, ``stdin`` on its standard input; its
-    processes end with it; ``hide``: more paths to cover (besides the trainer's home). Never raises for what the program does (a crash, a hang, a flood of
-    output, a fork bomb): that is in the result."""
+    processes end with it; ``hide``: more paths to cover (besides the trainer's home). Never raises
+    for what the program does (a crash, a hang, a flood of output, a fork bomb): that is in the result."""
     limits = limits or Limits()
     report_r, report_w = os.pipe()
     cfg = launch_config("program", limits, code=code, argv=[sys.executable, "-I"], report_fd=report_w,
@@ -164,6 +164,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits, start: flo
     else:
         proc.stdin.close()
     got = {"out": bytearray(), "err": bytearray()}
+    received = {"out": 0, "err": 0}  # bytes read from each, kept or not
     deadline = start + limits.seconds if limits.seconds > 0 else float("inf")
     timed_out = truncated = False
     sent = 0
@@ -186,10 +187,9 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits, start: flo
             if not chunk:
                 sel.unregister(key.fileobj)
                 continue
-            buf = got[key.data]
+            buf, received[key.data] = got[key.data], received[key.data] + len(chunk)
             buf += chunk[:max(limits.output_bytes - len(buf), 0)] if limits.output_bytes else chunk
-            if limits.output_bytes and len(buf) >= limits.output_bytes and len(chunk) > 0:
-                truncated = len(buf) + len(chunk) > limits.output_bytes or truncated
+            truncated = truncated or 0 < limits.output_bytes < received[key.data]
         if truncated:
             break
     if timed_out or truncated:
@@ -234,23 +234,7 @@ def probe() -> dict[str, str]:
 
 def missing(table: dict[str, str]) -> list[str]:
     """The mechanisms of ``table`` that are off, each with its reason."""
-    return [f"{m}: {v}" for m, v in table.items() if v.startswith("off") or v.startswith("partly")
-            or v.startswith("uid ")]
-
-
-_said = False
-
-
-def say_once(file=None) -> None:
-    """One line on stderr, once per process, naming what the sandbox could not set up here."""
-    global _said
-    if _said:
-        return
-    _said = True
-    off = missing(probe())
-    if off:
-        print(f"sandbox: not everything is on here ({'; '.join(off)}); `verirl doctor --sandbox` shows the "
-              f"table and docs/sandbox.md what each stops.", file=file or sys.stderr)
+    return [f"{m}: {v}" for m, v in table.items() if v.startswith(("off", "partly"))]
 
 
 def render(table: dict[str, str]) -> str:
@@ -258,5 +242,5 @@ def render(table: dict[str, str]) -> str:
     return "\n".join(f"{m:<{width}}  {v}" for m, v in table.items())
 
 
-__all__ = ["Limits", "ProgramResult", "run_program", "probe", "missing", "say_once", "render", "environment",
+__all__ = ["Limits", "ProgramResult", "run_program", "probe", "missing", "render", "environment",
            "hidden_paths", "python_paths", "launch_config", "launcher_argv", "sandbox_uid"]

@@ -222,7 +222,7 @@ def _mounts(cfg: dict, report: dict) -> None:
 
 
 def _limits(cfg: dict, report: dict) -> None:
-    lim = cfg["limits"]
+    lim, refused = cfg["limits"], []
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size limit a write fails (EFBIG), not the process
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files of what runs inside
     for name, key, scale in [("RLIMIT_NOFILE", "files", 1), ("RLIMIT_FSIZE", "file_mb", 2**20),
@@ -239,8 +239,8 @@ def _limits(cfg: dict, report: dict) -> None:
         try:
             resource.setrlimit(which, (cap, cap))
         except (ValueError, OSError):
-            report[f"limit {key}"] = "off"
-    report["limits"] = "on"
+            refused.append(key)
+    report["limits"] = f"partly (refused: {', '.join(refused)})" if refused else "on"
 
 
 class _CapHeader(ctypes.Structure):
