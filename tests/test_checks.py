@@ -65,6 +65,14 @@ CASES = [
     ("templates", {"data.train_path": data_file, "data.prompt_type": "nope"}, "nope"),
     ("activation modules", {"trainer.dump_activations.steps": [1], "trainer.dump_activations.modules": "decoder"},
      "trainer.dump_activations.modules='decoder' matches no module of tiny"),
+    ("layout", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 3},
+     "actor.tensor_parallel_size=3 does not divide the world size 2 (trainer.nproc_per_node=2 x trainer.nnodes=1)"),
+    ("layout", {"trainer.nproc_per_node": 6, "actor.tensor_parallel_size": 2},
+     "data.prompts_per_step=8 is not divisible by the data-parallel size 3 (world size 6"),
+    ("model parallel", {"trainer.nproc_per_node": 4, "actor.tensor_parallel_size": 4},
+     "actor.tensor_parallel_size=4 does not divide the model's num_key_value_heads=2 (2 / 4 = 0.5)"),
+    ("model parallel", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.use_remove_padding": False},
+     "actor.tensor_parallel_size=2 needs actor.use_remove_padding=true"),
 ]
 
 

@@ -101,3 +101,49 @@ def test_a_family_without_a_plan_is_named():
 
     with pytest.raises(ConfigError, match="model_type 'gpt2' has no tensor-parallel plan.*llama, qwen2, qwen3, mistral"):
         check_tensor_parallel(GPT2Config(), 2)
+
+
+# float32 throughout; veRL's default actor.lr: AdamW's first step moves each weight by about lr x the sign of
+# its gradient, so a gradient that sums to near 0 (a token no response holds) may take either sign under
+# another summation order; at 1e-6 that is at most 2e-6, within 1e-5 of the largest weight
+TRAIN = ["train", "trainer.total_steps=1", "trainer.save_freq=1", "data.prompts_per_step=4",
+         "actor.mini_batch_prompts=4", "rollout.n=8", "eval.before_train=false", "eval.at_end=false",
+         "log.progress=false", "log.console_every=0", "reward.workers=0", "algo.kl_coef=0.01", "actor.lr=1e-6",
+         "trainer.dump_rollouts=true", "trainer.threads=1", "trainer.dist_timeout_s=60", "model.compute_dtype=null"]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    from verirl.cli import main
+
+    run = tmp_path_factory.mktemp("tp") / "one"
+    assert main(TRAIN + [f"trainer.run_dir={run}"]) == 0
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks,strategy", [(2, "fsdp2"), (4, "fsdp2"), (4, "ddp")])
+def test_tensor_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ranks, strategy):
+    """tp2 alone, and dp2 x tp2 with FSDP2 or replicated data parallelism: the same rollouts and rewards as
+    one rank, the update's statistics within 1e-5 and the weights after it within 1e-5; each rank holds
+    1/ranks of the model states (FSDP2) or 1/tp (ddp)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from verirl.cli import main
+
+    run = tmp_path / "tp"
+    assert main(TRAIN + [f"trainer.run_dir={run}", f"trainer.nproc_per_node={ranks}", "actor.tensor_parallel_size=2",
+                         f"actor.strategy={strategy}"]) == 0
+    assert (one_rank / "rollouts.jsonl").read_text() == (run / "rollouts.jsonl").read_text()
+    a, b = (json.loads((r / "metrics.jsonl").read_text().splitlines()[-1]) for r in (one_rank, run))
+    assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+    for key in ("actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert abs(a[key] - b[key]) <= 1e-5 * abs(a[key]) or abs(a[key] - b[key]) < 1e-8, (key, a[key], b[key])
+    share = b["perf/model_states_gb"] / a["perf/model_states_gb"]
+    assert abs(share - (1 / ranks if strategy == "fsdp2" else 0.5)) < 0.02, share
+    wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank, run))
+    assert sorted(wa) == sorted(wb)
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name

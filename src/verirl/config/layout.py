@@ -28,9 +28,21 @@ def world_size(cfg: Config) -> int:
     return cfg.trainer.nproc_per_node * cfg.trainer.nnodes
 
 
+def data_parallel_size(cfg: Config) -> int:
+    """Ranks that split the step's data: the world size / ``actor.tensor_parallel_size``."""
+    return world_size(cfg) // cfg.actor.tensor_parallel_size
+
+
 def _world_words(cfg: Config) -> str:
     t = cfg.trainer
-    return f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
+    world = f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
+    tp = cfg.actor.tensor_parallel_size
+    return world if tp == 1 else f"the data-parallel size {data_parallel_size(cfg)} ({world[4:]} / " \
+                                 f"actor.tensor_parallel_size={tp})"
+
+
+def _ranks(cfg: Config) -> str:
+    return "ranks" if cfg.actor.tensor_parallel_size == 1 else "data-parallel ranks"
 
 
 def _multiples(of: int, near: int) -> str:
@@ -48,7 +60,14 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
     LAUNCHERS.check(t.launcher)
     STRATEGIES.check(actor.strategy)
     OFFLOADS.check(actor.offload)
-    world = world_size(cfg)
+    world, tp = world_size(cfg), actor.tensor_parallel_size
+    if world % tp:
+        raise ConfigError(
+            f"actor.tensor_parallel_size={tp} does not divide the world size "
+            f"{world} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}): the ranks form "
+            f"tensor-parallel groups of {tp} ({world} / {tp} = {world / tp:.3g} groups). Set "
+            f"actor.tensor_parallel_size to a divisor of {world} or change the number of ranks.")
+    world = data_parallel_size(cfg)  # the ranks the step's prompts are split over
     n = cfg.rollout.n
     if data.prompts_per_step % world:
         raise ConfigError(
@@ -57,7 +76,7 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
             f"Each rank takes whole groups (all rollout.n={n} samples of a prompt on one rank, so advantages "
             f"need no communication), so the prompts of a step must split evenly: set data.prompts_per_step "
             f"to a multiple of {world} "
-            f"(e.g. {_multiples(world, data.prompts_per_step)}) or change the number of ranks.")
+            f"(e.g. {_multiples(world, data.prompts_per_step)}) or change the number of {_ranks(cfg)}.")
     if actor.mini_batch_prompts % world:
         raise ConfigError(
             f"actor.mini_batch_prompts={actor.mini_batch_prompts} is not divisible by {_world_words(cfg)}: "
@@ -65,7 +84,7 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
             f"mini-batch. Every rank takes part in every optimizer step with whole groups of rollout.n={n} "
             f"samples, so set actor.mini_batch_prompts to a multiple of {world} that divides data.prompts_per_step="
             f"{data.prompts_per_step} (e.g. {_multiples(world, actor.mini_batch_prompts)}), or change the number "
-            f"of ranks. Both keys count prompts, not sequences.")
+            f"of {_ranks(cfg)}. Both keys count prompts, not sequences.")
     if devices is not None:
         kind, count = devices
         if t.nproc_per_node > count:

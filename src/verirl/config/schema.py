@@ -241,6 +241,9 @@ class ActorConfig:
                                     "CPU, 64M on a GPU or NPU; at least 64 rows)", ge=0)
     strategy: str = setting("fsdp2", "data parallelism when the world size is above 1: fsdp2 (sharded) / ddp "
                             "(replicated)")
+    tensor_parallel_size: int = setting(1, "ranks that split each layer (tensor parallel, docs/parallelism.md): "
+                                           "heads, MLP width and vocabulary 1/tp per rank; data parallel = world / "
+                                           "this", gt=0)
     offload: str = setting("none", "none / optimizer / params: what leaves the device between phases (where supported)")
 
 

@@ -11,6 +11,7 @@ no rank holds a whole vocabulary's logits. Norms stay replicated.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,17 +57,57 @@ def tensor_parallel(model: torch.nn.Module, mesh: "DeviceMesh") -> torch.nn.Modu
                                                                    output_layouts=Replicate()))
     weight = decoder.embed_tokens.weight
     assert weight.placements == (Shard(0),)
+    head = model.get_output_embeddings()
     if getattr(model.config, "tie_word_embeddings", False):
-        model.get_output_embeddings().weight = weight  # the output layer keeps sharing the sharded table
+        head.weight = weight  # the output layer keeps sharing the sharded table
+        _local_logits(head, mesh)
     else:
-        parallelize_module(model.get_output_embeddings(), mesh, ColwiseParallel(output_layouts=Shard(-1)))
+        parallelize_module(head, mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        head.register_forward_hook(lambda module, args, out: out.to_local().clone())
+    # FSDP2 over tensor-parallel weights gathers a whole one in two steps, and torch warns of it at every
+    # gather; the result is the same tensor
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     return model
+
+
+def _local_logits(head: torch.nn.Module, mesh: "DeviceMesh") -> None:
+    """The tied output layer's forward on its vocabulary rows: the (whole) hidden states in, this rank's
+    columns of the logits out, as a column-parallel layer gives them (its weight is the embedding's,
+    already sharded by rows)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def into(module, args):
+        return (DTensor.from_local(args[0], mesh, (Replicate(),), run_check=False), *args[1:])
+
+    head.register_forward_pre_hook(into)
+    head.register_forward_hook(lambda module, args, out: out.to_local().clone())  # a copy: FSDP2 warns of a view
+
+
+def is_tensor_parallel(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s output layer is split by vocabulary (`tensor_parallel` was applied)."""
+    from torch.distributed.tensor import DTensor
+
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return isinstance(weight, DTensor) and any(p.is_shard() for p in weight.placements)
 
 
 def head_shard(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
     """(this rank's rows of the output layer's weight, the first row's index in the whole vocabulary)
     for `vocab_parallel_head_logprobs`."""
+    from torch.distributed.tensor import Shard
+
     weight = model.get_output_embeddings().weight
     local = weight.to_local()
     mesh = weight.device_mesh
-    return local, mesh.get_local_rank() * local.shape[0]
+    dim = next(i for i, p in enumerate(weight.placements) if p == Shard(0))  # FSDP2 + TP: the "tp" of (dp, tp)
+    return local, mesh.get_local_rank(dim) * local.shape[0]
+
+
+def head_group(model: torch.nn.Module):
+    """The process group the output layer's vocabulary is split over."""
+    from torch.distributed.tensor import Shard
+
+    weight = model.get_output_embeddings().weight
+    dim = next(i for i, p in enumerate(weight.placements) if p == Shard(0))
+    return weight.device_mesh.get_group(dim)

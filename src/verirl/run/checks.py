@@ -293,6 +293,28 @@ def check_activation_modules(cfg: Config, ask: Optional[Ask] = None) -> None:
                           f"(its modules are named like {', '.join(names[:4])}, ...).")
 
 
+def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
+    MLP width and vocabulary split evenly (read from its config.json, no weights), and the passes it needs
+    are the ones that run split (packed log-probs; the native or hf engine decoding with whole weights)."""
+    tp = cfg.actor.tensor_parallel_size
+    if tp == 1:
+        return
+    from verirl.models.load import model_config
+    from verirl.models.parallel import check_tensor_parallel
+
+    if not cfg.actor.use_remove_padding:
+        raise ConfigError(f"actor.tensor_parallel_size={tp} needs actor.use_remove_padding=true: the log-probs of a "
+                          f"vocabulary split over the ranks come from the packed passes' output layer, the padded "
+                          f"pass computes whole logits.")
+    if cfg.rollout.engine == "vllm":
+        raise ConfigError(f"actor.tensor_parallel_size={tp} with rollout.engine=vllm: pushing a tensor-parallel "
+                          f"actor's weights into vLLM is not available in this version. Use rollout.engine=native "
+                          f"(each rank decodes its share of the prompts with the whole weights, gathered for the "
+                          f"rollout), or actor.tensor_parallel_size=1.")
+    check_tensor_parallel(model_config(cfg.model.path, dict(cfg.model.override_config)), tp)
+
+
 def _module_names(path: str, override: dict) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -320,4 +342,5 @@ RULES: list[Rule] = [
     Rule("started ranks", check_started_ranks, True),
     Rule("templates", check_templates, True),
     Rule("activation modules", check_activation_modules, True),
+    Rule("model parallel", check_model_parallel, True),
 ]

@@ -29,7 +29,8 @@ from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
-from verirl.train.distributed import DP, Dist
+from verirl.models.parallel import tensor_parallel
+from verirl.train.distributed import DP, TP, Dist
 from verirl.train.packing import supports_packing
 from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
                                    StepSettings)
@@ -143,7 +144,10 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
             clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
     dist.barrier()  # the other ranks start once rank 0 holds the directory
     ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-    if dist.active and cfg.actor.strategy == "fsdp2":
+    if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
+        for model in (lm.model, ref) if ref is not None else (lm.model,):
+            tensor_parallel(model, dist.mesh[TP])
+    if dist.dp_world > 1 and cfg.actor.strategy == "fsdp2":
         device = next(lm.model.parameters()).device
         shard(lm.model, dist.mesh[DP], device, offload_params=cfg.actor.offload == "params")
         if ref is not None:
@@ -164,7 +168,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     return Run(cfg=cfg, dist=dist, model=lm.model, ref=ref, tokenizer=lm.tokenizer, stop_ids=stop_ids,
                pad_id=lm.pad_id, engine=engine, eval_engine=eval_engine, optimizer=optimizer, scheduler=scheduler,
                optimizer_settings=adamw, train=train, sampler=PromptSampler(len(train), cfg.data.seed, order),
-               step=step_settings(cfg, lm.model, dist.world, t.peak_flops or device_peak_flops(cfg, lm.model, dist)),
+               step=step_settings(cfg, lm.model, dist.dp_world, t.peak_flops or device_peak_flops(cfg, lm.model, dist)),
                eval=evaluation, scorer=scorer, run_dir=run_dir, lock=lock,
                watchdog=Watchdog(run_dir, dist.rank, t.stall_timeout_s, t.on_stall, scorer.outstanding, say),
                total_steps=t.total_steps,

@@ -1,11 +1,17 @@
-"""Data parallelism on torch.distributed: the process group, its named device mesh, and the few
-collectives a step needs.
+"""The ranks on torch.distributed: the process group, its named device mesh, and the few collectives
+a step needs.
 
-The ranks form a `torch.distributed.device_mesh.DeviceMesh` with one named dimension, ``"dp"``
-(data parallel; `Dist.mesh`). The strategies are built on it (FSDP2 shards over ``mesh["dp"]``,
-``ddp`` sums the gradients over its group), so tensor, sequence or pipeline dimensions can be
-added beside ``"dp"`` without touching the step. Over one dimension spanning every rank, the
-``"dp"`` group is the default process group itself.
+The ranks form a `torch.distributed.device_mesh.DeviceMesh` (`Dist.mesh`) with the named dimensions
+``"dp"`` (data parallel) and, with ``actor.tensor_parallel_size`` > 1, ``"tp"`` (tensor parallel,
+the inner one: the ranks of a tensor-parallel group are consecutive, so on one machine). The
+strategies are built on it: FSDP2 shards over ``mesh["dp"]``, ``ddp`` sums the gradients over its
+group, `verirl.models.parallel.tensor_parallel` splits each layer over ``mesh["tp"]``.
+
+The ranks of one tensor-parallel group hold the same data (the same prompts, rollouts, rewards and
+log-probs): the step's data is split over the data-parallel coordinate (`Dist.dp_rank` of
+`Dist.dp_world`), and the data collectives (`all_sum`, `all_max`, `gather`) run over the
+``"dp"`` group, so that a tensor-parallel replica is not counted twice. ``world=True`` runs one over
+every rank instead (a decision every rank must share, the largest memory of any rank).
 
 With ``actor.strategy=ddp`` every rank holds the whole model. A step's prompts are split across the
 ranks by whole groups, so advantages need no communication; each rank's loss is divided by the
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 DP = "dp"  # the data-parallel dimension's name in `Dist.mesh`
+TP = "tp"  # the tensor-parallel dimension's name (present when actor.tensor_parallel_size > 1)
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,40 @@ class Dist:
     world: int  # number of ranks
     local_rank: int
     local_world: int  # ranks on this machine
-    mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, one dimension named DP; None: one process alone
+    mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, dimensions DP (and TP); None: one process alone
 
     @staticmethod
     def single() -> "Dist":
         return Dist(0, 1, 0, 1)
+
+    def _size(self, dim: str) -> int:
+        return self.mesh[dim].size() if self.mesh is not None and dim in (self.mesh.mesh_dim_names or ()) else 1
+
+    def _coordinate(self, dim: str) -> int:
+        return self.mesh[dim].get_local_rank() if self._size(dim) > 1 else 0
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel ranks: the number of parts the step's data is split into."""
+        return self._size(DP)
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel coordinate: which part of the step's data it holds."""
+        return self._coordinate(DP)
+
+    @property
+    def tp_world(self) -> int:
+        """Ranks of this rank's tensor-parallel group (1: none)."""
+        return self._size(TP)
+
+    @property
+    def tp_rank(self) -> int:
+        return self._coordinate(TP)
+
+    def _group(self, world: bool):
+        """The process group of a collective: the data-parallel one, or (``world``) every rank."""
+        return None if world or self.tp_world == 1 else self.mesh.get_group(DP)
 
     @property
     def active(self) -> bool:
@@ -54,41 +90,55 @@ class Dist:
         """Rank 0: the one that prints, writes the logs and the checkpoints."""
         return self.rank == 0
 
-    def all_sum(self, values: Sequence[float]) -> list[float]:
-        """Element-wise sum over ranks (float64)."""
-        return self._all_reduce(values, "SUM")
+    def all_sum(self, values: Sequence[float], world: bool = False) -> list[float]:
+        """Element-wise sum over the data-parallel ranks (``world``: over every rank), float64."""
+        return self._all_reduce(values, "SUM", world)
 
-    def all_max(self, values: Sequence[float]) -> list[float]:
-        """Element-wise maximum over ranks (float64)."""
-        return self._all_reduce(values, "MAX")
+    def all_max(self, values: Sequence[float], world: bool = False) -> list[float]:
+        """Element-wise maximum over the data-parallel ranks (``world``: over every rank), float64."""
+        return self._all_reduce(values, "MAX", world)
 
-    def _all_reduce(self, values: Sequence[float], op: str) -> list[float]:
+    def _all_reduce(self, values: Sequence[float], op: str, world: bool) -> list[float]:
         if not self.active:
             return list(values)
         t = torch.tensor(list(values), dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op), group=self._group(world))
         return t.tolist()
 
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
+    def gather(self, obj: Any, world: bool = False) -> list[Any]:
+        """Every data-parallel rank's ``obj`` in data-parallel order (``world``: every rank's, in rank
+        order), on every rank."""
         if not self.active:
             return [obj]
-        out: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(out, obj)
+        group = self._group(world)
+        out: list[Any] = [None] * (self.world if group is None else self.dp_world)
+        torch.distributed.all_gather_object(out, obj, group=group)
+        return out
+
+    def tp_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` of this rank's tensor-parallel group, in its order."""
+        if self.tp_world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.tp_world
+        torch.distributed.all_gather_object(out, obj, group=self.mesh.get_group(TP))
         return out
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum the gradients over the mesh's data-parallel group, in one flat buffer (params without a
-        gradient count as 0)."""
-        if not self.active:
+        gradient count as 0; a tensor-parallel parameter's local shard is summed with the same shard of
+        the other data-parallel ranks)."""
+        if self.dp_world == 1:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        from verirl.train.strategy import local
+
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p)) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=self.mesh.get_group(DP))
         offset = 0
         for p, g in zip(params, grads):
             n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            summed = flat[offset:offset + n].view_as(g).to(p.dtype)
+            p.grad = _like(summed, p)
             offset += n
 
     def barrier(self) -> None:
@@ -104,14 +154,25 @@ class Dist:
         return box[0]
 
 
+def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``value`` (a local shard) as a gradient of ``param``: a DTensor laid out as ``param`` when it is one."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return value
+    return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
+
+
 def launched() -> bool:
     """Whether this process is a rank started by torch's launcher (or torchrun, or the Ray driver)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device, timeout_s: int) -> Dist:
+def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1) -> Dist:
     """Join the process group the launcher set up (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the
-    environment) and lay its ranks out on a mesh of one data-parallel dimension; one process alone
+    environment) and lay its ranks out on a mesh: world / ``tensor_parallel`` data-parallel ranks, and
+    tensor-parallel groups of ``tensor_parallel`` consecutive ranks when it is above 1; one process alone
     gets `Dist.single()`."""
     if not launched() or int(os.environ["WORLD_SIZE"]) == 1:
         return Dist.single()
@@ -122,9 +183,9 @@ def init(device: torch.device, timeout_s: int) -> Dist:
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(dist_backend(device), timeout=datetime.timedelta(seconds=timeout_s))
     world = torch.distributed.get_world_size()
+    shape, names = ((world // tensor_parallel, tensor_parallel), (DP, TP)) if tensor_parallel > 1 else ((world,), (DP,))
     return Dist(torch.distributed.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")),
-                int(os.environ.get("LOCAL_WORLD_SIZE", "1")), init_device_mesh(device.type, (world,),
-                                                                               mesh_dim_names=(DP,)))
+                int(os.environ.get("LOCAL_WORLD_SIZE", "1")), init_device_mesh(device.type, shape, mesh_dim_names=names))
 
 
 def close(dist: Optional[Dist]) -> None:

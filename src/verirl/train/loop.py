@@ -45,7 +45,8 @@ class TrainingInterrupted(Exception):
 
 def join(cfg: Config) -> Dist:
     """This process's rank: the process group its launcher set up, or `Dist.single()` alone."""
-    return distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s)
+    return distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s,
+                            cfg.actor.tensor_parallel_size)
 
 
 def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> dict:
@@ -90,7 +91,7 @@ def one_step(run: Run, log: RunLog, signals: StopSignals, summary: dict, step: i
     log.write(metrics, records)
     if too_many:
         raise NonFiniteTraining(too_many)
-    signum = int(run.dist.all_max([signals.signum])[0])  # every rank stops after the same step
+    signum = int(run.dist.all_max([signals.signum], world=True)[0])  # every rank stops after the same step
     if signum or checkpoint_due(run, step):
         with watch.phase("checkpoint"):
             path = save(run, step, log, summary)
@@ -176,8 +177,8 @@ def evaluate_run(run: Run) -> dict[str, float]:
     """val/... metrics of the current model on the run's held-out prompts, split across the ranks
     (each evaluates its share; the rows are gathered), the same on every rank."""
     e, dist = run.eval, run.dist
-    share = -(-len(e.prompts) // dist.world)
-    first = dist.rank * share
+    share = -(-len(e.prompts) // dist.dp_world)
+    first = dist.dp_rank * share
     engine = run.eval_engine or run.engine
     with full_weights(run.model):  # decoding reads whole weights: no weight collective inside
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,

@@ -43,8 +43,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from verirl.core.errors import ConfigError
 from verirl.core.ops.attention import small_attention, small_enough
-from verirl.core.ops.head_logprobs import head_logprobs
+from verirl.core.ops.head_logprobs import head_logprobs, vocab_parallel_head_logprobs
 from verirl.core.ops.varlen import varlen_kernel
+from verirl.models.parallel import head_group, head_shard, is_tensor_parallel
 from verirl.train.strategy import final_hidden
 from verirl.train.record import response_positions
 from verirl.core.types import Rollout
@@ -346,8 +347,13 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
     # under mixed precision (torch.autocast) the output layer still multiplies in the weights' dtype: a
     # bfloat16 logit of 10 is off by up to 0.03, and so would every log-prob be
     with torch.autocast(hidden.device.type, enabled=False):
-        lp, ent = head_logprobs(hidden.index_select(0, pb.pred_pos).to(head.weight.dtype), head.weight, pb.labels,
-                                head.bias, temperature, chunk, with_entropy)
+        at = hidden.index_select(0, pb.pred_pos).to(head.weight.dtype)
+        if is_tensor_parallel(model):  # this rank's vocabulary rows; the log-sum-exp combined over the group
+            weight, start = head_shard(model)
+            lp, ent = vocab_parallel_head_logprobs(at, weight, pb.labels, start, head_group(model), None,
+                                                   temperature, chunk, with_entropy)
+        else:
+            lp, ent = head_logprobs(at, head.weight, pb.labels, head.bias, temperature, chunk, with_entropy)
     b, r = pb.rows, pb.width
     logp = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), lp)
     mask = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), torch.ones_like(lp))

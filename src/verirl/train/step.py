@@ -111,7 +111,7 @@ def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch
     if settings.filter is not None:
         return dynamic_sampling(run, step, timer, weight_version)
     batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]  # the same on every rank
-    mine = settings.positions(dist.rank, dist.world)  # this rank's whole groups
+    mine = settings.positions(dist.dp_rank, dist.dp_world)  # this rank's whole groups
     prompts = [batch_prompts[i] for i in mine]
     rollout, texts = generate(run, prompts, mine, settings.sampling_at(step), timer)
     with timer("reward"):  # scoring runs in the reward workers during the log-prob passes
@@ -181,16 +181,31 @@ def step_records(run: Run, batch: StepBatch, trained: Trained) -> list[dict]:
         return []
     records = rollout_records(batch.step, run.tokenizer, batch.per_response, batch.texts, batch.rollout,
                               trained.rewards.logged)
-    return in_batch_order(run.dist.gather(records), batch.settings, run.dist.world) if records else []
+    return in_batch_order(run.dist.gather(records), batch.settings, run.dist.dp_world) if records else []
 
 
 def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, timer: Timer) -> tuple[Rollout, list[str]]:
-    """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), and their text."""
-    settings = run.step
+    """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), and their text.
+    The ranks of a tensor-parallel group hold the same prompts: each decodes a contiguous share of their
+    groups with the whole weights, and the shares are exchanged, so every rank of the group holds all
+    of them in order (sampling is keyed by global position: the same tokens as one rank decoding all)."""
+    settings, dist = run.step, run.dist
+    share = slice(len(prompts) * dist.tp_rank // dist.tp_world, len(prompts) * (dist.tp_rank + 1) // dist.tp_world)
     with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
-        rollout = generate_chunked(run.engine, [p.ids for p in prompts], settings.group_size, sampling,
-                                   settings.generate_batch, run.pad_id, positions)
-        return rollout, decode_responses(run.tokenizer, rollout)
+        mine = generate_chunked(run.engine, [p.ids for p in prompts[share]], settings.group_size, sampling,
+                                settings.generate_batch, run.pad_id, positions[share]) if prompts[share] else None
+        texts = decode_responses(run.tokenizer, mine) if mine is not None else []
+    if dist.tp_world == 1:
+        return mine, texts
+    device = next(run.model.parameters()).device
+    parts = [p for p in dist.tp_gather((_on(mine, "cpu"), texts) if mine is not None else None) if p is not None]
+    return _on(concat_rollouts([r for r, _ in parts], run.pad_id), device), [t for _, part in parts for t in part]
+
+
+def _on(r: Rollout, device) -> Rollout:
+    """The rollout's tensors on ``device``."""
+    return Rollout(*(None if t is None else t.to(device) for t in (
+        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask, r.stopped, r.sample_logprobs)))
 
 
 @dataclass
@@ -214,7 +229,7 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
     and the prompt sampler advances by every batch taken, so a resumed run repeats the step exactly."""
     settings, dist = run.step, run.dist
     n, f = settings.group_size, settings.filter
-    mine = settings.positions(dist.rank, dist.world)
+    mine = settings.positions(dist.dp_rank, dist.dp_world)
     held: dict[tuple[int, int], Group] = {}  # (generation batch, position) -> this rank's group
     informative: list[tuple[int, int]] = []  # every rank's informative groups, in order
     generated: list[tuple[int, int]] = []
@@ -247,10 +262,10 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
                             f"(algo.filter_groups.metric) and the rules, or set algo.filter_groups.max_num_gen_batches "
                             f"to train on what there is.")
     informative.sort()
-    groups = settings.trainable(len(informative), dist.world)
+    groups = settings.trainable(len(informative), dist.dp_world)
     chosen = (informative + sorted(set(generated) - set(informative)))[:groups]
-    step_settings = settings if groups == settings.prompts_per_step else settings.fewer_groups(groups, dist.world)
-    wanted = [chosen[k] for k in step_settings.positions(dist.rank, dist.world)]
+    step_settings = settings if groups == settings.prompts_per_step else settings.fewer_groups(groups, dist.dp_world)
+    wanted = [chosen[k] for k in step_settings.positions(dist.dp_rank, dist.dp_world)]
     pool: dict[tuple[int, int], Group] = {}
     for part in dist.gather({key: held[key] for key in chosen if key in held}):
         pool.update(part)
@@ -315,11 +330,11 @@ def global_advantages(settings: StepSettings, dist: Dist, rewards: torch.Tensor,
     total = settings.prompts_per_step * n
     g_rewards, g_lengths = torch.zeros(total), torch.zeros(total)
     for rank, (r, l) in enumerate(dist.gather((rewards.tolist(), lengths.tolist()))):
-        for j, pos in enumerate(settings.positions(rank, dist.world)):
+        for j, pos in enumerate(settings.positions(rank, dist.dp_world)):
             g_rewards[pos * n:(pos + 1) * n] = torch.tensor(r[j * n:(j + 1) * n])
             g_lengths[pos * n:(pos + 1) * n] = torch.tensor(l[j * n:(j + 1) * n], dtype=torch.float32)
     adv = settings.advantages(g_rewards, lengths=g_lengths)
-    return torch.cat([adv[pos * n:(pos + 1) * n] for pos in settings.positions(dist.rank, dist.world)])
+    return torch.cat([adv[pos * n:(pos + 1) * n] for pos in settings.positions(dist.dp_rank, dist.dp_world)])
 
 
 def in_batch_order(parts: list[list[dict]], settings: StepSettings, world: int) -> list[dict]:
@@ -390,7 +405,7 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
         rejected = correction.apply(trainer, engine, mask)[1].float() * mask
     kl_sum, tokens, masked = dist.all_sum([float(kl.sum()), float(mask.sum()), float(rejected.sum())])
     ratios = torch.exp((trainer - engine).clamp(-20, 20))[mask.bool()].sort().values
-    keep = max(QUANTILE_SAMPLE // dist.world, 256)
+    keep = max(QUANTILE_SAMPLE // dist.dp_world, 256)
     if ratios.numel() > keep:
         ratios = ratios[torch.linspace(0, ratios.numel() - 1, keep).round().long()]
     every = torch.tensor([x for part in dist.gather(ratios.cpu().tolist()) for x in part], dtype=torch.float64)

@@ -62,7 +62,7 @@ def step_metrics(step: int, settings: StepSettings, dist: Dist, local: ResponseS
     m.update(actor_stats)
     m.update(timer.metrics(PHASES))
     if dist.active:
-        m["timing/all_max"] = dist.all_max([m["timing/all"]])[0]
+        m["timing/all_max"] = dist.all_max([m["timing/all"]], world=True)[0]
     for key, phase in (("perf/tps", "all"), ("perf/tps_rollout", "rollout"), ("perf/tps_update", "update")):
         m[key] = throughput(m["prompt_length/mean"], m["response_length/mean"], settings.prompts_per_step,
                             settings.group_size, dist.world, m[f"timing/{phase}"])

@@ -82,18 +82,45 @@ def full_weights(model) -> Iterator[None]:
     reads weights outside module forwards): one all-gather per unit before, none inside, reshard
     after. A no-op for a model that is not sharded."""
     units = _units(model)
-    if not units:
-        yield
-        return
     for unit in units:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)
     try:
-        yield
+        with _whole_layers(model):
+            yield
     finally:
         for unit in units:
             unit.set_reshard_after_forward(unit is not model, recurse=False)  # FSDP2's defaults
             unit.reshard()
+
+
+@contextlib.contextmanager
+def _whole_layers(model) -> Iterator[None]:
+    """A tensor-parallel model as a plain one inside the block: each split weight gathered whole (a
+    weight two modules share, once) and the tensor-parallel forward hooks of its modules set aside, so
+    that the modules compute as unsplit ones; all put back after. A no-op without split weights."""
+    DTensor = _dtensor()
+    owners = [m for m in model.modules() if any(isinstance(p, DTensor) for p in m._parameters.values())]
+    if not owners:
+        yield
+        return
+    whole: dict[int, torch.Tensor] = {}
+    kept = []
+    for m in owners:
+        params = dict(m._parameters)
+        kept.append((m, params, m._forward_pre_hooks, m._forward_hooks))
+        for name, p in params.items():
+            if isinstance(p, DTensor):
+                if id(p) not in whole:
+                    whole[id(p)] = torch.nn.Parameter(p.full_tensor().detach(), requires_grad=False)
+                m._parameters[name] = whole[id(p)]
+        m._forward_pre_hooks, m._forward_hooks = type(m._forward_pre_hooks)(), type(m._forward_hooks)()
+    try:
+        yield
+    finally:
+        for m, params, pre, post in kept:
+            m._parameters.update(params)
+            m._forward_pre_hooks, m._forward_hooks = pre, post
 
 
 def reshard(model) -> None:
@@ -168,7 +195,7 @@ def memory_metrics(model, optimizer, ref, dist: Dist) -> dict[str, float]:
     from verirl.models.device import peak_memory
 
     name, peak = peak_memory(next(model.parameters()).device)
-    states, peak = dist.all_max([state_bytes(model, optimizer, ref) / 2**30, peak])
+    states, peak = dist.all_max([state_bytes(model, optimizer, ref) / 2**30, peak], world=True)
     return {"perf/model_states_gb": states, name: peak}
 
 
@@ -229,15 +256,45 @@ def shard_optimizer_state(optimizer, state: dict) -> dict:
 
 def grad_norm(params, max_norm: float) -> torch.Tensor:
     """The gradients' global norm (over every rank's shards), clipped to ``max_norm`` when it is > 0."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if any(isinstance(g, _dtensor()) and g.device_mesh.ndim > 1 or _on_tp(g) for g in grads):
+        return _split_grad_norm(grads, max_norm)
     if max_norm > 0:
         return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return full(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+    return full(torch.nn.utils.get_total_norm(grads))
+
+
+def _on_tp(t: torch.Tensor) -> bool:
+    from verirl.train.distributed import TP
+
+    return isinstance(t, _dtensor()) and TP in (t.device_mesh.mesh_dim_names or ())
+
+
+def _split_grad_norm(grads, max_norm: float) -> torch.Tensor:
+    """`grad_norm` over gradients laid out on several meshes (tensor parallel, with or without FSDP2 over
+    the data-parallel ranks, and plain tensors every rank holds whole): each rank's local squares, each
+    divided by the number of ranks that hold the same piece, summed over every rank."""
+    world = torch.distributed.get_world_size()
+    total = torch.zeros((), dtype=torch.float64, device=local(grads[0]).device if grads else "cpu")
+    for g in grads:
+        pieces = 1
+        if isinstance(g, _dtensor()):
+            for size, p in zip(g.device_mesh.shape, g.placements):
+                pieces *= 1 if p.is_replicate() else size  # Shard, or FSDP2's _StridedShard under TP
+        total += local(g).double().pow(2).sum() / (world // pieces)
+    torch.distributed.all_reduce(total)
+    norm = total.sqrt().float()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            local(g).mul_(coef.to(local(g).dtype))
+    return norm
 
 
 def nonfinite_parameter(model, dist: Dist) -> Optional[str]:
     """The name of a parameter holding inf or NaN on any rank (None: all finite), agreed by every rank."""
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(local(p)).all()]
-    first = dist.all_max([1.0 if bad else 0.0])[0]
+    first = dist.all_max([1.0 if bad else 0.0], world=True)[0]
     if not first:
         return None
-    return next((b for part in dist.gather(bad[:1]) for b in part), "a parameter")
+    return next((b for part in dist.gather(bad[:1], world=True) for b in part), "a parameter")

@@ -356,10 +356,17 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
 def build_optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float, warmup_steps: int):
     """AdamW with linear warm-up from 0 to ``lr`` over ``warmup_steps`` optimizer steps. On CPU and
     CUDA, torch's fused AdamW (one kernel over all parameters; docs/performance.md has its cost);
-    elsewhere the default (for-each) implementation."""
+    elsewhere the default (for-each) implementation. A tensor-parallel model holds split parameters
+    (DTensors) beside whole ones (its norms), which no multi-tensor kernel takes together: there
+    AdamW updates one parameter at a time."""
+    from torch.distributed.tensor import DTensor
+
     params = [q for q in model.parameters() if q.requires_grad]
-    fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.dtype.is_floating_point for q in params)
-    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused or None)
+    mixed = len({isinstance(q, DTensor) for q in params}) > 1
+    fused = bool(params) and not mixed and all(q.device.type in ("cpu", "cuda") and q.dtype.is_floating_point
+                                               for q in params)
+    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused or None,
+                            foreach=False if mixed else None)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
     return opt, sched
