@@ -71,6 +71,9 @@ CASES = [
      "data.prompts_per_step=8 is not divisible by the data-parallel size 3 (world size 6"),
     ("model parallel", {"trainer.nproc_per_node": 4, "actor.tensor_parallel_size": 4},
      "actor.tensor_parallel_size=4 does not divide the model's num_key_value_heads=2 (2 / 4 = 0.5)"),
+    ("model parallel", {"rollout.tensor_parallel_size": 2},
+     "rollout.tensor_parallel_size=2 with rollout.engine=native: this engine decodes with the whole weights on every "
+     "rank (1) or on the actor's tensor-parallel plan (actor.tensor_parallel_size=1). Set rollout.tensor_parallel_size=1."),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.use_remove_padding": False},
      "actor.tensor_parallel_size=2 needs actor.use_remove_padding=true"),
 ]

@@ -74,6 +74,31 @@ class _HFStepper:
         return out.logits[:, -1]
 
 
+class _SplitStepper(_HFStepper):
+    """The model's own forward on its tensor-parallel plan (`verirl.models.parallel`): each rank of the
+    group computes its heads and its share of the MLP and of the vocabulary, its KV cache holds its heads
+    only, and the logits' vocabulary shares are gathered, so every rank samples the same tokens from the
+    same whole logits. The ranks of the group decode the same prompts in step: one collective per layer and
+    token."""
+
+    def __init__(self, model):
+        from verirl.models.parallel import head_group
+
+        super().__init__(model)
+        self.group = head_group(model)
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(logits) for _ in range(torch.distributed.get_world_size(self.group))]
+        torch.distributed.all_gather(parts, logits.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+    def prefill(self, ids, mask, pos, total: int):
+        return self._whole(super().prefill(ids, mask, pos, total))
+
+    def step(self, tok, pos, start: int):
+        return self._whole(super().step(tok, pos, start))
+
+
 class _LeanStepper:
     """`LeanDecoder` steps. ``fixed``: every decoding step of the call has one shape, so that a CUDA graph
     can capture the step once and replay it (``graph``, CUDA only; elsewhere the same steps run eagerly,
@@ -197,8 +222,12 @@ def _check_prompt_index(prompt_index, count: int) -> list[int]:
 class NativeEngine:
     reads_live_model = True  # generate decodes with the trainer's parameters
 
-    def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None):
+    def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None,
+                 split: bool = False):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
+        # split: a tensor-parallel model decodes on its plan (`_SplitStepper`), every rank of its group the same
+        # prompts; otherwise the caller gathers the whole weights first (`verirl.train.strategy.full_weights`)
+        self.split = split
         self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
@@ -224,8 +253,12 @@ class NativeEngine:
         # operations of each decoding step (BENCHMARKS.md, "Kernel choices"); what leaves
         # the block is copied out of it below, since the trainer uses it with autograd
         with eval_mode(model), torch.inference_mode():
-            run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype) if lean_supported(model) \
-                else _HFStepper(model)
+            if self.split:
+                run = _SplitStepper(model)
+            elif lean_supported(model):
+                run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype)
+            else:
+                run = _HFStepper(model)
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
             if n > 1:  # expand each prompt's cache to its n samples

@@ -297,7 +297,17 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
     MLP width and vocabulary split evenly (read from its config.json, no weights), and the passes it needs
     are the ones that run split (packed log-probs; the native or hf engine decoding with whole weights)."""
-    tp = cfg.actor.tensor_parallel_size
+    tp, rollout_tp, engine = cfg.actor.tensor_parallel_size, cfg.rollout.tensor_parallel_size, cfg.rollout.engine
+    if engine in ("native", "hf") and rollout_tp not in (1, tp):
+        raise ConfigError(f"rollout.tensor_parallel_size={rollout_tp} with rollout.engine={engine}: this engine decodes "
+                          f"with the whole weights on every rank (1) or"
+                          f"{' (native only)' if engine == 'hf' else ''} on the actor's tensor-parallel plan "
+                          f"(actor.tensor_parallel_size={tp}). Set rollout.tensor_parallel_size="
+                          f"{'1' if engine == 'hf' or tp == 1 else f'1 or {tp}'}.")
+    if engine == "hf" and rollout_tp > 1:
+        raise ConfigError(f"rollout.tensor_parallel_size={rollout_tp} with rollout.engine=hf: transformers' generate "
+                          f"decodes with the whole weights. Use rollout.engine=native to decode on the tensor-parallel "
+                          f"plan, or rollout.tensor_parallel_size=1.")
     if tp == 1:
         return
     from verirl.models.load import model_config

@@ -204,7 +204,9 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) ->
                                cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=full, **options), train, cfg.data.shuffle
     if r.engine != "replay":
-        options = {"compute_dtype": training_dtype(cfg, lm.model)} if r.engine == "native" else {}
+        options = {"compute_dtype": training_dtype(cfg, lm.model),
+                   "split": r.tensor_parallel_size > 1 and r.tensor_parallel_size == cfg.actor.tensor_parallel_size} \
+            if r.engine == "native" else {}
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,
                           prompts=r.replay_prompts, eos=r.replay_eos)

@@ -180,7 +180,8 @@ def evaluate_run(run: Run) -> dict[str, float]:
     share = -(-len(e.prompts) // dist.dp_world)
     first = dist.dp_rank * share
     engine = run.eval_engine or run.engine
-    with full_weights(run.model):  # decoding reads whole weights: no weight collective inside
+    # decoding reads whole weights (or, an engine on the tensor-parallel plan, this rank's): no weight collective inside
+    with full_weights(run.model, split=getattr(engine, "split", False)):
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,

@@ -190,12 +190,14 @@ def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, ti
     groups with the whole weights, and the shares are exchanged, so every rank of the group holds all
     of them in order (sampling is keyed by global position: the same tokens as one rank decoding all)."""
     settings, dist = run.step, run.dist
-    share = slice(len(prompts) * dist.tp_rank // dist.tp_world, len(prompts) * (dist.tp_rank + 1) // dist.tp_world)
+    shares = 1 if getattr(run.engine, "split", False) else dist.tp_world  # split: the group decodes them together
+    share = slice(len(prompts) * dist.tp_rank // shares, len(prompts) * (dist.tp_rank + 1) // shares) if shares > 1 \
+        else slice(None)
     with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
         mine = generate_chunked(run.engine, [p.ids for p in prompts[share]], settings.group_size, sampling,
                                 settings.generate_batch, run.pad_id, positions[share]) if prompts[share] else None
         texts = decode_responses(run.tokenizer, mine) if mine is not None else []
-    if dist.tp_world == 1:
+    if shares == 1:
         return mine, texts
     device = next(run.model.parameters()).device
     parts = [p for p in dist.tp_gather((_on(mine, "cpu"), texts) if mine is not None else None) if p is not None]
@@ -350,7 +352,9 @@ def decoding_weights(run: Run):
     """Whole weights while an engine that reads the live model decodes (a sharded model is gathered
     once, resharded after); an engine with its own copy (vLLM, fed by `sync_weights`) or a dump
     (replay) needs nothing."""
-    return full_weights(run.model) if run.engine.reads_live_model else contextlib.nullcontext()
+    if not run.engine.reads_live_model:
+        return contextlib.nullcontext()
+    return full_weights(run.model, split=getattr(run.engine, "split", False))
 
 
 @contextlib.contextmanager

@@ -77,7 +77,7 @@ def shard(model, mesh, device: torch.device, offload_params: bool = False, train
 
 
 @contextlib.contextmanager
-def full_weights(model) -> Iterator[None]:
+def full_weights(model, split: bool = False) -> Iterator[None]:
     """Every parameter of ``model`` whole, as a plain tensor, inside the block (for decoding, which
     reads weights outside module forwards): one all-gather per unit before, none inside, reshard
     after. A no-op for a model that is not sharded."""
@@ -86,7 +86,7 @@ def full_weights(model) -> Iterator[None]:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)
     try:
-        with _whole_layers(model):
+        with contextlib.nullcontext() if split else _whole_layers(model):
             yield
     finally:
         for unit in units:
