@@ -126,7 +126,7 @@ def one_rank(tmp_path_factory):
 def test_tensor_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ranks, strategy, rollout_tp):
     """tp2 alone, and dp2 x tp2 with FSDP2 or replicated data parallelism: the same rollouts and rewards as
     one rank, the update's statistics within 1e-5 and the weights after it within 1e-5; each rank holds
-    1/ranks of the model states (FSDP2) or 1/tp (ddp). With rollout.tensor_parallel_size=2 the native engine
+    1/ranks of the model states (FSDP2) or 1/tp (ddp), which `verirl plan` estimates within 10%. With rollout.tensor_parallel_size=2 the native engine
     decodes on the tensor-parallel plan: its log-probs of the sampled tokens are the trainer's to float
     rounding, and its tokens those of one rank (the gathered logits round differently from the whole ones,
     so a token may differ; on this machine none of 32 x 20 does)."""
@@ -137,8 +137,9 @@ def test_tensor_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ra
     from verirl.cli import main
 
     run = tmp_path / "tp"
-    assert main(TRAIN + [f"trainer.run_dir={run}", f"trainer.nproc_per_node={ranks}", "actor.tensor_parallel_size=2",
-                         f"actor.strategy={strategy}", f"rollout.tensor_parallel_size={rollout_tp}"]) == 0
+    layout = TRAIN + [f"trainer.nproc_per_node={ranks}", "actor.tensor_parallel_size=2", f"actor.strategy={strategy}",
+                      f"rollout.tensor_parallel_size={rollout_tp}"]
+    assert main(layout + [f"trainer.run_dir={run}"]) == 0
     a, b = (json.loads((r / "metrics.jsonl").read_text().splitlines()[-1]) for r in (one_rank, run))
     if rollout_tp > 1:
         assert b["rollout/logprob_diff/max"] < 1.5e-5, b["rollout/logprob_diff/max"]  # measured 8e-6 (one rank 5e-6)
@@ -148,6 +149,12 @@ def test_tensor_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ra
         assert abs(a[key] - b[key]) <= 1e-5 * abs(a[key]) or abs(a[key] - b[key]) < 1e-8, (key, a[key], b[key])
     share = b["perf/model_states_gb"] / a["perf/model_states_gb"]
     assert abs(share - (1 / ranks if strategy == "fsdp2" else 0.5)) < 0.02, share
+    from verirl.config import load_config
+    from verirl.tools.plan import make_plan
+
+    m = make_plan(load_config("tiny", layout[1:] + [f"trainer.run_dir={tmp_path / 'plan'}"])).memory
+    estimate = (m.params + m.grads + m.optimizer + m.reference) / 2**30
+    assert abs(estimate / b["perf/model_states_gb"] - 1) < 0.1, (estimate, b["perf/model_states_gb"])
     wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank, run))
     assert sorted(wa) == sorted(wb)
     for name in wa:

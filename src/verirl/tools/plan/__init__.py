@@ -186,6 +186,13 @@ class Layout:
     ref_micro_batches: int  # per rank per step (0 when skipped); with a budget, at most
     generate_calls_per_rank: int
     sequences_per_generate_call: int
+    tensor_parallel: int = 1  # actor.tensor_parallel_size: ranks that split each layer
+    data_parallel: int = 1  # world / tensor_parallel: the parts the step's data is split into
+    rollout_tensor_parallel: int = 1  # rollout.tensor_parallel_size: 1 = each rank decodes with whole weights
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """``rank``'s place on the mesh: its data-parallel and tensor-parallel coordinates."""
+        return {"dp": rank // self.tensor_parallel, "tp": rank % self.tensor_parallel}
 
 
 @dataclass
@@ -253,15 +260,17 @@ def _micro_batches(sequences: int, micro_batch_size: int, budget: int, longest: 
 
 def make_layout(cfg: Config) -> Layout:
     t, data, actor, rollout = cfg.trainer, cfg.data, cfg.actor, cfg.rollout
-    world, n = world_size(cfg), rollout.n
-    per_rank = data.prompts_per_step // world
-    mb_per_rank = actor.mini_batch_prompts // world
+    world, n, tp = world_size(cfg), rollout.n, actor.tensor_parallel_size
+    dp = max(world // tp, 1)
+    per_rank = data.prompts_per_step // dp  # every rank of a tensor-parallel group holds the same prompts
+    mb_per_rank = actor.mini_batch_prompts // dp
     mini_batches = data.prompts_per_step // actor.mini_batch_prompts
     longest = data.max_prompt_length + rollout.max_new_tokens
     on_policy = mini_batches == 1 and actor.epochs == 1
     ref = cfg.algo.kl_coef > 0
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
-    per_call = per_rank if rollout.micro_batch_size <= 0 else min(per_rank, max(1, rollout.micro_batch_size // n))
+    decoded = per_rank if rollout.tensor_parallel_size > 1 or tp == 1 else _ceil(per_rank, tp)  # shares of the group
+    per_call = decoded if rollout.micro_batch_size <= 0 else min(decoded, max(1, rollout.micro_batch_size // n))
     return Layout(
         world_size=world, nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, launcher=t.launcher,
         strategy=actor.strategy if world > 1 else "none", group_size=n,
@@ -279,7 +288,8 @@ def make_layout(cfg: Config) -> Layout:
             per_rank * n, actor.micro_batch_size, actor.max_token_len_per_device, longest),
         reference_pass=ref, ref_token_budget=ref_budget if ref else 0,
         ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget, longest) if ref else 0,
-        generate_calls_per_rank=_ceil(per_rank, per_call), sequences_per_generate_call=per_call * n)
+        generate_calls_per_rank=_ceil(decoded, per_call), sequences_per_generate_call=per_call * n,
+        tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout.tensor_parallel_size)
 
 
 def make_resources(cfg: Config, cores: Optional[int] = None) -> Resources:
@@ -318,7 +328,10 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
             raise EstimateUnavailable(
                 f"transformers cannot build it as a causal LM ({type(e).__name__}: {why})") from None
     b = DTYPE_BYTES[cfg.model.dtype]
-    shards = layout.world_size if layout.strategy == "fsdp2" else 1
+    tp = layout.tensor_parallel
+    # FSDP2 shards over the data-parallel ranks, tensor parallelism splits every layer over its group (the norms,
+    # a few thousandths of the parameters, stay whole: not counted)
+    shards = (layout.data_parallel if layout.strategy == "fsdp2" and layout.data_parallel > 1 else 1) * tp
     params = total * b // shards
     grads = total * b // shards
     optimizer = total * OPTIMIZER_BYTES // shards
@@ -328,31 +341,41 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     else:
         tokens = min(layout.micro_batch_size, layout.mini_batch_sequences_per_rank) * layout.max_sequence_length
     kv_width = shape.kv_heads * shape.head_dim
-    per_token_layer = 8 * shape.hidden + 4 * kv_width + 4 * shape.active_intermediate
+    per_token_layer = 8 * shape.hidden + (4 * kv_width + 4 * shape.active_intermediate) / tp  # heads, MLP split
     activations = int(tokens * shape.layers * per_token_layer * b)
     from verirl.core.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
 
-    chunk = cfg.actor.logprob_chunk or auto_chunk(shape.vocab, "cpu" if visible_devices(cfg.model.device) is None else "cuda")
-    output_layer = 3 * min(chunk, tokens) * shape.vocab * LOGITS_BYTES + tokens * shape.hidden * b
-    kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call
-    rollout_params = total * b + (params if shards > 1 else 0)
+    vocab = shape.vocab // tp  # a vocabulary-parallel output layer: this rank's rows
+    chunk = cfg.actor.logprob_chunk or auto_chunk(vocab, "cpu" if visible_devices(cfg.model.device) is None else "cuda")
+    output_layer = 3 * min(chunk, tokens) * vocab * LOGITS_BYTES + tokens * shape.hidden * b
+    split = layout.rollout_tensor_parallel > 1  # decoding on the tensor-parallel plan: this rank's heads and weights
+    kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
+        // (tp if split else 1)
+    rollout_params = params if split else total * b + (params if shards > 1 else 0)
     update = params + grads + optimizer + reference + activations + output_layer
     rollout = rollout_params + optimizer + reference + kv_cache
-    where = "sharded over the world size " + str(shards) + " (actor.strategy=fsdp2)" if shards > 1 else ""
+    where = " x ".join(part for part in (
+        f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
+        if layout.strategy == "fsdp2" and layout.data_parallel > 1 else "",
+        f"split over the tensor-parallel group of {tp}" if tp > 1 else "") if part)
     formulas = {
         "params": f"{total:,} x {b} B ({cfg.model.dtype})" + (f" / {shards}" if shards > 1 else ""),
         "grads": f"{total:,} x {b} B, as the parameters" + (f" / {shards}" if shards > 1 else ""),
         "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {total:,}" + (f" / {shards}" if shards > 1 else ""),
         "reference": (f"parameters only, {total:,} x {b} B" + (f" / {shards}" if shards > 1 else "")
                       if layout.reference_pass else "algo.kl_coef=0: no reference model"),
-        "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + 4 x {kv_width} + 4 x "
-                        f"{shape.active_intermediate:g}) x {b} B; {ACTIVATION_FORMULA}"),
-        "output_layer": f"3 x {min(chunk, tokens):,} rows x vocab {shape.vocab:,} x 4 B (one chunk of float32 "
-                        f"logits, probabilities and their gradient) + the last hidden states",
+        "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + "
+                        + (f"4 x {kv_width} + 4 x {shape.active_intermediate:g}" if tp == 1 else
+                           f"(4 x {kv_width} + 4 x {shape.active_intermediate:g}) / tp {tp}")
+                        + f") x {b} B; {ACTIVATION_FORMULA}"),
+        "output_layer": f"3 x {min(chunk, tokens):,} rows x vocab {vocab:,}{f' (of {shape.vocab:,}, 1/{tp})' if tp > 1 else ''}"
+                        f" x 4 B (one chunk of float32 logits, probabilities and their gradient) + the last hidden "
+                        f"states",
         "kv_cache": (f"2 x {shape.layers} layers x {shape.kv_heads} kv heads x {shape.head_dim} x {b} B x "
                      f"{layout.max_sequence_length} tokens x {layout.sequences_per_generate_call} sequences per "
-                     f"generate call"),
-        "rollout_params": ("the full parameters, gathered for generation, + the shard" if shards > 1
+                     f"generate call" + (f" / {tp} (this rank's heads)" if split else "")),
+        "rollout_params": ("this rank's split parameters (the native engine decodes on the tensor-parallel plan)"
+                           if split else "the full parameters, gathered for generation, + the shard" if shards > 1
                            else "the parameters"),
         "update_phase": "params + grads + optimizer + reference + activations + output layer",
         "rollout_phase": "full params + optimizer + reference + KV cache (gradients are freed after each update)",
@@ -405,18 +428,42 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
+    """The mesh and each rank's coordinates on it, when there is more than data parallelism."""
+    if L.tensor_parallel == 1:
+        return []
+    tp, dp = L.tensor_parallel, L.data_parallel
+    groups = ", ".join("[" + ", ".join(str(g * tp + j) for j in range(tp)) + "]" for g in range(min(dp, 4)))
+    shown = range(min(L.world_size, 8))
+    coords = "; ".join(f"rank {r}: dp {L.coordinates(r)['dp']}, tp {L.coordinates(r)['tp']}" for r in shown)
+    decode = (f"rollout.tensor_parallel_size {L.rollout_tensor_parallel}: the group decodes together on the "
+              f"tensor-parallel plan" if L.rollout_tensor_parallel > 1 else
+              "rollout.tensor_parallel_size 1: each rank decodes a share of its group's prompts with the whole "
+              "weights (gathered for the rollout)")
+    return [("mesh", f"dp {dp} x tp {tp}",
+             f"world {L.world_size} / actor.tensor_parallel_size {tp}; tensor-parallel groups of consecutive ranks "
+             f"{groups}{', ...' if dp > 4 else ''} (one machine each: heads, MLP width and vocabulary 1/{tp} per "
+             f"rank); data, gradients and FSDP2 over dp"),
+            ("coordinates", f"{L.world_size} ranks", coords + ("; ..." if L.world_size > 8 else "")),
+            ("rollout layout", f"tp {L.rollout_tensor_parallel}", decode)]
+
+
 def _rows(plan: Plan) -> list[tuple[str, str, str]]:
     """(section or label, value, how it is counted); a row with an empty value and how is a heading."""
     L, R, M = plan.layout, plan.resources, plan.memory
     s = lambda k, one, many: f"{k} {one if k == 1 else many}"  # noqa: E731
-    ranks = f"/ world size {L.world_size}"
+    ranks = f"/ world size {L.world_size}" if L.tensor_parallel == 1 else f"/ data-parallel size {L.data_parallel}"
     rows = [("layout", "", ""),
             ("world size", f"{L.world_size}",
              f"trainer.nproc_per_node {L.nproc_per_node} x trainer.nnodes {L.nnodes}; launcher {L.launcher}; "
              + (f"actor.strategy {L.strategy}" if L.world_size > 1 else "one rank, no data parallelism")),
+            *_mesh_rows(L),
             ("prompts per step", f"{L.prompts_per_step}", "data.prompts_per_step (counts prompts)"),
             ("prompts per rank", f"{L.prompts_per_rank}",
-             f"{L.prompts_per_step} {ranks}, whole groups (all rollout.n samples of a prompt on one rank)"),
+             f"{L.prompts_per_step} {ranks}, whole groups (all rollout.n samples of a prompt on one rank)"
+             if L.tensor_parallel == 1 else
+             f"{L.prompts_per_step} / data-parallel size {L.data_parallel}, whole groups; the ranks of a "
+             f"tensor-parallel group hold the same prompts"),
             ("sequences per step", f"{L.sequences_per_step}",
              f"{L.prompts_per_step} prompts x rollout.n {L.group_size}"),
             ("sequences per rank", f"{L.sequences_per_rank}",
