@@ -129,9 +129,7 @@ class Dist:
         the other data-parallel ranks)."""
         if self.dp_world == 1:
             return
-        from verirl.train.strategy import local
-
-        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p)) for p in params]
+        grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=self.mesh.get_group(DP))
         offset = 0
@@ -152,6 +150,13 @@ class Dist:
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (``t`` itself when it is not a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from verirl.train.distributed import Dist
+from verirl.train.distributed import TP, Dist
 
 
 def _dtensor():
@@ -265,8 +265,6 @@ def grad_norm(params, max_norm: float) -> torch.Tensor:
 
 
 def _on_tp(t: torch.Tensor) -> bool:
-    from verirl.train.distributed import TP
-
     return isinstance(t, _dtensor()) and TP in (t.device_mesh.mesh_dim_names or ())
 
 

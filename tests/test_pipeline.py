@@ -1,0 +1,247 @@
+"""Pipeline parallelism of packed passes (`verirl.models.pipeline`): the layers each stage holds, the
+refusals with their numbers, the bubble of each schedule, the stages chained by hand in one process,
+and two real gloo processes under 1F1B, GPipe and interleaved 1F1B against the one-process packed pass
+of the tiny model in float32: the losses, the forward-only log-probs and every parameter's gradient
+(the tied embedding summed over its copies on the first and the last stage)."""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from verirl.core.errors import ConfigError
+from verirl.models.pipeline import bubble_fraction, check_micro_batches, stage_layers
+
+# 4 prompts x 2 samples, prompts of 2 to 6 tokens and responses of 1 to 7: packed rows of 8 to 15 tokens
+ROLLOUT = r"""
+import torch
+from verirl.core.types import Rollout
+from verirl.rollout.base import left_pad
+
+
+def rollout():
+    g = torch.Generator().manual_seed(0)
+    tok = lambda n: torch.randint(1, 366, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [tok(n) for n in (3, 5, 2, 6)]
+    responses = [tok(n) for n in (4, 1, 7, 3, 5, 6, 2, 7)]
+    p_ids, p_mask = left_pad([prompts[i // 2] for i in range(8)], 0)
+    r_ids = torch.zeros((8, 7), dtype=torch.long)
+    r_mask = torch.zeros((8, 7), dtype=torch.long)
+    for i, r in enumerate(responses):
+        r_ids[i, :len(r)] = torch.tensor(r)
+        r_mask[i, :len(r)] = 1
+    return Rollout(p_ids, p_mask, r_ids, r_mask, r_mask.clone(), torch.ones(8, dtype=torch.bool))
+
+
+ROWS = [[0, 1], [2, 3], [4, 5], [6, 7]]  # 4 micro-batches, one packed row each
+
+
+def weights(pb, i):
+    return 1.0 + 0.25 * i + 0.1 * pb.out_col.float()  # (M,) a loss weight per response token
+
+
+def reference(model, r):
+    # the one-process pass: ordinary packed log-probs, a backward per micro-batch; the flat (M,) results
+    from verirl.train.packing import pack_rows, packed_logprobs
+
+    out = []
+    for i, rows in enumerate(ROWS):
+        pb = pack_rows(r, rows)
+        logp, ent, _ = packed_logprobs(model, r, rows, temperature=0.8, with_entropy=True, chunk=5)
+        lp, en = logp[pb.out_row, pb.out_col], ent[pb.out_row, pb.out_col]
+        loss = -(weights(pb, i) * lp).sum() - 0.1 * en.sum()
+        loss.backward()
+        out.append((lp.detach(), en.detach(), float(loss.detach())))
+    return out
+"""
+
+RANK = ROLLOUT + r"""
+import functools, json, time
+import torch.distributed as dist
+from verirl.models import load_model
+from verirl.models.pipeline import (MicroBatch, build_stages, pipeline_backward, pipeline_grad_norm, pipeline_logprobs,
+                                    sum_tied_grads, tied_embedding_group)
+from verirl.train.packing import _packed_attention, pack_rows
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+r = rollout()
+ref = load_model("tiny", device="cpu").model
+want = reference(ref, r)
+ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+ref_norm = float(torch.nn.utils.get_total_norm(list(ref_grads.values())))
+model = load_model("tiny", device="cpu").model
+tied = tied_embedding_group([list(range(world))])
+pbs = [pack_rows(r, rows) for rows in ROWS]
+micro = [MicroBatch(pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels,
+                    context=functools.partial(_packed_attention, model, pb.layout)) for pb in pbs]
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+results = {}
+for schedule, per_rank in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)):
+    model.zero_grad(set_to_none=True)
+    stages = build_stages(model, rank, world, per_rank)
+    calls = []
+
+    def loss_fn(lp, ent, i):
+        calls.append(i)
+        return -(weights(pbs[i], i) * lp).sum() - 0.1 * ent.sum()
+
+    t0 = time.perf_counter()
+    losses = pipeline_backward(stages, micro, loss_fn, schedule=schedule, temperature=0.8, chunk=5,
+                               with_entropy=True)
+    sum_tied_grads(stages, tied)
+    seconds = time.perf_counter() - t0
+    grads = {}
+    for s in stages:
+        for name, p in s.named_parameters():
+            grads[name] = rel(p.grad, ref_grads["model.embed_tokens.weight" if name == "lm_head.weight" else name])
+    norm = float(pipeline_grad_norm(stages))
+    pipeline_grad_norm(stages, max_norm=0.5 * ref_norm)  # clipped to half: every stage's gradients halved
+    results[schedule] = {"loss": max(abs(a - w[2]) / abs(w[2]) for a, w in zip(losses.tolist(), want)),
+                         "grads": grads, "calls": calls, "seconds": seconds,
+                         "norm": abs(norm - ref_norm) / ref_norm,
+                         "clipped": abs(float(pipeline_grad_norm(stages)) - 0.5 * ref_norm) / ref_norm,
+                         "stages": [[s.index, sorted(getattr(s, "model").layers)] for s in stages]}
+
+stages = build_stages(model, rank, world)
+with torch.no_grad():
+    got = pipeline_logprobs(stages, micro, temperature=0.8, chunk=5, with_entropy=True)
+results["logprobs"] = max(rel(g[0], w[0]) for g, w in zip(got, want))
+results["entropy"] = max(rel(g[1], w[1]) for g, w in zip(got, want))
+print("RESULT", json.dumps(results), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _launch(tmp_path, script: str, ranks: int = 2, timeout: float = 120) -> list[dict]:
+    import json
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks),
+                                              "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": str(port)})
+             for r in range(ranks)]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
+            for out in outs]
+
+
+@pytest.mark.slow
+def test_two_stages_over_gloo_take_the_one_process_pass(tmp_path):
+    """pp=2 on two gloo ranks, 4 packed micro-batches of 8 to 15 tokens padded to 15: each schedule's
+    losses, each stage's gradients and the whole gradient's norm (and clipping) within 1e-5 of the
+    one-process pass, the loss called once per micro-batch on the last stage only; the forward-only
+    log-probs and entropies on both ranks."""
+    rank0, rank1 = _launch(tmp_path, RANK)
+    names = 4 * 12 + 2  # each layer's 12 tensors, the embedding, the final norm
+    for schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
+        a, b = rank0[schedule], rank1[schedule]
+        assert a["loss"] < 1e-5 and b["loss"] < 1e-5, (schedule, a["loss"], b["loss"])
+        assert a["calls"] == [] and sorted(b["calls"]) == [0, 1, 2, 3], schedule
+        grads = {**a["grads"], **b["grads"]}
+        assert len(a["grads"]) + len(b["grads"]) == names + 1, schedule  # + the output layer's copy
+        assert "model.embed_tokens.weight" in a["grads"] and "lm_head.weight" in b["grads"], schedule
+        assert max(grads.values()) < 1e-5, (schedule, {k: v for k, v in grads.items() if v >= 1e-5})
+        assert a["norm"] < 1e-5 and b["norm"] < 1e-5 and a["clipped"] < 1e-5 and b["clipped"] < 1e-5, (a, b)
+    assert rank0["1f1b"]["stages"] == [[0, ["0", "1"]]] and rank1["1f1b"]["stages"] == [[1, ["2", "3"]]]
+    assert rank0["interleaved_1f1b"]["stages"] == [[0, ["0"]], [2, ["2"]]]
+    assert rank1["interleaved_1f1b"]["stages"] == [[1, ["1"]], [3, ["3"]]]
+    for result in (rank0, rank1):
+        assert result["logprobs"] < 1e-5 and result["entropy"] < 1e-5, result
+
+
+def test_stages_chained_in_one_process_equal_the_packed_pass(tiny):
+    """The stages of a 3-stage split called one after another on rows padded to a common T, no
+    processes: the log-probs and entropies of the packed pass; the pad rows stay zero between stages."""
+    import copy
+
+    from verirl.models.pipeline import MicroBatch, _Pass, build_stages
+    from verirl.train.packing import _packed_attention, pack_rows
+
+    scope: dict = {}
+    exec(ROLLOUT, scope)
+    r = scope["rollout"]()
+    model = copy.deepcopy(tiny.model).float()
+    want = scope["reference"](copy.deepcopy(model), r)
+    stages = [s for rank in range(3) for s in build_stages(model, rank, 3, layers=[1, 2, 1])]
+    assert [sorted(s.model.layers) for s in stages] == [["0"], ["1", "2"], ["3"]]
+    micro = [MicroBatch(pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels,
+                        context=functools.partial(_packed_attention, model, pb.layout))
+             for pb in (pack_rows(r, rows) for rows in scope["ROWS"])]
+    run = _Pass(tuple(micro), 0.8, 5, True)
+    T = 20
+    with torch.no_grad():
+        for i, mb in enumerate(micro):
+            x = torch.zeros((1, T), dtype=torch.long)
+            x[0, :mb.tokens] = mb.input_ids[0]
+            for s in stages:
+                x = s(x, torch.tensor([i]), run)
+                if not s.is_last:
+                    assert x.shape == (1, T, 128) and (x[0, mb.tokens:] == 0).all()
+            M = mb.labels.shape[0]
+            assert x.shape == (1, 2, T) and (x[0, :, M:] == 0).all()
+            lp, ent = x[0, 0, :M], x[0, 1, :M]
+            assert (lp - want[i][0]).abs().max() <= 1e-5 and (ent - want[i][1]).abs().max() <= 1e-4
+
+
+def test_layers_per_stage():
+    assert stage_layers(4, 2) == [range(0, 2), range(2, 4)]
+    assert stage_layers(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]  # the earlier stages take the extra layer
+    assert stage_layers(4, 4) == [range(i, i + 1) for i in range(4)]
+    assert stage_layers(4, 2, [1, 3]) == [range(0, 1), range(1, 4)]
+    assert stage_layers(4, 1) == [range(0, 4)]
+
+
+@pytest.mark.parametrize("num_layers,stages,layers,words", [
+    (4, 2, [2, 3], "layers per stage [2, 3] do not split the model's 4 decoder layers over 2 stages: give 2 "
+                   "numbers, each at least 1, that sum to 4 (they give 2 summing to 5)"),
+    (4, 2, [4], "(they give 1 summing to 4)"),
+    (4, 2, [4, 0], "each at least 1"),
+    (3, 4, None, "4 pipeline stages for a model of 3 decoder layers"),
+    (4, 0, None, "at least 1 stage, got 0"),
+])
+def test_layer_splits_that_do_not_fit_are_refused(num_layers, stages, layers, words):
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        stage_layers(num_layers, stages, layers)
+
+
+def test_bubble_fraction_by_hand():
+    assert bubble_fraction("gpipe", 4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction("1f1b", 2, 4) == pytest.approx(1 / 5)
+    assert bubble_fraction("interleaved_1f1b", 4, 8, per_rank=2) == pytest.approx(3 / 19)
+    assert bubble_fraction("interleaved_1f1b", 2, 4, per_rank=3) == pytest.approx(1 / 13)
+    assert bubble_fraction("1f1b", 1, 5) == 0.0
+
+
+def test_micro_batch_counts_the_schedules_cannot_run_are_refused():
+    check_micro_batches("1f1b", 4, 4)
+    check_micro_batches("gpipe", 4, 1)
+    check_micro_batches("interleaved_1f1b", 2, 3, per_rank=2)  # one round of 3
+    with pytest.raises(ConfigError, match="1f1b over 4 stages needs at least 4 micro-batches, and this pass has 3"):
+        check_micro_batches("1f1b", 4, 3)
+    with pytest.raises(ConfigError, match=r"runs 7 micro-batches in 2 rounds \(7 // 3\), which must divide 7"):
+        check_micro_batches("interleaved_1f1b", 3, 7, per_rank=2)
+    with pytest.raises(ConfigError, match="unknown pipeline schedule 'zb'; known: 1f1b, gpipe, interleaved_1f1b"):
+        check_micro_batches("zb", 2, 4)
+    with pytest.raises(ConfigError, match="gpipe holds 1 stage per rank, got 2"):
+        bubble_fraction("gpipe", 2, 4, per_rank=2)
