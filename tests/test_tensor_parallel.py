@@ -53,6 +53,7 @@ sharded = sorted(n for n, p in model.named_parameters() if hasattr(p, "to_local"
 print("RESULT", json.dumps({"logp": float((lp - lp_ref).abs().max() / lp_ref.abs().max()),
                             "entropy": float((ent - ent_ref).abs().max() / ent_ref.abs().max()),
                             "grads": worst, "sharded": sharded}), flush=True)
+dist.barrier()  # without it a gloo rank may abort at exit, after its result
 dist.destroy_process_group()
 """
 

@@ -37,6 +37,7 @@ largest = max(e.self_cpu_memory_usage for e in prof.events())  # bytes, the larg
 torch.save({"logp": logp.detach(), "ent": ent.detach(), "g_h": h.grad, "g_w": w.grad, "start": start,
             "largest": largest},
            sys.argv[2] + f".{rank}")
+dist.barrier()  # without it a gloo rank may abort at exit, after its result
 dist.destroy_process_group()
 """
 
