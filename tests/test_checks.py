@@ -71,6 +71,14 @@ CASES = [
      "data.prompts_per_step=8 is not divisible by the data-parallel size 3 (world size 6"),
     ("model parallel", {"trainer.nproc_per_node": 4, "actor.tensor_parallel_size": 4},
      "actor.tensor_parallel_size=4 does not divide the model's num_key_value_heads=2 (2 / 4 = 0.5)"),
+    ("layout", {"trainer.nproc_per_node": 4, "actor.tensor_parallel_size": 2, "actor.sequence_parallel_size": 4},
+     "actor.tensor_parallel_size=2 x actor.sequence_parallel_size=4 = 8 does not divide the world size 4"),
+    ("model parallel", {"trainer.nproc_per_node": 4, "actor.sequence_parallel_size": 4},
+     "actor.sequence_parallel_size=4 is more than num_key_value_heads=2 (2 / 4 = 0.5): more sp than key/value heads "
+     "needs ring attention"),
+    ("check_token_budgets", {"actor.sequence_parallel_size": 2, "actor.max_token_len_per_device": 40},
+     "actor.max_token_len_per_device=40 x actor.sequence_parallel_size 2 = 80 tokens per group is smaller than the "
+     "longest possible sequence"),
     ("model parallel", {"rollout.tensor_parallel_size": 2},
      "rollout.tensor_parallel_size=2 with rollout.engine=native: this engine decodes with the whole weights on every "
      "rank (1) or on the actor's tensor-parallel plan (actor.tensor_parallel_size=1). Set rollout.tensor_parallel_size=1."),

@@ -182,3 +182,47 @@ def test_a_tensor_parallel_checkpoint_resumes_on_another_layout(tmp_path, first,
     for key in ("reward/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy", "response_length/mean"):
         assert abs(a[2][key] - b[2][key]) <= 1e-4 * abs(a[2][key]) or abs(a[2][key] - b[2][key]) < 1e-6, \
             (key, a[2][key], b[2][key])
+
+
+SHORT = ["data.max_prompt_length=40"]  # 40 + rollout.max_new_tokens 32: sequences of up to 72 tokens
+
+
+@pytest.fixture(scope="module")
+def one_rank_budget(tmp_path_factory):
+    """One rank with a token budget of 72 per forward: the micro-batches sp2 makes of 36 tokens per rank."""
+    from verirl.cli import main
+
+    run = tmp_path_factory.mktemp("sp") / "one"
+    assert main(TRAIN + SHORT + [f"trainer.run_dir={run}", "actor.max_token_len_per_device=72"]) == 0
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks,strategy", [(2, "fsdp2"), (4, "fsdp2"), (2, "ddp")])
+def test_sequence_parallel_training_takes_the_one_rank_step(tmp_path, one_rank_budget, ranks, strategy):
+    """sp2 and dp2 x sp2 (Ulysses): each rank of a sequence-parallel group holds half of each packed
+    micro-batch, at most 36 tokens, so sequences longer than a rank's budget (up to 72 tokens) are split
+    across the group; the same rollouts and rewards as one rank with a budget of 72, the update's
+    statistics and the weights after it within 1e-5."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from verirl.cli import main
+
+    run = tmp_path / "sp"
+    assert main(TRAIN + SHORT + [f"trainer.run_dir={run}", f"trainer.nproc_per_node={ranks}",
+                                 "actor.sequence_parallel_size=2", f"actor.strategy={strategy}",
+                                 "actor.max_token_len_per_device=36"]) == 0
+    assert (one_rank_budget / "rollouts.jsonl").read_text() == (run / "rollouts.jsonl").read_text()
+    rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows) > 36  # longer than a rank's budget
+    a, b = (json.loads((r / "metrics.jsonl").read_text().splitlines()[-1]) for r in (one_rank_budget, run))
+    assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+    for key in ("actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert abs(a[key] - b[key]) <= 1e-5 * abs(a[key]) or abs(a[key] - b[key]) < 1e-8, (key, a[key], b[key])
+    share = b["perf/model_states_gb"] / a["perf/model_states_gb"]
+    assert abs(share - (1 / ranks if strategy == "fsdp2" else 1.0)) < 0.02, share
+    wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank_budget, run))
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name

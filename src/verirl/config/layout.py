@@ -29,20 +29,21 @@ def world_size(cfg: Config) -> int:
 
 
 def data_parallel_size(cfg: Config) -> int:
-    """Ranks that split the step's data: the world size / ``actor.tensor_parallel_size``."""
-    return world_size(cfg) // cfg.actor.tensor_parallel_size
+    """Ranks that split the step's data: the world size / (``actor.tensor_parallel_size`` x
+    ``actor.sequence_parallel_size``)."""
+    return world_size(cfg) // (cfg.actor.tensor_parallel_size * cfg.actor.sequence_parallel_size)
 
 
 def _world_words(cfg: Config) -> str:
     t = cfg.trainer
     world = f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
-    tp = cfg.actor.tensor_parallel_size
-    return world if tp == 1 else f"the data-parallel size {data_parallel_size(cfg)} ({world[4:]} / " \
-                                 f"actor.tensor_parallel_size={tp})"
+    split = " x ".join(f"actor.{k}_parallel_size={v}" for k, v in (
+        ("tensor", cfg.actor.tensor_parallel_size), ("sequence", cfg.actor.sequence_parallel_size)) if v > 1)
+    return world if not split else f"the data-parallel size {data_parallel_size(cfg)} ({world[4:]} / {split})"
 
 
 def _ranks(cfg: Config) -> str:
-    return "ranks" if cfg.actor.tensor_parallel_size == 1 else "data-parallel ranks"
+    return "ranks" if cfg.actor.tensor_parallel_size * cfg.actor.sequence_parallel_size == 1 else "data-parallel ranks"
 
 
 def _multiples(of: int, near: int) -> str:
@@ -60,13 +61,16 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
     LAUNCHERS.check(t.launcher)
     STRATEGIES.check(actor.strategy)
     OFFLOADS.check(actor.offload)
-    world, tp = world_size(cfg), actor.tensor_parallel_size
-    if world % tp:
+    world, tp, sp = world_size(cfg), actor.tensor_parallel_size, actor.sequence_parallel_size
+    if world % (tp * sp):
+        sizes = " x ".join(k for k, v in ((f"actor.tensor_parallel_size={tp}", tp),
+                                          (f"actor.sequence_parallel_size={sp}", sp)) if v > 1)
+        product = f" = {tp * sp}" if tp > 1 and sp > 1 else ""
         raise ConfigError(
-            f"actor.tensor_parallel_size={tp} does not divide the world size "
+            f"{sizes}{product} does not divide the world size "
             f"{world} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}): the ranks form "
-            f"tensor-parallel groups of {tp} ({world} / {tp} = {world / tp:.3g} groups). Set "
-            f"actor.tensor_parallel_size to a divisor of {world} or change the number of ranks.")
+            f"groups of {tp * sp} ({world} / {tp * sp} = {world / (tp * sp):.3g} groups). Choose sizes whose "
+            f"product divides {world}, or change the number of ranks.")
     world = data_parallel_size(cfg)  # the ranks the step's prompts are split over
     n = cfg.rollout.n
     if data.prompts_per_step % world:

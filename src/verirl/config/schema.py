@@ -244,6 +244,10 @@ class ActorConfig:
     tensor_parallel_size: int = setting(1, "ranks that split each layer (tensor parallel, docs/parallelism.md): "
                                            "heads, MLP width and vocabulary 1/tp per rank; data parallel = world / "
                                            "this", gt=0)
+    sequence_parallel_size: int = setting(1, "ranks that split each packed micro-batch's tokens (Ulysses sequence "
+                                             "parallel, docs/parallelism.md): attention heads / (tp x this) per rank "
+                                             "around attention; the token budget counts each rank's share; data "
+                                             "parallel = world / (tp x this)", gt=0)
     offload: str = setting("none", "none / optimizer / params: what leaves the device between phases (where supported)")
 
 

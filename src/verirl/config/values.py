@@ -109,13 +109,16 @@ def check_overlong_buffer(cfg: Config) -> None:
 def check_token_budgets(cfg: Config) -> None:
     data, rollout = cfg.data, cfg.rollout
     longest = data.max_prompt_length + rollout.max_new_tokens
+    sp = cfg.actor.sequence_parallel_size
     for key, budget in [("actor.max_token_len_per_device", cfg.actor.max_token_len_per_device),
                         ("ref.log_prob_max_token_len_per_device", cfg.ref.log_prob_max_token_len_per_device)]:
-        if 0 < budget < longest:
+        if 0 < budget * sp < longest:
+            group = "" if sp == 1 else f" x actor.sequence_parallel_size {sp} = {budget * sp} tokens per group"
             raise ConfigError(
-                f"{key}={budget} is smaller than the longest possible sequence: data.max_prompt_length "
+                f"{key}={budget}{group} is smaller than the longest possible sequence: data.max_prompt_length "
                 f"{data.max_prompt_length} + rollout.max_new_tokens {rollout.max_new_tokens} = {longest} tokens. "
-                f"Set it to at least {longest} (a few times more packs several sequences per forward), or 0.")
+                f"Set it to at least {-(-longest // sp)} (a few times more packs several sequences per forward), "
+                f"or 0.")
 
 
 def check_eval_samples(cfg: Config) -> None:

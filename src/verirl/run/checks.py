@@ -295,7 +295,8 @@ def check_activation_modules(cfg: Config, ask: Optional[Ask] = None) -> None:
 
 def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
-    MLP width and vocabulary split evenly (read from its config.json, no weights), and the passes it needs
+    MLP width and vocabulary split evenly (read from its config.json, no weights); actor.sequence_parallel_size
+    > 1: each tensor-parallel rank's heads and key/value heads split again over it; and the passes they need
     are the ones that run split (packed log-probs; the native or hf engine decoding with whole weights)."""
     tp, rollout_tp, engine = cfg.actor.tensor_parallel_size, cfg.rollout.tensor_parallel_size, cfg.rollout.engine
     if engine in ("native", "hf") and rollout_tp not in (1, tp):
@@ -308,21 +309,28 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(f"rollout.tensor_parallel_size={rollout_tp} with rollout.engine=hf: transformers' generate "
                           f"decodes with the whole weights. Use rollout.engine=native to decode on the tensor-parallel "
                           f"plan, or rollout.tensor_parallel_size=1.")
-    if tp == 1:
+    sp = cfg.actor.sequence_parallel_size
+    if tp == 1 and sp == 1:
         return
+    from verirl.core.ops.ulysses import check_ulysses
     from verirl.models.load import model_config
     from verirl.models.parallel import check_tensor_parallel
 
+    split = " with ".join(f"actor.{k}_parallel_size={v}" for k, v in (("tensor", tp), ("sequence", sp)) if v > 1)
     if not cfg.actor.use_remove_padding:
-        raise ConfigError(f"actor.tensor_parallel_size={tp} needs actor.use_remove_padding=true: the log-probs of a "
-                          f"vocabulary split over the ranks come from the packed passes' output layer, the padded "
-                          f"pass computes whole logits.")
+        raise ConfigError(f"{split} needs actor.use_remove_padding=true: the passes that run split over the ranks "
+                          f"(a vocabulary split by tensor parallelism, the tokens split by sequence parallelism) are "
+                          f"the packed ones; the padded pass computes whole rows and whole logits.")
     if cfg.rollout.engine == "vllm":
-        raise ConfigError(f"actor.tensor_parallel_size={tp} with rollout.engine=vllm: pushing a tensor-parallel "
-                          f"actor's weights into vLLM is not available in this version. Use rollout.engine=native "
-                          f"(each rank decodes its share of the prompts with the whole weights, gathered for the "
-                          f"rollout), or actor.tensor_parallel_size=1.")
-    check_tensor_parallel(model_config(cfg.model.path, dict(cfg.model.override_config)), tp)
+        raise ConfigError(f"{split} with rollout.engine=vllm: pushing the weights of an actor laid out so into vLLM "
+                          f"is not available in this version. Use rollout.engine=native (each rank decodes its share "
+                          f"of the prompts with the whole weights, gathered for the rollout), or data parallelism only.")
+    config = model_config(cfg.model.path, dict(cfg.model.override_config))
+    check_tensor_parallel(config, tp)
+    if sp > 1:
+        heads = getattr(config, "num_attention_heads", 0)
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        check_ulysses(heads // tp, kv // tp, sp, key="actor.sequence_parallel_size")
 
 
 def _module_names(path: str, override: dict) -> list[str]:

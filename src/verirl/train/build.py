@@ -30,7 +30,7 @@ from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
-from verirl.train.distributed import DP, TP, Dist
+from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
 from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
                                    StepSettings)
@@ -147,11 +147,11 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
         for model in (lm.model, ref) if ref is not None else (lm.model,):
             tensor_parallel(model, dist.mesh[TP])
-    if dist.dp_world > 1 and cfg.actor.strategy == "fsdp2":
+    if dist.gradient_mesh is not None and dist.gradient_mesh.size() > 1 and cfg.actor.strategy == "fsdp2":
         device = next(lm.model.parameters()).device
-        shard(lm.model, dist.mesh[DP], device, offload_params=cfg.actor.offload == "params")
+        shard(lm.model, dist.gradient_mesh, device, offload_params=cfg.actor.offload == "params")
         if ref is not None:
-            shard(ref, dist.mesh[DP], device, offload_params=cfg.ref.offload, trainable=False)
+            shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
     elif ref is not None and cfg.ref.offload:
         ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
@@ -249,12 +249,13 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         print(f"actor.use_remove_padding: {cfg.model.path} cannot be packed ({why}); "
               f"log-prob passes run on padded rows instead.")
     policy_pass = LogprobPass(
-        micro_batch_size=actor.micro_batch_size, max_tokens=actor.max_token_len_per_device,
+        # with sequence parallelism a micro-batch's tokens are split over the group: the budget is each rank's share
+        micro_batch_size=actor.micro_batch_size, max_tokens=actor.max_token_len_per_device * actor.sequence_parallel_size,
         temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
         remove_padding=actor.use_remove_padding and packable, share_prompt=actor.share_prompt,
         chunk=actor.logprob_chunk, compute_dtype=training_dtype(cfg, model))
     on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
-    ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
+    ref_budget = (cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device) * actor.sequence_parallel_size
     low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))
     loss = PolicyLossParams(
         clip_low=low if algo.clip_ratio_low is None else algo.clip_ratio_low,

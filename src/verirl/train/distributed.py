@@ -2,16 +2,18 @@
 a step needs.
 
 The ranks form a `torch.distributed.device_mesh.DeviceMesh` (`Dist.mesh`) with the named dimensions
-``"dp"`` (data parallel) and, with ``actor.tensor_parallel_size`` > 1, ``"tp"`` (tensor parallel,
-the inner one: the ranks of a tensor-parallel group are consecutive, so on one machine). The
-strategies are built on it: FSDP2 shards over ``mesh["dp"]``, ``ddp`` sums the gradients over its
-group, `verirl.models.parallel.tensor_parallel` splits each layer over ``mesh["tp"]``.
+``"dp"`` (data parallel) and, with ``actor.sequence_parallel_size`` or ``actor.tensor_parallel_size``
+> 1, ``"sp"`` (sequence parallel, Ulysses) and ``"tp"`` (tensor parallel, the innermost: the ranks of
+a tensor-parallel group are consecutive, so on one machine). The strategies are built on it: FSDP2
+shards over the data-parallel and sequence-parallel ranks (`Dist.gradient_mesh`), ``ddp`` sums the
+gradients over the same group, `verirl.models.parallel.tensor_parallel` splits each layer over
+``mesh["tp"]``, and the packed passes split each micro-batch's tokens over ``mesh["sp"]``.
 
-The ranks of one tensor-parallel group hold the same data (the same prompts, rollouts, rewards and
-log-probs): the step's data is split over the data-parallel coordinate (`Dist.dp_rank` of
-`Dist.dp_world`), and the data collectives (`all_sum`, `all_max`, `gather`) run over the
-``"dp"`` group, so that a tensor-parallel replica is not counted twice. ``world=True`` runs one over
-every rank instead (a decision every rank must share, the largest memory of any rank).
+The ranks of one data-parallel coordinate (its sp x tp ranks, `Dist.replica_mesh`) hold the same data
+(the same prompts, rollouts, rewards and log-probs): the step's data is split over the data-parallel
+coordinate (`Dist.dp_rank` of `Dist.dp_world`), and the data collectives (`all_sum`, `all_max`,
+`gather`) run over the ``"dp"`` group, so that a replica is not counted twice. ``world=True`` runs one
+over every rank instead (a decision every rank must share, the largest memory of any rank).
 
 With ``actor.strategy=ddp`` every rank holds the whole model. A step's prompts are split across the
 ranks by whole groups, so advantages need no communication; each rank's loss is divided by the
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 DP = "dp"  # the data-parallel dimension's name in `Dist.mesh`
-TP = "tp"  # the tensor-parallel dimension's name (present when actor.tensor_parallel_size > 1)
+SP = "sp"  # the sequence-parallel dimension's name (present, with TP, when either is above 1)
+TP = "tp"  # the tensor-parallel dimension's name
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class Dist:
     world: int  # number of ranks
     local_rank: int
     local_world: int  # ranks on this machine
-    mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, dimensions DP (and TP); None: one process alone
+    mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, dimensions DP (and SP, TP); None: one process alone
+    shards_mesh: Optional["DeviceMesh"] = None  # DP x SP flattened: FSDP2 shards and gradients are summed over it
+    replica_mesh: Optional["DeviceMesh"] = None  # SP x TP flattened: the ranks holding one dp coordinate's data
 
     @staticmethod
     def single() -> "Dist":
@@ -77,9 +82,27 @@ class Dist:
     def tp_rank(self) -> int:
         return self._coordinate(TP)
 
+    @property
+    def sp_world(self) -> int:
+        """Ranks of this rank's sequence-parallel group (1: none)."""
+        return self._size(SP)
+
+    @property
+    def sp_group(self):
+        """The sequence-parallel process group (None: no sequence parallelism)."""
+        return self.mesh.get_group(SP) if self.sp_world > 1 else None
+
+    @property
+    def gradient_mesh(self) -> Optional["DeviceMesh"]:
+        """The ranks whose gradients are summed and over which FSDP2 shards: the data-parallel ranks, and
+        the sequence-parallel ones (each computed its own tokens' share)."""
+        if self.mesh is None:
+            return None
+        return self.shards_mesh if self.shards_mesh is not None else self.mesh[DP]
+
     def _group(self, world: bool):
         """The process group of a collective: the data-parallel one, or (``world``) every rank."""
-        return None if world or self.tp_world == 1 else self.mesh.get_group(DP)
+        return None if world or self.replica_mesh is None else self.mesh.get_group(DP)
 
     @property
     def active(self) -> bool:
@@ -115,23 +138,36 @@ class Dist:
         torch.distributed.all_gather_object(out, obj, group=group)
         return out
 
-    def tp_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` of this rank's tensor-parallel group, in its order."""
-        if self.tp_world == 1:
+    def decoders(self, split: bool) -> tuple[int, int]:
+        """(this rank's place, their number) among the ranks that decode shares of one data-parallel
+        coordinate's prompts: all its sp x tp ranks, or (``split``: a tensor-parallel group decodes
+        together) its sp ranks."""
+        if self.replica_mesh is None:
+            return 0, 1
+        if split:
+            return self._coordinate(SP), self.sp_world
+        return self.replica_mesh.get_local_rank(), self.replica_mesh.size()
+
+    def decoders_gather(self, obj: Any, split: bool) -> list[Any]:
+        """Every decoder's ``obj`` (`decoders`), in their order, on every rank of the replica."""
+        rank, size = self.decoders(split)
+        if size == 1:
             return [obj]
-        out: list[Any] = [None] * self.tp_world
-        torch.distributed.all_gather_object(out, obj, group=self.mesh.get_group(TP))
+        out: list[Any] = [None] * size
+        group = self.mesh.get_group(SP) if split else self.replica_mesh.get_group()
+        torch.distributed.all_gather_object(out, obj, group=group)
         return out
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum the gradients over the mesh's data-parallel group, in one flat buffer (params without a
         gradient count as 0; a tensor-parallel parameter's local shard is summed with the same shard of
         the other data-parallel ranks)."""
-        if self.dp_world == 1:
+        mesh = self.gradient_mesh
+        if mesh is None or mesh.size() == 1:
             return
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=self.mesh.get_group(DP))
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=mesh.get_group())
         offset = 0
         for p, g in zip(params, grads):
             n = g.numel()
@@ -174,11 +210,11 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1) -> Dist:
+def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequence_parallel: int = 1) -> Dist:
     """Join the process group the launcher set up (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the
-    environment) and lay its ranks out on a mesh: world / ``tensor_parallel`` data-parallel ranks, and
-    tensor-parallel groups of ``tensor_parallel`` consecutive ranks when it is above 1; one process alone
-    gets `Dist.single()`."""
+    environment) and lay its ranks out on a mesh: world / (``tensor_parallel`` x ``sequence_parallel``)
+    data-parallel ranks, each with its sequence-parallel and (innermost) tensor-parallel groups when either
+    is above 1; one process alone gets `Dist.single()`."""
     if not launched() or int(os.environ["WORLD_SIZE"]) == 1:
         return Dist.single()
     from torch.distributed.device_mesh import init_device_mesh
@@ -188,9 +224,14 @@ def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1) -> Dist
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(dist_backend(device), timeout=datetime.timedelta(seconds=timeout_s))
     world = torch.distributed.get_world_size()
-    shape, names = ((world // tensor_parallel, tensor_parallel), (DP, TP)) if tensor_parallel > 1 else ((world,), (DP,))
-    return Dist(torch.distributed.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")),
-                int(os.environ.get("LOCAL_WORLD_SIZE", "1")), init_device_mesh(device.type, shape, mesh_dim_names=names))
+    rank, local = torch.distributed.get_rank(), (int(os.environ.get("LOCAL_RANK", "0")),
+                                                 int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if tensor_parallel * sequence_parallel == 1:
+        return Dist(rank, world, *local, init_device_mesh(device.type, (world,), mesh_dim_names=(DP,)))
+    mesh = init_device_mesh(device.type, (world // (tensor_parallel * sequence_parallel), sequence_parallel,
+                                          tensor_parallel), mesh_dim_names=(DP, SP, TP))
+    shards = mesh[DP, SP]._flatten("dp_sp") if sequence_parallel > 1 else None
+    return Dist(rank, world, *local, mesh, shards, mesh[SP, TP]._flatten("sp_tp"))
 
 
 def close(dist: Optional[Dist]) -> None:

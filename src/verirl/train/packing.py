@@ -44,6 +44,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from verirl.core.errors import ConfigError
 from verirl.core.ops.attention import small_attention, small_enough
 from verirl.core.ops.head_logprobs import head_logprobs, vocab_parallel_head_logprobs
+from verirl.core.ops.ulysses import gather_tokens, split_packed, ulysses_attention
 from verirl.core.ops.varlen import varlen_kernel
 from verirl.models.parallel import head_group, head_shard, is_tensor_parallel
 from verirl.train.strategy import final_hidden
@@ -292,16 +293,35 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
 
 AttentionInterface.register(ATTN_NAME, packed_attention)
 
+SP_ATTN_NAME = "verirl_packed_sp"
+# (the sequence-parallel group, the row's real tokens) of the packed forward in progress on a slice of its row
+_SEQUENCE_SPLIT: contextvars.ContextVar = contextvars.ContextVar("verirl_packed_sp", default=None)
+
+
+def sequence_parallel_attention(module, query, key, value, attention_mask, **kwargs):
+    """`packed_attention` for one rank's slice of the packed row (Ulysses, `verirl.core.ops.ulysses`): the
+    tokens exchanged for heads around it."""
+    group, tokens = _SEQUENCE_SPLIT.get()
+    return ulysses_attention(module, query, key, value, attention_mask, group=group, inner=packed_attention,
+                             tokens=tokens, **kwargs)
+
+
+AttentionInterface.register(SP_ATTN_NAME, sequence_parallel_attention)
+
 
 @contextlib.contextmanager
-def _packed_attention(model, layout: PackedLayout):
+def _packed_attention(model, layout: PackedLayout, split: Optional[tuple] = None):
+    """The packed layout for the model's forward inside the block; ``split`` (group, tokens): the forward
+    runs on this rank's slice of the row, the attention sequence-parallel."""
     cfg = model.config
     old = cfg._attn_implementation_internal
-    cfg._attn_implementation_internal = ATTN_NAME  # no mask function registered: transformers builds no mask
-    token = _LAYOUT.set(layout)
+    # no mask function registered: transformers builds no mask
+    cfg._attn_implementation_internal = ATTN_NAME if split is None else SP_ATTN_NAME
+    token, split_token = _LAYOUT.set(layout), _SEQUENCE_SPLIT.set(split)
     try:
         yield
     finally:
+        _SEQUENCE_SPLIT.reset(split_token)
         _LAYOUT.reset(token)
         cfg._attn_implementation_internal = old
 
@@ -336,24 +356,41 @@ class PackCache:
 
 def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: float = 1.0,
                     with_entropy: bool = False, share_prompt: bool = True, chunk: int = 0,
-                    layouts: Optional[PackCache] = None):
+                    layouts: Optional[PackCache] = None, sp_group=None):
     """Like the padded pass: (logp (b, r), entropy (b, r) or None, mask (b, r)) for ``rows``, with
     no compute spent on pad tokens and the output layer applied in chunks to response positions only.
-    ``layouts`` (optional) keeps the packed layout for the next pass over the same rows."""
+    ``layouts`` (optional) keeps the packed layout for the next pass over the same rows.
+
+    ``sp_group`` (sequence parallelism): this rank computes its slice of the packed row (`split_packed`)
+    and the log-probs of the labels its slice predicts; they are gathered over the group, so every rank
+    returns the whole micro-batch's, and the backward leaves each rank the gradient of its own tokens
+    (summed over the group with the data-parallel ranks' by the strategy)."""
     pb = layouts.get(rollout, rows, share_prompt) if layouts is not None else pack_rows(rollout, rows, share_prompt)
-    with _packed_attention(model, pb.layout), response_positions(pb.pred_pos, pb.out_col == 0):
-        hidden = final_hidden(model, pb.input_ids, pb.position_ids)[0]
+    ids, positions, pred, labels, first = pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels, pb.out_col == 0
+    shard = None
+    if sp_group is not None:
+        import torch.distributed as dist
+
+        shard = split_packed(ids, positions, pred, dist.get_rank(sp_group), dist.get_world_size(sp_group))
+        ids, positions, pred = shard.input_ids, shard.position_ids, shard.pred_pos
+        labels, first = labels[shard.owned], first[shard.owned]
+    split = None if shard is None else (sp_group, shard.tokens)
+    with _packed_attention(model, pb.layout, split), response_positions(pred, first):
+        hidden = final_hidden(model, ids, positions)[0]
     head = model.get_output_embeddings()
     # under mixed precision (torch.autocast) the output layer still multiplies in the weights' dtype: a
     # bfloat16 logit of 10 is off by up to 0.03, and so would every log-prob be
     with torch.autocast(hidden.device.type, enabled=False):
-        at = hidden.index_select(0, pb.pred_pos).to(head.weight.dtype)
+        at = hidden.index_select(0, pred).to(head.weight.dtype)
         if is_tensor_parallel(model):  # this rank's vocabulary rows; the log-sum-exp combined over the group
             weight, start = head_shard(model)
-            lp, ent = vocab_parallel_head_logprobs(at, weight, pb.labels, start, head_group(model), None,
+            lp, ent = vocab_parallel_head_logprobs(at, weight, labels, start, head_group(model), None,
                                                    temperature, chunk, with_entropy)
         else:
-            lp, ent = head_logprobs(at, head.weight, pb.labels, head.bias, temperature, chunk, with_entropy)
+            lp, ent = head_logprobs(at, head.weight, labels, head.bias, temperature, chunk, with_entropy)
+    if shard is not None:
+        lp = gather_tokens(lp, shard, sp_group)
+        ent = None if ent is None else gather_tokens(ent, shard, sp_group)
     b, r = pb.rows, pb.width
     logp = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), lp)
     mask = lp.new_zeros((b, r)).index_put((pb.out_row, pb.out_col), torch.ones_like(lp))

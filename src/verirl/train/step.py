@@ -190,9 +190,9 @@ def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, ti
     groups with the whole weights, and the shares are exchanged, so every rank of the group holds all
     of them in order (sampling is keyed by global position: the same tokens as one rank decoding all)."""
     settings, dist = run.step, run.dist
-    shares = 1 if getattr(run.engine, "split", False) else dist.tp_world  # split: the group decodes them together
-    share = slice(len(prompts) * dist.tp_rank // shares, len(prompts) * (dist.tp_rank + 1) // shares) if shares > 1 \
-        else slice(None)
+    split = getattr(run.engine, "split", False)  # a tensor-parallel group decodes its share together
+    me, shares = dist.decoders(split)
+    share = slice(len(prompts) * me // shares, len(prompts) * (me + 1) // shares) if shares > 1 else slice(None)
     with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
         mine = generate_chunked(run.engine, [p.ids for p in prompts[share]], settings.group_size, sampling,
                                 settings.generate_batch, run.pad_id, positions[share]) if prompts[share] else None
@@ -200,7 +200,8 @@ def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, ti
     if shares == 1:
         return mine, texts
     device = next(run.model.parameters()).device
-    parts = [p for p in dist.tp_gather((_on(mine, "cpu"), texts) if mine is not None else None) if p is not None]
+    parts = [p for p in dist.decoders_gather((_on(mine, "cpu"), texts) if mine is not None else None, split)
+             if p is not None]
     return _on(concat_rollouts([r for r, _ in parts], run.pad_id), device), [t for _, part in parts for t in part]
 
 

@@ -188,10 +188,11 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
 
 
 def sequence_logprobs(model, rollout: Rollout, rows: Rows, forward: LogprobPass = LogprobPass(),
-                      with_entropy: bool = False, layouts: Optional[PackCache] = None):
+                      with_entropy: bool = False, layouts: Optional[PackCache] = None, sp_group=None):
     """(logp (b, r), entropy (b, r) or None, response mask (b, r)) for ``rows``, r = their longest
     response, by the packed path when ``forward.remove_padding`` (and the model allows it), else padded.
-    ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows.
+    ``layouts`` keeps the packed layouts of this rollout for the next pass over the same rows. ``sp_group``:
+    the packed row's tokens split over this sequence-parallel group (`packed_logprobs`).
 
     ``forward.compute_dtype`` (mixed precision): the forward runs under `torch.autocast` in that dtype, the
     weights staying in theirs; the backward, called after this returns, follows the forward's dtypes.
@@ -199,7 +200,7 @@ def sequence_logprobs(model, rollout: Rollout, rows: Rows, forward: LogprobPass 
     with mixed_precision(rollout.response_ids.device, forward.compute_dtype):
         if forward.remove_padding and supports_packing(model)[0]:
             return packed_logprobs(model, rollout, _rows(rollout, rows), forward.temperature, with_entropy,
-                                   forward.share_prompt, forward.chunk, layouts)
+                                   forward.share_prompt, forward.chunk, layouts, sp_group)
         return response_logprobs(model, rollout, rows, forward.temperature, with_entropy)
 
 
@@ -225,12 +226,14 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
                      layouts: Optional[PackCache] = None, dist: Optional[Dist] = None) -> torch.Tensor:
     """(N, R) log-probs of every response under ``model`` (old or reference pass), micro-batched."""
     N, R = rollout.response_ids.shape
+    dist = dist or Dist.single()
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
     planned = plan_micro_batches(rollout, range(N), forward.micro_batch_size, forward.max_tokens, forward.prompt_once)
     with eval_mode(model), on_device_for(model, out.device, forward.offload):
-        for mb in same_count(planned, model, dist or Dist.single()):
+        for mb in same_count(planned, model, dist):
             with silenced() if mb is None else contextlib.nullcontext():
-                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], forward, layouts=layouts)
+                logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], forward, layouts=layouts,
+                                               sp_group=dist.sp_group)
             if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
                 out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp
     reshard(model)
@@ -318,11 +321,13 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
             for mb in same_count(planned, model, dist):
                 if mb is None:  # an empty micro-batch: only the other ranks' all-gathers and reduce-scatters
                     with silenced():
-                        logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts)
+                        logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts,
+                                                       dist.sp_group)
                         (logp.sum() * 0.0).backward()
                     continue
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
-                logp, ent, _ = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts)
+                logp, ent, _ = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts,
+                                                 sp_group=dist.sp_group)
                 w = logp.shape[1]
                 old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
                 if on_policy_out is not None:

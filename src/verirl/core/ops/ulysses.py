@@ -38,7 +38,7 @@ import torch
 from verirl.core.errors import ConfigError
 
 
-def check_ulysses(heads: int, kv_heads: int, sp: int, key: str = "actor.ulysses_sequence_parallel_size") -> None:
+def check_ulysses(heads: int, kv_heads: int, sp: int, key: str = "actor.sequence_parallel_size") -> None:
     """The attention's ``heads`` query and ``kv_heads`` key/value heads split over ``sp`` ranks (under
     tensor parallelism, the heads of one tensor-parallel rank); one paragraph with the arithmetic
     otherwise."""
@@ -47,15 +47,15 @@ def check_ulysses(heads: int, kv_heads: int, sp: int, key: str = "actor.ulysses_
     if heads % sp:
         raise ConfigError(f"{key}={sp} does not divide num_attention_heads={heads} ({heads} / {sp} = "
                           f"{heads / sp:.3g}): each of the {sp} ranks of a sequence-parallel group attends with "
-                          f"an equal share of the heads. Choose a {key} that divides {heads}.")
+                          f"an equal share of the heads. Set {key} to a divisor of {heads}.")
     if kv_heads < sp:
         raise ConfigError(f"{key}={sp} is more than num_key_value_heads={kv_heads} ({kv_heads} / {sp} = "
                           f"{kv_heads / sp:.3g}): more sp than key/value heads needs ring attention, not built. "
-                          f"Choose a {key} that divides {kv_heads}.")
+                          f"Set {key} to a divisor of {kv_heads}.")
     if kv_heads % sp:
         raise ConfigError(f"{key}={sp} does not divide num_key_value_heads={kv_heads} ({kv_heads} / {sp} = "
                           f"{kv_heads / sp:.3g}): each of the {sp} ranks of a sequence-parallel group takes an "
-                          f"equal share of the key/value heads. Choose a {key} that divides {kv_heads}.")
+                          f"equal share of the key/value heads. Set {key} to a divisor of {kv_heads}.")
 
 
 def _group_size(group) -> int:
