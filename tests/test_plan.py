@@ -142,7 +142,7 @@ def test_tensor_parallel_splits_the_states_and_shows_the_mesh():
     plan = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", cores=8)
     L, M = plan.layout, plan.memory
     assert (L.data_parallel, L.tensor_parallel, L.prompts_per_rank, L.mini_batch_sequences_per_rank) == (2, 2, 4, 32)
-    assert L.coordinates(3) == {"dp": 1, "tp": 1} and L.coordinates(2) == {"dp": 1, "tp": 0}
+    assert L.coordinates(3) == {"dp": 1, "pp": 0, "sp": 0, "tp": 1} and L.coordinates(2)["tp"] == 0
     assert M.shards == 4 and all(getattr(M, k) == getattr(one.memory, k) // 4 for k in ("params", "optimizer"))
     assert M.kv_cache == one.memory.kv_cache // 4  # half the prompts per rank, decoded in two shares
     split = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=2",

@@ -30,20 +30,31 @@ def world_size(cfg: Config) -> int:
 
 def data_parallel_size(cfg: Config) -> int:
     """Ranks that split the step's data: the world size / (``actor.tensor_parallel_size`` x
-    ``actor.sequence_parallel_size``)."""
-    return world_size(cfg) // (cfg.actor.tensor_parallel_size * cfg.actor.sequence_parallel_size)
+    ``actor.sequence_parallel_size`` x ``actor.pipeline_parallel_size``)."""
+    return world_size(cfg) // model_parallel_size(cfg)
+
+
+def model_parallel_size(cfg: Config) -> int:
+    """Ranks that hold one data-parallel coordinate's data: tp x sp x pp."""
+    a = cfg.actor
+    return a.tensor_parallel_size * a.sequence_parallel_size * a.pipeline_parallel_size
+
+
+def _split_words(cfg: Config) -> str:
+    return " x ".join(f"actor.{k}_parallel_size={v}" for k, v in (
+        ("tensor", cfg.actor.tensor_parallel_size), ("sequence", cfg.actor.sequence_parallel_size),
+        ("pipeline", cfg.actor.pipeline_parallel_size)) if v > 1)
 
 
 def _world_words(cfg: Config) -> str:
     t = cfg.trainer
     world = f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
-    split = " x ".join(f"actor.{k}_parallel_size={v}" for k, v in (
-        ("tensor", cfg.actor.tensor_parallel_size), ("sequence", cfg.actor.sequence_parallel_size)) if v > 1)
+    split = _split_words(cfg)
     return world if not split else f"the data-parallel size {data_parallel_size(cfg)} ({world[4:]} / {split})"
 
 
 def _ranks(cfg: Config) -> str:
-    return "ranks" if cfg.actor.tensor_parallel_size * cfg.actor.sequence_parallel_size == 1 else "data-parallel ranks"
+    return "ranks" if model_parallel_size(cfg) == 1 else "data-parallel ranks"
 
 
 def _multiples(of: int, near: int) -> str:
@@ -61,15 +72,14 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
     LAUNCHERS.check(t.launcher)
     STRATEGIES.check(actor.strategy)
     OFFLOADS.check(actor.offload)
-    world, tp, sp = world_size(cfg), actor.tensor_parallel_size, actor.sequence_parallel_size
-    if world % (tp * sp):
-        sizes = " x ".join(k for k, v in ((f"actor.tensor_parallel_size={tp}", tp),
-                                          (f"actor.sequence_parallel_size={sp}", sp)) if v > 1)
-        product = f" = {tp * sp}" if tp > 1 and sp > 1 else ""
+    world, group = world_size(cfg), model_parallel_size(cfg)
+    if world % group:
+        sizes = _split_words(cfg)
+        product = f" = {group}" if " x " in sizes else ""
         raise ConfigError(
             f"{sizes}{product} does not divide the world size "
             f"{world} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}): the ranks form "
-            f"groups of {tp * sp} ({world} / {tp * sp} = {world / (tp * sp):.3g} groups). Choose sizes whose "
+            f"groups of {group} ({world} / {group} = {world / group:.3g} groups). Choose sizes whose "
             f"product divides {world}, or change the number of ranks.")
     world = data_parallel_size(cfg)  # the ranks the step's prompts are split over
     n = cfg.rollout.n

@@ -248,6 +248,12 @@ class ActorConfig:
                                              "parallel, docs/parallelism.md): attention heads / (tp x this) per rank "
                                              "around attention; the token budget counts each rank's share; data "
                                              "parallel = world / (tp x this)", gt=0)
+    pipeline_parallel_size: int = setting(1, "pipeline stages of decoder layers, one per rank (docs/parallelism.md); "
+                                             "needs max_token_len_per_device: every micro-batch is padded to it "
+                                             "between stages; data parallel = world / (tp x sp x this)", gt=0)
+    pipeline_schedule: str = setting("1f1b", "1f1b / gpipe / interleaved_1f1b (2 stages per rank)")
+    pipeline_layers: list[int] = setting([], "decoder layers of each stage, first to last (MindSpeed-RL's "
+                                             "num_layer_list); [] = an even split, earlier stages one more")
     offload: str = setting("none", "none / optimizer / params: what leaves the device between phases (where supported)")
 
 

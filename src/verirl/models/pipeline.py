@@ -67,6 +67,11 @@ def stage_layers(num_layers: int, stages: int, layers: Optional[Sequence[int]] =
     return [range(a, a + n) for a, n in zip(starts, layers)]
 
 
+def stages_per_rank(schedule: str) -> int:
+    """Stages each rank holds under ``schedule`` in a training run: 2 under interleaved 1F1B, else 1."""
+    return 2 if schedule == "interleaved_1f1b" else 1
+
+
 def stage_indices(rank: int, ranks: int, per_rank: int = 1) -> list[int]:
     """The stages pipeline rank ``rank`` of ``ranks`` holds, ``per_rank`` of them, in loop order (the
     placement of torch's interleaved schedules): rank, rank + ranks, ..."""

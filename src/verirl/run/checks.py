@@ -309,14 +309,15 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(f"rollout.tensor_parallel_size={rollout_tp} with rollout.engine=hf: transformers' generate "
                           f"decodes with the whole weights. Use rollout.engine=native to decode on the tensor-parallel "
                           f"plan, or rollout.tensor_parallel_size=1.")
-    sp = cfg.actor.sequence_parallel_size
-    if tp == 1 and sp == 1:
+    sp, pp = cfg.actor.sequence_parallel_size, cfg.actor.pipeline_parallel_size
+    if tp == 1 and sp == 1 and pp == 1:
         return
     from verirl.core.ops.ulysses import check_ulysses
     from verirl.models.load import model_config
     from verirl.models.parallel import check_tensor_parallel
 
-    split = " with ".join(f"actor.{k}_parallel_size={v}" for k, v in (("tensor", tp), ("sequence", sp)) if v > 1)
+    split = " with ".join(f"actor.{k}_parallel_size={v}" for k, v in (("tensor", tp), ("sequence", sp),
+                                                                      ("pipeline", pp)) if v > 1)
     if not cfg.actor.use_remove_padding:
         raise ConfigError(f"{split} needs actor.use_remove_padding=true: the passes that run split over the ranks "
                           f"(a vocabulary split by tensor parallelism, the tokens split by sequence parallelism) are "
@@ -327,10 +328,45 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
                           f"of the prompts with the whole weights, gathered for the rollout), or data parallelism only.")
     config = model_config(cfg.model.path, dict(cfg.model.override_config))
     check_tensor_parallel(config, tp)
+    if pp > 1:
+        check_pipeline(cfg, config)
     if sp > 1:
         heads = getattr(config, "num_attention_heads", 0)
         kv = getattr(config, "num_key_value_heads", None) or heads
         check_ulysses(heads // tp, kv // tp, sp, key="actor.sequence_parallel_size")
+
+
+def check_pipeline(cfg: Config, config) -> None:
+    """actor.pipeline_parallel_size > 1: a schedule verirl runs, a token budget to pad every micro-batch to,
+    stages that split the model's layers, and the layouts pipelining composes with here."""
+    from verirl.models.parallel import TP_FAMILIES
+    from verirl.models.pipeline import SCHEDULES, stage_layers, stages_per_rank
+
+    a = cfg.actor
+    pp, schedule = a.pipeline_parallel_size, a.pipeline_schedule
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"actor.pipeline_schedule={schedule!r} is not a known name; known: {', '.join(SCHEDULES)}.")
+    kind = getattr(config, "model_type", "?")
+    if kind not in TP_FAMILIES:
+        raise ConfigError(f"actor.pipeline_parallel_size={pp}: model_type '{kind}' has no pipeline stages in verirl; "
+                          f"the families that have them: {', '.join(TP_FAMILIES)}. Use actor.pipeline_parallel_size=1.")
+    if a.max_token_len_per_device <= 0:
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} needs actor.max_token_len_per_device > 0: a pipeline "
+                          f"schedule fixes the shape its stages send when it starts, so every micro-batch is one packed "
+                          f"row padded to that budget between stages (the padding costs transfers and receive "
+                          f"buffers, no compute). Set it to a few times data.max_prompt_length + "
+                          f"rollout.max_new_tokens.")
+    stage_layers(config.num_hidden_layers, pp * stages_per_rank(schedule), a.pipeline_layers or None)
+    if a.tensor_parallel_size > 1 or a.sequence_parallel_size > 1:
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} with actor.tensor_parallel_size="
+                          f"{a.tensor_parallel_size} and actor.sequence_parallel_size={a.sequence_parallel_size}: "
+                          f"pipeline stages compose with data parallelism only in this version. Use one of them.")
+    from verirl.config.layout import data_parallel_size
+
+    if data_parallel_size(cfg) > 1 and a.strategy == "fsdp2":
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} with {data_parallel_size(cfg)} data-parallel ranks and "
+                          f"actor.strategy=fsdp2: FSDP2 inside pipeline stages is not available in this version. "
+                          f"Use actor.strategy=ddp (each stage replicated over the data-parallel ranks).")
 
 
 def _module_names(path: str, override: dict) -> list[str]:

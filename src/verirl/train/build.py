@@ -30,6 +30,7 @@ from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
+from verirl.train.pipelined import pipeline, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
 from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
@@ -154,6 +155,10 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
             shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
     elif ref is not None and cfg.ref.offload:
         ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
+    if dist.pp_world > 1:  # this rank keeps its stages' parameters, the reference's too
+        tied = tied_group(dist)
+        for model in (lm.model, ref) if ref is not None else (lm.model,):
+            pipeline(model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward

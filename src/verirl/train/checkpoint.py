@@ -13,6 +13,9 @@ from verirl.run.checkpoint import (Checkpoint, damaged, load_optimizer_state, lo
 from verirl.run.rundir import last_good, raise_write_failure
 from verirl.run.runlog import RunLog, complete_line
 from verirl.train.build import Run
+from verirl.train.pipelined import load_optimizer_state as load_stage_optimizer_state
+from verirl.train.pipelined import optimizer_state as stage_optimizer_state
+from verirl.train.pipelined import pipeline_of, whole_model
 from verirl.train.strategy import (full_optimizer_state, full_state_dict, is_sharded, nonfinite_parameter,
                                    shard_optimizer_state, shard_state_dict)
 
@@ -37,7 +40,10 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite.total, "nonfinite_in_a_row": run.nonfinite.in_a_row}
-    weights, optimizer_state = full_state_dict(run.model), full_optimizer_state(run.optimizer)  # every rank
+    pipe = pipeline_of(run.model)
+    with whole_model(run.model):  # every rank; the tensors outlive the block (a pipelined model's frees only its own)
+        weights = full_state_dict(run.model)
+    optimizer_state = stage_optimizer_state(pipe, run.optimizer) if pipe else full_optimizer_state(run.optimizer)
     try:
         path = None
         if run.dist.is_main:
@@ -55,7 +61,8 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     the library's error chained."""
     weights = load_weights(ckpt)
     try:
-        missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
+        with whole_model(model):  # a pipelined model: every parameter loaded, those of other stages freed after
+            missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
     except RuntimeError as e:  # shapes that differ
         raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {reason(e)}. Was the "
                               f"checkpoint saved from another model.path?") from e
@@ -67,7 +74,10 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
         model.tie_weights()
     try:
         opt = load_optimizer_state(ckpt)
-        optimizer.load_state_dict(shard_optimizer_state(optimizer, opt["optimizer"]))
+        if pipeline_of(model) is not None:
+            load_stage_optimizer_state(pipeline_of(model), optimizer, opt["optimizer"])
+        else:
+            optimizer.load_state_dict(shard_optimizer_state(optimizer, opt["optimizer"]))
         scheduler.load_state_dict(opt["scheduler"])
     except Exception as e:  # noqa: BLE001 - torch raises many kinds; none may pass as a traceback
         raise damaged(ckpt.path / "optimizer.pt", "the optimizer and scheduler state", e) from e

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 DP = "dp"  # the data-parallel dimension's name in `Dist.mesh`
-SP = "sp"  # the sequence-parallel dimension's name (present, with TP, when either is above 1)
+PP = "pp"  # the pipeline-parallel dimension's name (present, with SP and TP, when any is above 1)
+SP = "sp"  # the sequence-parallel dimension's name
 TP = "tp"  # the tensor-parallel dimension's name
 
 
@@ -51,7 +52,7 @@ class Dist:
     local_world: int  # ranks on this machine
     mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, dimensions DP (and SP, TP); None: one process alone
     shards_mesh: Optional["DeviceMesh"] = None  # DP x SP flattened: FSDP2 shards and gradients are summed over it
-    replica_mesh: Optional["DeviceMesh"] = None  # SP x TP flattened: the ranks holding one dp coordinate's data
+    replica_mesh: Optional["DeviceMesh"] = None  # PP x SP x TP flattened: the ranks holding one dp coordinate's data
 
     @staticmethod
     def single() -> "Dist":
@@ -81,6 +82,25 @@ class Dist:
     @property
     def tp_rank(self) -> int:
         return self._coordinate(TP)
+
+    @property
+    def pp_world(self) -> int:
+        """Stages of this rank's pipeline (1: none)."""
+        return self._size(PP)
+
+    @property
+    def pp_rank(self) -> int:
+        return self._coordinate(PP)
+
+    @property
+    def pp_group(self):
+        """The process group of this rank's pipeline (None: no pipeline parallelism)."""
+        return self.mesh.get_group(PP) if self.pp_world > 1 else None
+
+    def pipelines(self) -> list[list[int]]:
+        """The global ranks of every pipeline, each in stage order."""
+        ranks = self.mesh.mesh.movedim(self.mesh.mesh_dim_names.index(PP), -1).reshape(-1, self.pp_world)
+        return ranks.tolist()
 
     @property
     def sp_world(self) -> int:
@@ -140,7 +160,7 @@ class Dist:
 
     def decoders(self, split: bool) -> tuple[int, int]:
         """(this rank's place, their number) among the ranks that decode shares of one data-parallel
-        coordinate's prompts: all its sp x tp ranks, or (``split``: a tensor-parallel group decodes
+        coordinate's prompts: all its pp x sp x tp ranks, or (``split``: a tensor-parallel group decodes
         together) its sp ranks."""
         if self.replica_mesh is None:
             return 0, 1
@@ -210,11 +230,12 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequence_parallel: int = 1) -> Dist:
+def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequence_parallel: int = 1,
+         pipeline_parallel: int = 1) -> Dist:
     """Join the process group the launcher set up (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the
-    environment) and lay its ranks out on a mesh: world / (``tensor_parallel`` x ``sequence_parallel``)
-    data-parallel ranks, each with its sequence-parallel and (innermost) tensor-parallel groups when either
-    is above 1; one process alone gets `Dist.single()`."""
+    environment) and lay its ranks out on a mesh: world / (``pipeline_parallel`` x ``sequence_parallel`` x
+    ``tensor_parallel``) data-parallel ranks, each with its pipeline, sequence-parallel and (innermost)
+    tensor-parallel groups when any is above 1; one process alone gets `Dist.single()`."""
     if not launched() or int(os.environ["WORLD_SIZE"]) == 1:
         return Dist.single()
     from torch.distributed.device_mesh import init_device_mesh
@@ -226,12 +247,13 @@ def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequenc
     world = torch.distributed.get_world_size()
     rank, local = torch.distributed.get_rank(), (int(os.environ.get("LOCAL_RANK", "0")),
                                                  int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    if tensor_parallel * sequence_parallel == 1:
+    split = tensor_parallel * sequence_parallel * pipeline_parallel
+    if split == 1:
         return Dist(rank, world, *local, init_device_mesh(device.type, (world,), mesh_dim_names=(DP,)))
-    mesh = init_device_mesh(device.type, (world // (tensor_parallel * sequence_parallel), sequence_parallel,
-                                          tensor_parallel), mesh_dim_names=(DP, SP, TP))
+    mesh = init_device_mesh(device.type, (world // split, pipeline_parallel, sequence_parallel, tensor_parallel),
+                            mesh_dim_names=(DP, PP, SP, TP))
     shards = mesh[DP, SP]._flatten("dp_sp") if sequence_parallel > 1 else None
-    return Dist(rank, world, *local, mesh, shards, mesh[SP, TP]._flatten("sp_tp"))
+    return Dist(rank, world, *local, mesh, shards, mesh[PP, SP, TP]._flatten("pp_sp_tp"))
 
 
 def close(dist: Optional[Dist]) -> None:

@@ -31,6 +31,7 @@ from verirl.train.checkpoint import NonFiniteTraining, checkpoint_due, restore, 
 from verirl.train.distributed import Dist
 from verirl.train.evaluate import evaluate, val_metrics
 from verirl.train.step import train_step
+from verirl.train.pipelined import parameter_count, whole_model
 from verirl.train.strategy import full_state_dict, full_weights
 
 
@@ -46,7 +47,8 @@ class TrainingInterrupted(Exception):
 def join(cfg: Config) -> Dist:
     """This process's rank: the process group its launcher set up, or `Dist.single()` alone."""
     return distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s,
-                            cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel_size)
+                            cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel_size,
+                            cfg.actor.pipeline_parallel_size)
 
 
 def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> dict:
@@ -113,7 +115,7 @@ def open_run(cfg: Config, dist: Dist, console: Console) -> tuple[Run, RunLog]:
 def start(run: Run, log: RunLog) -> tuple[int, dict]:
     """Restore the run's checkpoint (if any), open its logs where the checkpoint left them, evaluate
     before the first step. -> (the first step to run, the summary so far)."""
-    n_params = sum(p.numel() for p in run.model.parameters())
+    n_params = parameter_count(run.model)
     log.print(f"[bold]verirl[/] {algorithm_name(run.cfg.algo)}: model {run.cfg.model.path} ({n_params / 1e6:.2f}M params), "
               f"{run.step.prompts_per_step} prompts x {run.step.group_size} samples/step, {run.total_steps} "
               f"steps, run dir {run.run_dir}")
@@ -140,7 +142,8 @@ def finish(run: Run, log: RunLog, summary: dict, started: float) -> dict:
     """Write the final model, evaluate after the last step (unless the loop just did), write and
     print the summary."""
     history = log.history
-    weights = full_state_dict(run.model)  # gathered on every rank when sharded; rank 0 writes
+    with whole_model(run.model):  # gathered on every rank when sharded or pipelined; rank 0 writes
+        weights = full_state_dict(run.model)
     if run.dist.is_main:
         save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids, weights)
     k = min(5, len(history))
@@ -181,7 +184,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
     first = dist.dp_rank * share
     engine = run.eval_engine or run.engine
     # decoding reads whole weights (or, an engine on the tensor-parallel plan, this rank's): no weight collective inside
-    with full_weights(run.model, split=getattr(engine, "split", False)):
+    with whole_model(run.model), full_weights(run.model, split=getattr(engine, "split", False)):
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,

@@ -326,6 +326,15 @@ def _packed_attention(model, layout: PackedLayout, split: Optional[tuple] = None
         cfg._attn_implementation_internal = old
 
 
+def packed_context(model, pb: PackedBatch) -> contextlib.ExitStack:
+    """What a forward of packed row ``pb`` runs inside, for a caller that runs the model's layers itself (a
+    pipeline stage): its attention layout and the activation dump's positions."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(_packed_attention(model, pb.layout))
+    stack.enter_context(response_positions(pb.pred_pos, pb.out_col == 0))
+    return stack
+
+
 def supports_packing(model) -> tuple[bool, str]:
     """Whether ``model`` is a plain decoder whose logits are lm_head(final hidden state)."""
     cfg = model.config

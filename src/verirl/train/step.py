@@ -35,6 +35,7 @@ from verirl.train.build import Run
 from verirl.train.settings import RewardShaping, StepSettings
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
+from verirl.train.pipelined import whole_model
 from verirl.train.strategy import full_weights, memory_metrics
 from verirl.core.types import Prompt, Rollout, TrainBatch
 
@@ -355,7 +356,15 @@ def decoding_weights(run: Run):
     (replay) needs nothing."""
     if not run.engine.reads_live_model:
         return contextlib.nullcontext()
-    return full_weights(run.model, split=getattr(run.engine, "split", False))
+    return _whole_for_decoding(run.model, getattr(run.engine, "split", False))
+
+
+@contextlib.contextmanager
+def _whole_for_decoding(model, split: bool) -> Iterator[None]:
+    """A pipelined model's stages brought together on every rank, then FSDP2's and tensor parallelism's
+    gathers (`full_weights`)."""
+    with whole_model(model), full_weights(model, split=split):
+        yield
 
 
 @contextlib.contextmanager

@@ -26,7 +26,9 @@ from verirl.core.algo import (POLICY_LOSSES, PolicyLossParams, aggregate, entrop
 from verirl.core.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
+from verirl.models.pipeline import pipeline_backward, pipeline_grad_norm, pipeline_logprobs, sum_tied_grads
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
+from verirl.train.pipelined import at_least, from_last, micro_batches, pipeline_of, scatter
 from verirl.train.record import response_positions, silenced
 from verirl.train.strategy import grad_norm, is_sharded, on_device_for, optimizer_state_on_device, reshard
 from verirl.core.types import Rollout, TrainBatch
@@ -229,6 +231,17 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
     dist = dist or Dist.single()
     out = torch.zeros((N, R), dtype=torch.float32, device=rollout.response_ids.device)
     planned = plan_micro_batches(rollout, range(N), forward.micro_batch_size, forward.max_tokens, forward.prompt_once)
+    pipe = pipeline_of(model)
+    if pipe is not None:  # the stages' forward alone; the log-probs sent from the last stage
+        layouts = layouts or PackCache(rollout)
+        pbs = [layouts.get(rollout, mb, forward.prompt_once) for mb in planned]
+        with eval_mode(model), mixed_precision(out.device, forward.compute_dtype):
+            results = pipeline_logprobs(pipe.stages, micro_batches(model, pbs), pipe.group, forward.max_tokens,
+                                        forward.temperature, forward.chunk)
+        for mb, pb, (lp, _) in zip(planned, pbs, results):
+            logp = scatter(pb, lp)
+            out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp.float()
+        return out
     with eval_mode(model), on_device_for(model, out.device, forward.offload):
         for mb in same_count(planned, model, dist):
             with silenced() if mb is None else contextlib.nullcontext():
@@ -262,8 +275,9 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParam
     and sequence denominators (as TRL's masked importance sampling), so the split into micro-batches
     keeps the accumulated gradient exact."""
     with optimizer_state_on_device(optimizer, p.offload_optimizer):  # actor.offload=optimizer
-        return _update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single(),
-                       on_policy_out if batch.old_logprobs is None else None, entropy_out)
+        update = _update if pipeline_of(model) is None else _pipelined_update
+        return update(model, optimizer, scheduler, batch, p, layouts, dist or Dist.single(),
+                      on_policy_out if batch.old_logprobs is None else None, entropy_out)
 
 
 def trained_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
@@ -354,6 +368,79 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                 stats[k].append(v)
     if batch.ref_logprobs is None or p.kl_coef <= 0:
         stats.pop("kl")  # no reference pass: say nothing rather than a made-up zero
+    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
+            "actor/nonfinite_updates": float(nonfinite)}
+
+
+def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
+                      dist: Dist, on_policy_out: Optional[torch.Tensor],
+                      entropy_out: Optional[torch.Tensor]) -> dict[str, float]:
+    """`_update` through the pipeline's stages: each mini-batch's micro-batches (at least one per stage)
+    forward and backward under the schedule, the loss of each on the last stage; the tied embedding's
+    gradient summed over its two copies, the gradients summed over the data-parallel ranks, the grad norm
+    over the whole pipeline; the statistics and the on-policy log-probs and entropies sent from the last
+    stage."""
+    pipe = pipeline_of(model)
+    model.train()
+    r = batch.rollout
+    N = r.response_ids.shape[0]
+    device = r.response_ids.device
+    layouts = layouts or PackCache(r)
+    mb_seqs = p.mini_batch_prompts * p.group_size
+    stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
+    params = [q for q in model.parameters() if q.requires_grad]
+    trained = trained_mask(r, p)
+    nonfinite = 0
+    stages = len(pipe.stages) * torch.distributed.get_world_size(pipe.group)
+    for epoch in range(p.epochs):
+        for m0 in range(0, N, mb_seqs):
+            m1 = min(m0 + mb_seqs, N)
+            n_tokens, n_seqs = dist.all_sum([float(trained[m0:m1].sum()), float(m1 - m0)])
+            optimizer.zero_grad(set_to_none=True)
+            sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
+            planned = plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
+                                         p.forward.prompt_once)
+            if pipe.schedule != "gpipe":
+                planned = at_least(planned, stages)
+            pbs = [layouts.get(r, mb, p.forward.prompt_once) for mb in planned]
+
+            def loss_fn(lp, ent, i, planned=planned, pbs=pbs, sums=sums, n_tokens=n_tokens, n_seqs=n_seqs):
+                pb, sel = pbs[i], torch.as_tensor(planned[i], dtype=torch.long, device=device)
+                logp, entm = scatter(pb, lp), scatter(pb, ent)
+                w = logp.shape[1]
+                old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
+                if on_policy_out is not None:
+                    on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
+                if entropy_out is not None and epoch == 0:
+                    entropy_out[sel] = (entm.detach() * r.loss_mask[sel, :w].to(entm.dtype)).sum(-1).to(entropy_out.dtype)
+                loss, shares = _micro_loss(logp, entm, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
+                for k, v in shares.items():
+                    sums[k] += v
+                return loss
+
+            with mixed_precision(device, p.forward.compute_dtype):
+                pipeline_backward(pipe.stages, micro_batches(model, pbs), loss_fn, pipe.group, pipe.schedule,
+                                  p.forward.max_tokens, p.forward.temperature, p.forward.chunk, with_entropy=True)
+            sum_tied_grads(pipe.stages, pipe.tied_group)
+            dist.sum_gradients(params)
+            shared = from_last(torch.tensor(list(sums.values()), dtype=torch.float64, device=device), pipe.group)
+            sums = dict(zip(sums, dist.all_sum(shared.tolist())))
+            gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip)
+            stats["lr"].append(optimizer.param_groups[0]["lr"])
+            if torch.isfinite(gn) and all(math.isfinite(v) for v in sums.values()):
+                optimizer.step()
+                scheduler.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                nonfinite += 1
+            stats["grad_norm"].append(float(gn))
+            for k, v in sums.items():
+                stats[k].append(v)
+    for out in (on_policy_out, entropy_out):  # filled on the last stage
+        if out is not None:
+            from_last(out, pipe.group)
+    if batch.ref_logprobs is None or p.kl_coef <= 0:
+        stats.pop("kl")
     return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
             "actor/nonfinite_updates": float(nonfinite)}
 

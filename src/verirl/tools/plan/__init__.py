@@ -189,10 +189,16 @@ class Layout:
     tensor_parallel: int = 1  # actor.tensor_parallel_size: ranks that split each layer
     data_parallel: int = 1  # world / tensor_parallel: the parts the step's data is split into
     rollout_tensor_parallel: int = 1  # rollout.tensor_parallel_size: 1 = each rank decodes with whole weights
+    sequence_parallel: int = 1  # actor.sequence_parallel_size: ranks that split each micro-batch's tokens
+    pipeline_parallel: int = 1  # actor.pipeline_parallel_size: stages of decoder layers
+    pipeline_schedule: str = "1f1b"
+    pipeline_layers: tuple = ()  # decoder layers per stage (empty: an even split)
+    pipeline_bubble: float = 0.0  # the share of a pipelined pass each rank waits, at the planned micro-batches
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """``rank``'s place on the mesh: its data-parallel and tensor-parallel coordinates."""
-        return {"dp": rank // self.tensor_parallel, "tp": rank % self.tensor_parallel}
+        """``rank``'s place on the mesh (dp, pp, sp, tp; the last the innermost): its coordinates."""
+        tp, sp, pp = self.tensor_parallel, self.sequence_parallel, self.pipeline_parallel
+        return {"dp": rank // (tp * sp * pp), "pp": rank // (tp * sp) % pp, "sp": rank // tp % sp, "tp": rank % tp}
 
 
 @dataclass
@@ -261,7 +267,8 @@ def _micro_batches(sequences: int, micro_batch_size: int, budget: int, longest: 
 def make_layout(cfg: Config) -> Layout:
     t, data, actor, rollout = cfg.trainer, cfg.data, cfg.actor, cfg.rollout
     world, n, tp = world_size(cfg), rollout.n, actor.tensor_parallel_size
-    dp = max(world // tp, 1)
+    sp, pp = actor.sequence_parallel_size, actor.pipeline_parallel_size
+    dp = max(world // (tp * sp * pp), 1)
     per_rank = data.prompts_per_step // dp  # every rank of a tensor-parallel group holds the same prompts
     mb_per_rank = actor.mini_batch_prompts // dp
     mini_batches = data.prompts_per_step // actor.mini_batch_prompts
@@ -269,7 +276,8 @@ def make_layout(cfg: Config) -> Layout:
     on_policy = mini_batches == 1 and actor.epochs == 1
     ref = cfg.algo.kl_coef > 0
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
-    decoded = per_rank if rollout.tensor_parallel_size > 1 or tp == 1 else _ceil(per_rank, tp)  # shares of the group
+    replica = (sp if rollout.tensor_parallel_size > 1 else tp * sp) * pp  # ranks decoding shares of one dp's prompts
+    decoded = _ceil(per_rank, replica)
     per_call = decoded if rollout.micro_batch_size <= 0 else min(decoded, max(1, rollout.micro_batch_size // n))
     return Layout(
         world_size=world, nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, launcher=t.launcher,
@@ -289,7 +297,46 @@ def make_layout(cfg: Config) -> Layout:
         reference_pass=ref, ref_token_budget=ref_budget if ref else 0,
         ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget, longest) if ref else 0,
         generate_calls_per_rank=_ceil(decoded, per_call), sequences_per_generate_call=per_call * n,
-        tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout.tensor_parallel_size)
+        tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout.tensor_parallel_size,
+        sequence_parallel=sp, pipeline_parallel=pp, pipeline_schedule=actor.pipeline_schedule,
+        pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest))
+
+
+def _bubble(actor, pp: int, sequences: int, longest: int) -> float:
+    """The pipeline bubble of the update's schedule at the planned micro-batches of a mini-batch (at least
+    one per stage), 0 without pipeline stages."""
+    if pp == 1:
+        return 0.0
+    from verirl.models.pipeline import bubble_fraction, stages_per_rank
+
+    m = max(_micro_batches(sequences, actor.micro_batch_size, actor.max_token_len_per_device, longest),
+            pp * stages_per_rank(actor.pipeline_schedule))
+    per_rank = stages_per_rank(actor.pipeline_schedule)
+    return bubble_fraction(actor.pipeline_schedule, pp, m, per_rank) if actor.pipeline_schedule in (
+        "1f1b", "gpipe", "interleaved_1f1b") else 0.0
+
+
+def _held(total: int, parts: dict, config, layout: Layout) -> int:
+    """Parameters the most loaded pipeline rank holds: its stages' layers, with the embedding on the first
+    stage, the final norm and the output layer (or the tied embedding's copy) on the last."""
+    if layout.pipeline_parallel == 1:
+        return total
+    from verirl.models.pipeline import stage_indices, stage_layers, stages_per_rank
+
+    per_rank = stages_per_rank(layout.pipeline_schedule)
+    stages = layout.pipeline_parallel * per_rank
+    L = config.num_hidden_layers
+    split = stage_layers(L, stages, list(layout.pipeline_layers) or None)
+    embed = parts.get("embeddings", 0)
+    head = parts.get("output layer", 0) or (embed if getattr(config, "tie_word_embeddings", False) else 0)
+    layer = (total - embed - parts.get("output layer", 0)) / L if parts else total / L
+    most = 0
+    for rank in range(layout.pipeline_parallel):
+        held = 0
+        for s in stage_indices(rank, layout.pipeline_parallel, per_rank):
+            held += len(split[s]) * layer + (embed if s == 0 else 0) + (head if s == stages - 1 else 0)
+        most = max(most, int(held))
+    return most
 
 
 def make_resources(cfg: Config, cores: Optional[int] = None) -> Resources:
@@ -331,18 +378,22 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     tp = layout.tensor_parallel
     # FSDP2 shards over the data-parallel ranks, tensor parallelism splits every layer over its group (the norms,
     # a few thousandths of the parameters, stay whole: not counted)
-    shards = (layout.data_parallel if layout.strategy == "fsdp2" and layout.data_parallel > 1 else 1) * tp
-    params = total * b // shards
-    grads = total * b // shards
-    optimizer = total * OPTIMIZER_BYTES // shards
-    reference = total * b // shards if layout.reference_pass else 0
+    dp_shards = layout.data_parallel * layout.sequence_parallel  # FSDP2 shards over dp x sp
+    shards = (dp_shards if layout.strategy == "fsdp2" and dp_shards > 1 else 1) * tp
+    held = _held(total, parts, config, layout)  # this rank's pipeline stages (all of it without)
+    params = held * b // shards
+    grads = held * b // shards
+    optimizer = held * OPTIMIZER_BYTES // shards
+    reference = held * b // shards if layout.reference_pass else 0
     if layout.token_budget > 0:
         tokens = layout.token_budget
     else:
         tokens = min(layout.micro_batch_size, layout.mini_batch_sequences_per_rank) * layout.max_sequence_length
     kv_width = shape.kv_heads * shape.head_dim
     per_token_layer = 8 * shape.hidden + (4 * kv_width + 4 * shape.active_intermediate) / tp  # heads, MLP split
-    activations = int(tokens * shape.layers * per_token_layer * b)
+    layers_held = shape.layers * held / max(total, 1) if layout.pipeline_parallel > 1 else shape.layers
+    in_flight = layout.pipeline_parallel if layout.pipeline_parallel > 1 else 1  # 1F1B: up to p micro-batches stored
+    activations = int(tokens * layers_held * per_token_layer * b * in_flight)
     from verirl.core.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
 
     vocab = shape.vocab // tp  # a vocabulary-parallel output layer: this rank's rows
@@ -430,29 +481,47 @@ def human_bytes(n: float) -> str:
 
 def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
     """The mesh and each rank's coordinates on it, when there is more than data parallelism."""
-    if L.tensor_parallel == 1:
+    tp, sp, pp, dp = L.tensor_parallel, L.sequence_parallel, L.pipeline_parallel, L.data_parallel
+    if tp * sp * pp == 1:
         return []
-    tp, dp = L.tensor_parallel, L.data_parallel
-    groups = ", ".join("[" + ", ".join(str(g * tp + j) for j in range(tp)) + "]" for g in range(min(dp, 4)))
+    dims = [(name, size) for name, size in (("dp", dp), ("pp", pp), ("sp", sp), ("tp", tp)) if size > 1 or name == "dp"]
     shown = range(min(L.world_size, 8))
-    coords = "; ".join(f"rank {r}: dp {L.coordinates(r)['dp']}, tp {L.coordinates(r)['tp']}" for r in shown)
-    decode = (f"rollout.tensor_parallel_size {L.rollout_tensor_parallel}: the group decodes together on the "
-              f"tensor-parallel plan" if L.rollout_tensor_parallel > 1 else
-              "rollout.tensor_parallel_size 1: each rank decodes a share of its group's prompts with the whole "
-              "weights (gathered for the rollout)")
-    return [("mesh", f"dp {dp} x tp {tp}",
-             f"world {L.world_size} / actor.tensor_parallel_size {tp}; tensor-parallel groups of consecutive ranks "
-             f"{groups}{', ...' if dp > 4 else ''} (one machine each: heads, MLP width and vocabulary 1/{tp} per "
-             f"rank); data, gradients and FSDP2 over dp"),
-            ("coordinates", f"{L.world_size} ranks", coords + ("; ..." if L.world_size > 8 else "")),
-            ("rollout layout", f"tp {L.rollout_tensor_parallel}", decode)]
+    coords = "; ".join(f"rank {r}: " + ", ".join(f"{name} {L.coordinates(r)[name]}" for name, _ in dims) for r in shown)
+    what = []
+    if tp > 1:
+        groups = ", ".join("[" + ", ".join(str(g * tp + j) for j in range(tp)) + "]"
+                           for g in range(min(L.world_size // tp, 4)))
+        what.append(f"tensor-parallel groups of consecutive ranks {groups}{', ...' if L.world_size // tp > 4 else ''} "
+                    f"(one machine each: heads, MLP width and vocabulary 1/{tp} per rank)")
+    if sp > 1:
+        what.append(f"sequence-parallel groups of {sp} (each micro-batch's tokens 1/{sp} per rank, the heads "
+                    f"exchanged around attention)")
+    if pp > 1:
+        what.append(f"pipelines of {pp} stages (decoder layers per rank, the tied embedding on both end stages)")
+    sizes = " x ".join(f"actor.{k}_parallel_size {v}" for k, v in (("tensor", tp), ("sequence", sp), ("pipeline", pp))
+                       if v > 1)
+    rows = [("mesh", " x ".join(f"{name} {size}" for name, size in dims),
+             f"world {L.world_size} / {sizes}; " + "; ".join(what) + "; data and gradients over dp"
+             + (" x sp" if sp > 1 else "")),
+            ("coordinates", f"{L.world_size} ranks", coords + ("; ..." if L.world_size > 8 else ""))]
+    if pp > 1:
+        rows.append(("pipeline schedule", L.pipeline_schedule,
+                     f"bubble {L.pipeline_bubble:.0%} of each pass ((p - 1) / (v m + p - 1) at the planned "
+                     f"micro-batches); each micro-batch padded to actor.max_token_len_per_device between stages"))
+    decode = (f"rollout.tensor_parallel_size {L.rollout_tensor_parallel}: each tensor-parallel group decodes together "
+              f"on the tensor-parallel plan" if L.rollout_tensor_parallel > 1 else
+              "rollout.tensor_parallel_size 1: each rank decodes a share of its data-parallel coordinate's prompts "
+              "with the whole weights (gathered for the rollout)")
+    rows.append(("rollout layout", f"tp {L.rollout_tensor_parallel}", decode))
+    return rows
 
 
 def _rows(plan: Plan) -> list[tuple[str, str, str]]:
     """(section or label, value, how it is counted); a row with an empty value and how is a heading."""
     L, R, M = plan.layout, plan.resources, plan.memory
     s = lambda k, one, many: f"{k} {one if k == 1 else many}"  # noqa: E731
-    ranks = f"/ world size {L.world_size}" if L.tensor_parallel == 1 else f"/ data-parallel size {L.data_parallel}"
+    alone = L.tensor_parallel * L.sequence_parallel * L.pipeline_parallel == 1
+    ranks = f"/ world size {L.world_size}" if alone else f"/ data-parallel size {L.data_parallel}"
     rows = [("layout", "", ""),
             ("world size", f"{L.world_size}",
              f"trainer.nproc_per_node {L.nproc_per_node} x trainer.nnodes {L.nnodes}; launcher {L.launcher}; "
@@ -461,9 +530,9 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
             ("prompts per step", f"{L.prompts_per_step}", "data.prompts_per_step (counts prompts)"),
             ("prompts per rank", f"{L.prompts_per_rank}",
              f"{L.prompts_per_step} {ranks}, whole groups (all rollout.n samples of a prompt on one rank)"
-             if L.tensor_parallel == 1 else
-             f"{L.prompts_per_step} / data-parallel size {L.data_parallel}, whole groups; the ranks of a "
-             f"tensor-parallel group hold the same prompts"),
+             if alone else
+             f"{L.prompts_per_step} / data-parallel size {L.data_parallel}, whole groups; the ranks of one "
+             f"data-parallel coordinate hold the same prompts"),
             ("sequences per step", f"{L.sequences_per_step}",
              f"{L.prompts_per_step} prompts x rollout.n {L.group_size}"),
             ("sequences per rank", f"{L.sequences_per_rank}",

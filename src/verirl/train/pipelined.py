@@ -1,0 +1,182 @@
+"""A model trained in pipeline stages (``actor.pipeline_parallel_size``): the stages this rank holds
+(`verirl.models.pipeline`), the log-prob passes and the update through torch's pipelining schedules,
+and the whole model where the rest of a run needs it.
+
+Each rank of a pipeline keeps the parameters of its stages and frees the others (their tensors
+emptied, ``requires_grad`` off, so the optimizer holds its stages' state only). A tied embedding is
+held by the first and the last stage. Decoding with the whole weights, a checkpoint and its resume
+take the whole model for the block (`whole_model`): each freed parameter is made again and sent by
+the rank whose stage holds it, and freed after.
+
+Every micro-batch of a pipelined pass is one packed row padded to the token budget at the stage
+boundaries (``actor.max_token_len_per_device``: a schedule fixes the shapes it sends when it starts);
+the loss and the log-probs are computed on the last stage and sent to the other ranks of the pipeline.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from verirl.core.errors import ConfigError
+from verirl.models.pipeline import MicroBatch, build_stages, stage_layers, stages_per_rank, tied_embedding_group
+from verirl.train.distributed import Dist
+
+_PIPELINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its Pipeline
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+class Pipeline:
+    """``model`` cut into the stages of this rank of its pipeline (``dist``'s "pp" group)."""
+
+    def __init__(self, model, dist_: Dist, schedule: str, layers: Optional[Sequence[int]], tied_group):
+        self.model, self.schedule, self.group, self.tied_group = model, schedule, dist_.pp_group, tied_group
+        pp, per_rank = dist_.pp_world, stages_per_rank(schedule)
+        total = pp * per_rank
+        self.stages = build_stages(model, dist_.pp_rank, pp, per_rank, layers)
+        split = stage_layers(model.config.num_hidden_layers, total, layers)
+        stage_of_layer = {i: s for s, r in enumerate(split) for i in r}
+        mine = {id(p) for s in self.stages for p in s.parameters()}
+        self.owner: dict[str, int] = {}  # parameter name -> the pipeline rank that sends it (first holder)
+        self.shapes: dict[str, torch.Size] = {}
+        for name, p in model.named_parameters():
+            m = _LAYER.search(name)
+            stage = stage_of_layer[int(m.group(1))] if m else (0 if "embed_tokens" in name else total - 1)
+            self.owner[name] = stage % pp
+            self.shapes[name] = p.shape
+        self.mine = mine
+        self._free()
+        _PIPELINES[model] = self
+
+    def _params(self):
+        return [(name, p) for name, p in self.model.named_parameters()]
+
+    def _free(self) -> None:
+        for _, p in self._params():
+            if id(p) not in self.mine:
+                p.data = p.data.new_empty(0)
+                p.requires_grad_(False)
+                p.grad = None
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        """Every parameter of the model whole on this rank inside the block: each freed one made again and
+        sent by the pipeline rank whose stage holds it (one broadcast per parameter over the pipeline), freed
+        again after."""
+        for name, p in self._params():
+            if id(p) not in self.mine:
+                p.data = p.data.new_empty(self.shapes[name])
+            dist.broadcast(p.data, group=self.group, group_src=self.owner[name])
+        try:
+            yield
+        finally:
+            self._free()
+
+    def owns(self, name: str) -> bool:
+        p = dict(self.model.named_parameters()).get(name)
+        return p is not None and id(p) in self.mine
+
+
+def pipeline_of(model) -> Optional[Pipeline]:
+    """The model's `Pipeline`, or None when it is not cut into stages."""
+    return _PIPELINES.get(model) if model is not None else None
+
+
+def parameter_count(model) -> int:
+    """The model's parameters, counted whole (a pipelined model's freed ones too)."""
+    pipe = pipeline_of(model)
+    if pipe is None:
+        return sum(p.numel() for p in model.parameters())
+    return sum(shape.numel() for shape in pipe.shapes.values())
+
+
+def pipeline(model, dist_: Dist, schedule: str, layers: Optional[Sequence[int]], tied_group) -> Pipeline:
+    """Cut ``model`` into this rank's stages (in place: the other stages' parameters are freed)."""
+    return Pipeline(model, dist_, schedule, layers or None, tied_group)
+
+
+def tied_group(dist_: Dist):
+    """The group of each pipeline's first and last rank (every rank calls this once)."""
+    return tied_embedding_group(dist_.pipelines())
+
+
+@contextlib.contextmanager
+def whole_model(model) -> Iterator[None]:
+    """The whole of a pipelined model inside the block (`Pipeline.whole`); a no-op for any other model."""
+    pipe = pipeline_of(model)
+    if pipe is None:
+        yield
+        return
+    with pipe.whole():
+        yield
+
+
+def micro_batches(model, pbs) -> list[MicroBatch]:
+    """The pipelined passes' micro-batches of packed rows ``pbs``, each with its attention layout."""
+    from verirl.train.packing import packed_context
+
+    return [MicroBatch(pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels,
+                       context=lambda pb=pb: packed_context(model, pb)) for pb in pbs]
+
+
+def at_least(planned: list[list[int]], count: int) -> list[list[int]]:
+    """``planned`` micro-batches split (the largest in halves) until there are ``count`` of them, as a
+    1F1B schedule over ``count`` stages needs; refused when there are fewer sequences than that."""
+    planned = [list(mb) for mb in planned]
+    while len(planned) < count:
+        i = max(range(len(planned)), key=lambda j: len(planned[j]))
+        if len(planned[i]) < 2:
+            raise ConfigError(f"a pipelined pass over {count} stages needs at least {count} micro-batches, and this "
+                              f"mini-batch has {sum(len(mb) for mb in planned)} sequences per data-parallel rank: "
+                              f"raise actor.mini_batch_prompts, or use actor.pipeline_schedule=gpipe, or fewer "
+                              f"stages.")
+        mb = planned.pop(i)
+        planned[i:i] = [mb[:len(mb) // 2], mb[len(mb) // 2:]]
+    return planned
+
+
+def scatter(pb, values: torch.Tensor) -> torch.Tensor:
+    """(M,) per-label values of packed row ``pb`` as its (rows, width) matrix."""
+    return values.new_zeros((pb.rows, pb.width)).index_put((pb.out_row, pb.out_col), values)
+
+
+def from_last(t: torch.Tensor, group) -> torch.Tensor:
+    """``t`` as the pipeline's last rank holds it, on every rank of the pipeline."""
+    dist.broadcast(t, group=group, group_src=dist.get_world_size(group) - 1)
+    return t
+
+
+def optimizer_state(pipe: Pipeline, optimizer) -> dict:
+    """The optimizer's state in one rank's format (indices of the whole model's parameters), every rank
+    of the pipeline sending the state of its stages' parameters (a collective over the pipeline)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    names = {id(p): n for n, p in pipe.model.named_parameters()}
+    sd = optimizer.state_dict()
+    mine = {names[id(params[int(i)])]: s for i, s in sd["state"].items()}
+    every: list = [None] * dist.get_world_size(pipe.group)
+    dist.all_gather_object(every, mine, group=pipe.group)
+    order = [n for n, _ in pipe.model.named_parameters()]
+    merged = {k: v for part in every for k, v in part.items()}
+    group = dict(sd["param_groups"][0])
+    group["params"] = list(range(len(order)))
+    return {"state": {i: merged[n] for i, n in enumerate(order) if n in merged}, "param_groups": [group]}
+
+
+def load_optimizer_state(pipe: Pipeline, optimizer, state: dict) -> None:
+    """A one-rank optimizer state (`optimizer_state`'s format) into this rank's optimizer: its stages' part."""
+    order = [n for n, _ in pipe.model.named_parameters()]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    names = {id(p): n for n, p in pipe.model.named_parameters()}
+    local = {names[id(p)]: i for i, p in enumerate(params)}
+    out = {"state": {}, "param_groups": [dict(optimizer.state_dict()["param_groups"][0])]}
+    for i, s in state["state"].items():
+        name = order[int(i)]
+        if name in local:
+            out["state"][local[name]] = s
+    saved = state["param_groups"][0]
+    out["param_groups"][0].update({k: v for k, v in saved.items() if k != "params"})
+    optimizer.load_state_dict(out)
