@@ -72,6 +72,8 @@ MSRL_CONFIG = {
     "actor.grad_clip": 1.0,
     "actor.mini_batch_prompts": 32,  # 256 sequences / 8 samples per prompt
     "actor.micro_batch_size": 1, "actor.epochs": 1,
+    "actor.tensor_parallel_size": 4,  # actor_config.tensor_model_parallel_size
+    "trainer.nproc_per_node": 4,  # the fewest ranks that hold tensor parallelism 4 (not the other run's 16 NPUs)
     "trainer.total_steps": 500, "trainer.seed": 1, "trainer.save_freq": 100,
 }
 
@@ -161,7 +163,9 @@ MSRL_ROWS = {
     MT + "data_path": ("decide", []), MT + "split": ("translated", []),
     AC + "model": ("decide", []),
     AC + "micro_batch_size": ("translated", ["actor.micro_batch_size", "algo.loss_agg_mode"]),
-    **{AC + k: ("ignored", []) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "min_lr",
+    # tensor parallelism 4 with MindSpeed-RL's vLLM: verirl's vllm engine takes no tensor-parallel actor yet
+    AC + "tensor_model_parallel_size": ("decide", ["actor.tensor_parallel_size", "trainer.nproc_per_node"]),
+    **{AC + k: ("ignored", []) for k in ("pipeline_model_parallel_size", "min_lr",
                                          "finetune", "load", "save", "no_load_optim", "no_load_rng")},
     AC + "lr": ("translated", ["actor.lr"]), AC + "lr_decay_style": ("translated", []),
     AC + "weight_decay": ("translated", ["actor.weight_decay"]),
@@ -273,7 +277,9 @@ def test_mindspeed_notes_spell_out_the_conversions(msrl):
     assert "configs/model/qwen25_7b.yaml" in msrl.row(AC + "model").note
     assert "overridden by actor_config.model" in msrl.row(MT + "model").note
     assert "kernel" in msrl.row(MT + "use_fused_rmsnorm").note
-    assert "data-parallel" in msrl.row(AC + "tensor_model_parallel_size").note
+    tp = msrl.row(AC + "tensor_model_parallel_size").note
+    assert "rollout.engine=native" in tp and "trainer.nproc_per_node=4 written" in tp and "16 NPUs" in tp
+    assert msrl.row(AC + "pipeline_model_parallel_size").note == "1: none"
     assert any("rms_norm_eps" in c and "not" not in c[:5] for c in msrl.checks)
     assert "override_config" not in msrl.config.get("model", {})  # flagged, not guessed
 
@@ -399,6 +405,250 @@ def test_token_budget_under_the_longest_sequence_is_raised():
     r = convert("verl", VERL, [A + "ppo_max_token_len_per_gpu=8192"])
     assert r.get("actor.max_token_len_per_device") == 8192 + 4096
     assert r.row(A + "ppo_max_token_len_per_gpu").status == "decide"
+
+
+# ---------------------------------------------------------------- parallel layouts
+
+MG, M = A + "megatron.", "actor_rollout_ref.model."
+MEGATRON = [A + "strategy=megatron", MG + "tensor_model_parallel_size=2"]
+REF_TP = "actor_rollout_ref.ref.megatron.tensor_model_parallel_size"
+REF_CP = "actor_rollout_ref.ref.megatron.context_parallel_size"
+
+
+def test_verl_megatron_tensor_parallelism_is_verirls():
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang"])  # sglang: verirl's native engine
+    row = r.row(MG + "tensor_model_parallel_size")
+    assert row.status == "translated" and r.get("actor.tensor_parallel_size") == 2
+    assert r.row(R + "tensor_model_parallel_size").status == "translated"  # = the actor's: decodes on the plan
+    assert (r.get("rollout.engine"), r.get("rollout.tensor_parallel_size")) == ("native", 2)
+    # veRL's 16 GPUs are the other machine's; verirl's default world of 1 rank holds no group of 2
+    assert r.get("trainer.nproc_per_node") == 2 and "trainer.nproc_per_node=2 written" in row.note
+    assert "16 GPUs" in row.note
+    assert "tensor and context parallelism are translated" in r.row(A + "strategy").note
+    from verirl.run.checks import check, check_model_parallel
+
+    cfg = _checked(r)
+    check(cfg, paths=False)
+    cfg.model.path = "tiny"  # the layout's own checks, on a model that splits 2 ways
+    check_model_parallel(cfg)
+
+
+def test_verl_megatron_tensor_parallelism_with_vllm_needs_a_decision():
+    r = convert("verl", VERL, MEGATRON)  # the example's rollout: vllm, tensor parallel 2
+    row = r.row(MG + "tensor_model_parallel_size")
+    assert row.status == "decide" and "rollout.engine=native" in row.note
+    assert (r.get("actor.tensor_parallel_size"), r.get("rollout.engine")) == (2, "vllm")
+    assert r.row(R + "tensor_model_parallel_size").note == "the same vLLM setting"
+
+
+@pytest.mark.parametrize("key,value,what", [("pipeline_model_parallel_size", 2, "pipeline parallelism"),
+                                            ("virtual_pipeline_model_parallel_size", 2, "pipeline parallelism")])
+def test_verl_megatron_layouts_verirl_lacks_need_a_decision(key, value, what):
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"{MG}{key}={value}"])
+    row = r.row(MG + key)
+    assert row.status == "decide" and what in row.note and "not available in verirl yet" in row.note
+    assert "data parallel x tensor parallel" in row.note
+    assert r.get("actor.tensor_parallel_size") == 2  # the tensor parallelism stands
+
+
+def test_verl_megatron_sizes_of_one_and_the_reference():
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", MG + "pipeline_model_parallel_size=1",
+                               MG + "context_parallel_size=1", MG + "virtual_pipeline_model_parallel_size=null",
+                               f"{REF_TP}=2"])
+    for key in ("pipeline_model_parallel_size", "context_parallel_size"):
+        assert (r.row(MG + key).status, r.row(MG + key).note) == ("ignored", "1: none")
+    assert r.row(MG + "virtual_pipeline_model_parallel_size").status == "ignored"
+    ref = r.row(REF_TP)
+    assert ref.status == "ignored" and "actor's layout" in ref.note
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"{REF_TP}=1"])
+    assert r.row(REF_TP).status == "decide"
+    # without strategy megatron veRL reads no Megatron key
+    r = convert("verl", VERL, [MG + "tensor_model_parallel_size=2"])
+    assert r.row(MG + "tensor_model_parallel_size").status == "ignored" and r.get("actor.tensor_parallel_size") is None
+
+
+def test_verl_megatron_tensor_parallelism_packs_sequences():
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", "actor_rollout_ref.model.use_remove_padding=false"])
+    assert r.get("actor.use_remove_padding") is True  # verirl's tensor parallelism needs the packed passes
+    assert "true is written" in r.row("actor_rollout_ref.model.use_remove_padding").note
+
+
+def test_verl_megatron_context_parallelism_is_verirls_sequence_parallelism():
+    """Megatron's context parallelism (ring attention) becomes verirl's Ulysses sequence parallelism over the same
+    ranks; the group of tensor x sequence parallel ranks sets the fewest ranks."""
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"+{MG}context_parallel_size=2", f"+{REF_CP}=2"])
+    row = r.row(MG + "context_parallel_size")
+    assert row.status == "translated" and r.get("actor.sequence_parallel_size") == 2
+    assert "ring attention" in row.note and "Ulysses" in row.note and "key/value heads divide" in row.note
+    assert r.get("actor.tensor_parallel_size") == 2
+    assert r.get("trainer.nproc_per_node") == 4 and "trainer.nproc_per_node=4 written" in row.note  # 2 x 2
+    assert "tensor parallelism 2 x sequence parallelism 2 = 4 ranks" in r.row(MG + "tensor_model_parallel_size").note
+    assert r.row(REF_CP).status == "ignored" and "actor's layout" in r.row(REF_CP).note
+    assert convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"+{MG}context_parallel_size=2",
+                                  f"+{REF_CP}=1"]).row(REF_CP).status == "decide"
+    from verirl.run.checks import check, check_model_parallel
+
+    cfg = _checked(r)
+    check(cfg, paths=False)
+    cfg.model.path = "tiny"  # 4 heads, 2 key/value heads: 1 key/value head per tensor-parallel rank, split 2 ways
+    with pytest.raises(ConfigError, match="sequence_parallel_size"):
+        check_model_parallel(cfg)
+    cfg.actor.tensor_parallel_size = cfg.rollout.tensor_parallel_size = 1
+    check_model_parallel(cfg)  # 4 heads and 2 key/value heads split 2 ways
+
+
+@pytest.mark.parametrize("where", ["", "fsdp_config."])  # the deprecated key, and fsdp_config's (veRL's head)
+def test_verl_ulysses_is_verirls_sequence_parallelism(where):
+    key = f"{A}{where}ulysses_sequence_parallel_size"
+    ref = f"actor_rollout_ref.ref.{where}ulysses_sequence_parallel_size"
+    native = [R + "name=sglang", R + "tensor_model_parallel_size=1"]
+    r = convert("verl", VERL, [*native, f"+{key}=4", f"+{ref}=4"])
+    row = r.row(key)
+    assert row.status == "translated" and row.targets == ["actor.sequence_parallel_size", "trainer.nproc_per_node"]
+    assert r.get("actor.sequence_parallel_size") == 4 and "Ulysses in both" in row.note
+    assert r.get("trainer.nproc_per_node") == 4 and "sequence parallelism 4 does not divide" in row.note
+    assert r.get("actor.tensor_parallel_size") is None
+    assert r.row(ref).status == "ignored" and "actor's layout" in r.row(ref).note
+    different = convert("verl", VERL, [*native, f"+{key}=4", f"+{ref}=2"]).row(ref)
+    assert different.status == "decide" and "actor.sequence_parallel_size=4" in different.note
+    assert convert("verl", VERL, [f"+{key}=1"]).row(key).note == "1: none"
+    # the example's vLLM rollout: verirl's vllm engine takes no actor split so
+    vllm = convert("verl", VERL, [f"+{key}=4"])
+    assert vllm.row(key).status == "decide" and "rollout.engine=native" in vllm.row(key).note
+    assert vllm.get("actor.sequence_parallel_size") == 4
+
+
+def test_verl_ulysses_deprecated_key_replaces_fsdp_configs():
+    """veRL's FSDPActorConfig copies the deprecated actor-level size over fsdp_config's when it is above 1."""
+    legacy, fsdp = A + "ulysses_sequence_parallel_size", A + "fsdp_config.ulysses_sequence_parallel_size"
+    r = convert("verl", VERL, [R + "name=sglang", R + "tensor_model_parallel_size=1", f"+{legacy}=2", f"+{fsdp}=4"])
+    assert r.get("actor.sequence_parallel_size") == 2
+    assert r.row(fsdp).status == "ignored" and "replaced by" in r.row(fsdp).note
+    r = convert("verl", VERL, [R + "name=sglang", R + "tensor_model_parallel_size=1", f"+{legacy}=1", f"+{fsdp}=4"])
+    assert r.get("actor.sequence_parallel_size") == 4 and r.row(legacy).note == "1: veRL reads fsdp_config's"
+    # veRL's Megatron workers read no Ulysses key
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"+{fsdp}=4"])
+    assert r.row(fsdp).status == "ignored" and r.get("actor.sequence_parallel_size") is None
+
+
+def test_verl_sequence_parallel_token_budget_carries_over():
+    """veRL packs ppo_max_token_len_per_gpu x the Ulysses size per micro-batch (prepare_micro_batches), as verirl
+    packs actor.max_token_len_per_device x actor.sequence_parallel_size."""
+    r = convert("verl", VERL, [R + "name=sglang", R + "tensor_model_parallel_size=1",
+                               f"+{A}fsdp_config.ulysses_sequence_parallel_size=2"])  # the example: dynamic, 24576
+    assert r.get("actor.max_token_len_per_device") == 24576
+    assert "the budget carries over unchanged" in r.row(A + "ppo_max_token_len_per_gpu").note
+    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"+{MG}context_parallel_size=2"])
+    assert r.get("actor.max_token_len_per_device") == 24576
+    assert "the budget carries over unchanged" in r.row(A + "ppo_max_token_len_per_gpu").note
+
+
+def test_verl_sequence_parallelism_packs_sequences():
+    r = convert("verl", VERL, [R + "name=sglang", R + "tensor_model_parallel_size=1", M + "use_remove_padding=false",
+                               f"+{A}fsdp_config.ulysses_sequence_parallel_size=2"])
+    assert r.get("actor.use_remove_padding") is True
+    assert "actor.sequence_parallel_size=2 on the packed passes" in r.row(M + "use_remove_padding").note
+
+
+@pytest.mark.parametrize("ov,status,written", [
+    ([R + "name=sglang", R + "tensor_model_parallel_size=1"], "translated", 1),
+    ([R + "name=sglang"], "decide", None),  # 2 with an actor of whole layers: neither of the native engine's sizes
+    ([R + "name=hf"], "decide", None),  # transformers' generate decodes with the whole weights
+    ([R + "name=vllm"], "translated", 2)])  # vLLM's own setting, as before
+def test_verl_rollout_tensor_parallelism_by_engine(ov, status, written):
+    r = convert("verl", VERL, ov)
+    assert r.row(R + "tensor_model_parallel_size").status == status
+    assert r.get("rollout.tensor_parallel_size") == written
+
+
+def test_converted_tensor_parallel_yaml_runs_on_its_own_ranks(tmp_path):
+    out = tmp_path / "tp.yaml"
+    assert main(["convert-config", "--from", "verl", VERL, *MEGATRON, R + "name=sglang", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert f"nproc_per_node: 2  # <- {MG}tensor_model_parallel_size" in text
+    cfg = load_config(str(out))
+    assert (cfg.actor.tensor_parallel_size, cfg.trainer.nproc_per_node, cfg.rollout.tensor_parallel_size) == (2, 2, 2)
+
+
+def test_converted_tensor_and_sequence_parallel_yaml_runs_on_one_group(tmp_path):
+    from verirl.config.layout import data_parallel_size
+
+    out = tmp_path / "tp_sp.yaml"
+    assert main(["convert-config", "--from", "verl", VERL, *MEGATRON, R + "name=sglang",
+                 f"+{MG}context_parallel_size=2", "-o", str(out)]) == 0
+    assert f"nproc_per_node: 4  # <- {MG}tensor_model_parallel_size, {MG}context_parallel_size" in out.read_text()
+    cfg = load_config(str(out))
+    assert (cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel_size, cfg.trainer.nproc_per_node) == (2, 2, 4)
+    assert data_parallel_size(cfg) == 1
+
+
+def test_mindspeed_tensor_parallelism_is_verirls():
+    r = convert("mindspeed-rl", MSRL)  # actor_config.tensor_model_parallel_size: 4
+    assert r.get("actor.tensor_parallel_size") == 4
+    assert r.row(AC + "tensor_model_parallel_size").targets == ["actor.tensor_parallel_size", "trainer.nproc_per_node"]
+    assert r.get("rollout.tensor_parallel_size") == 4  # generate_config.infer_tensor_parallel_size, vLLM's
+    # megatron_training's, where actor_config leaves it out; actor_config's wins where both hold it
+    r = convert("mindspeed-rl", MSRL, [f"~{AC}tensor_model_parallel_size", f"+{MT}tensor_model_parallel_size=2"])
+    assert r.get("actor.tensor_parallel_size") == 2 and r.get("trainer.nproc_per_node") == 2
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}tensor_model_parallel_size=2"])
+    assert r.get("actor.tensor_parallel_size") == 4 and r.row(MT + "tensor_model_parallel_size").status == "ignored"
+    r = convert("mindspeed-rl", MSRL, [f"{AC}tensor_model_parallel_size=1"])
+    assert r.row(AC + "tensor_model_parallel_size").status == "translated" and r.get("trainer.nproc_per_node") is None
+
+
+def test_mindspeed_pipeline_parallelism_needs_a_decision():
+    r = convert("mindspeed-rl", MSRL, [f"{AC}pipeline_model_parallel_size=2", f"+{AC}num_layer_list=14,14"])
+    for key in ("pipeline_model_parallel_size", "num_layer_list"):
+        row = r.row(AC + key)
+        assert row.status == "decide" and "pipeline parallelism" in row.note, key
+        assert "not available in verirl yet" in row.note, key
+    assert r.get("actor.tensor_parallel_size") == 4
+    assert r.get("actor.sequence_parallel_size") is None
+
+
+VLLM_ONLY = "verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor laid out so yet"
+
+
+def test_mindspeed_ulysses_context_parallelism_is_verirls_sequence_parallelism():
+    """context_parallel_algo's default, ulysses_cp_algo, is verirl's sequence parallelism; the one decision left is
+    MindSpeed-RL's vLLM, which verirl's vllm engine cannot feed an actor split so."""
+    r = convert("mindspeed-rl", MSRL, [f"+{AC}context_parallel_size=2"])
+    row = r.row(AC + "context_parallel_size")
+    assert r.get("actor.sequence_parallel_size") == 2 and "actor.sequence_parallel_size" in row.targets
+    assert row.status == "decide" and VLLM_ONLY in row.note and "ring" not in row.note
+    algo = r.row(MT + "context_parallel_algo")  # MindSpeed-RL's default, not in the file
+    assert (algo.origin, algo.value, algo.status) == ("default", "ulysses_cp_algo", "translated")
+    assert "Ulysses in both" in algo.note
+    assert (r.get("actor.tensor_parallel_size"), r.get("trainer.nproc_per_node")) == (4, 8)  # one group of 4 x 2
+    assert "tensor parallelism 4 x sequence parallelism 2 = 8 ranks" in row.note
+    r = convert("mindspeed-rl", MSRL, [f"+{AC}context_parallel_size=2", f"+{AC}context_parallel_algo=ulysses_cp_algo"])
+    assert r.row(AC + "context_parallel_algo").status == "translated"
+
+
+@pytest.mark.parametrize("algo,what", [("megatron_cp_algo", "ring attention (key/value blocks"),
+                                       ("hybrid_cp_algo", "not an algorithm MindSpeed-RL takes")])
+def test_mindspeed_ring_context_parallelism_needs_a_decision(algo, what):
+    r = convert("mindspeed-rl", MSRL, [f"+{AC}context_parallel_size=2", f"+{AC}context_parallel_algo={algo}"])
+    row = r.row(AC + "context_parallel_size")
+    assert row.status == "decide" and what in row.note and "ring attention is not built in verirl" in row.note
+    assert "actor.sequence_parallel_size=1" in row.note
+    assert r.get("actor.sequence_parallel_size") == 2  # Ulysses over the same ranks, written
+    assert r.row(AC + "context_parallel_algo").status == "decide"
+
+
+def test_mindspeed_context_parallel_token_budget_is_each_ranks_share():
+    """MindSpeed-RL packs max_packing_token_size tokens per micro-batch and splits them over the context-parallel
+    group; verirl's budget counts each rank's share."""
+    budgets = [f"{RL}use_dynamic_bsz=true", f"+{RL}update_max_packing_token_size=32768",
+               f"+{RL}ref_max_packing_token_size=32768"]
+    r = convert("mindspeed-rl", MSRL, [*budgets, f"+{AC}context_parallel_size=2"])
+    assert r.get("actor.max_token_len_per_device") == 16384 and r.get("ref.log_prob_max_token_len_per_device") is None
+    assert "32768 / 2 = 16384 per rank" in r.row(RL + "update_max_packing_token_size").note
+    assert "divided by 2" in r.row(AC + "context_parallel_size").note
+    assert convert("mindspeed-rl", MSRL, budgets).get("actor.max_token_len_per_device") == 32768
+    r = convert("mindspeed-rl", MSRL, [*budgets[:2], f"+{RL}ref_max_packing_token_size=49152",
+                                       f"+{AC}context_parallel_size=2"])
+    assert r.get("ref.log_prob_max_token_len_per_device") == 24576
 
 
 # ---------------------------------------------------------------- MindSpeed-RL: versions and splits

@@ -100,6 +100,16 @@ def test_verl_vllm_engine_and_its_settings():
     assert _verl_head(R + "name=sglang").get("rollout.engine") == "native"
 
 
+def test_verl_head_rollout_tensor_parallelism_without_an_engine_needs_a_decision():
+    """veRL's head leaves rollout.name to the script (???) with tensor_model_parallel_size 2: verirl's native engine
+    decodes with whole weights (1) or on the actor's plan, and this actor splits no layer."""
+    row = _verl_head().row(R + "tensor_model_parallel_size")
+    assert row.status == "decide" and "whole weights" in row.note
+    megatron = _verl_head(A + "strategy=megatron", f"+{A}megatron.tensor_model_parallel_size=2")
+    assert megatron.row(R + "tensor_model_parallel_size").status == "translated"
+    assert (megatron.get("actor.tensor_parallel_size"), megatron.get("rollout.tensor_parallel_size")) == (2, 2)
+
+
 def test_verl_validation_top_p_and_top_k():
     result = _verl_head(R + "val_kwargs.do_sample=true", R + "val_kwargs.n=4", R + "val_kwargs.top_p=0.9",
                         R + "val_kwargs.top_k=20")
@@ -183,6 +193,47 @@ def test_mindspeed_max_packing_token_size_reaches_the_critic_only():
     assert result.get("actor.max_token_len_per_device") == 8196 + 2048  # 4096, raised to the longest sequence
     given = convert("mindspeed-rl", MS_R1, [f"+{RL}update_max_packing_token_size=40000"])
     assert given.get("actor.max_token_len_per_device") == 40000
+
+
+def test_mindspeed_pipeline_layouts_need_a_decision():
+    """DeepSeek-R1 on 256 NPUs: tensor parallel 4 x pipeline parallel 8 with uneven stages; verirl has tensor
+    parallelism, not pipeline stages."""
+    result = convert("mindspeed-rl", MS_R1)
+    assert result.get("actor.tensor_parallel_size") == 4 and result.get("trainer.nproc_per_node") == 4
+    assert "256 NPUs" in result.row("actor_config.tensor_model_parallel_size").note
+    for key in ("pipeline_model_parallel_size", "num_layer_list"):
+        row = result.row("actor_config." + key)
+        assert row.status == "decide" and "pipeline parallelism" in row.note and "not available" in row.note
+    composed = convert("mindspeed-rl", MS_COMPOSED)  # tensor parallel 2 x pipeline parallel 2
+    assert composed.get("actor.tensor_parallel_size") == 2
+    assert composed.row("actor_config.pipeline_model_parallel_size").status == "decide"
+    assert convert("mindspeed-rl", MS_DAPO).row("actor_config.pipeline_model_parallel_size").status == "ignored"
+
+
+def test_mindspeed_ring_context_parallelism_needs_a_decision():
+    """Qwen2.5-32B's DAPO on tensor parallel 8 with context parallel 2 by megatron_cp_algo (ring attention), as
+    configs/dapo_qwen25_32b_A3_32k.yaml runs it: Ulysses over the same 2 ranks is written, with the decision."""
+    result = convert("mindspeed-rl", MS_DAPO, ["+actor_config.context_parallel_size=2",
+                                               "+actor_config.context_parallel_algo=megatron_cp_algo"])
+    assert [r.key for r in result.by_status("unknown")] == []
+    row = result.row("actor_config.context_parallel_size")
+    assert row.status == "decide" and "ring attention is not built in verirl" in row.note
+    assert (result.get("actor.tensor_parallel_size"), result.get("actor.sequence_parallel_size"),
+            result.get("trainer.nproc_per_node")) == (8, 2, 16)
+
+
+def test_verl_head_fsdp_ulysses_is_sequence_parallelism():
+    """The FSDP scripts (run_qwen3_5_*_fsdp.sh) set the actor's and the reference's
+    fsdp_config.ulysses_sequence_parallel_size to one SP_SIZE: verirl's actor.sequence_parallel_size, the
+    reference on the actor's layout; with vLLM, a decision."""
+    ulysses = [f"+{A}fsdp_config.ulysses_sequence_parallel_size=2",
+               "+actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=2"]
+    result = _verl_head(R + "name=vllm", *ulysses)
+    assert result.get("actor.sequence_parallel_size") == 2 and result.get("trainer.nproc_per_node") == 2
+    assert result.row(f"{A}fsdp_config.ulysses_sequence_parallel_size").status == "decide"  # vLLM
+    assert result.row("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size").status == "ignored"
+    native = _verl_head(R + "name=sglang", R + "tensor_model_parallel_size=1", *ulysses)
+    assert native.row(f"{A}fsdp_config.ulysses_sequence_parallel_size").status == "translated"
 
 
 def test_mindspeed_composed_model_numerics_are_carried():

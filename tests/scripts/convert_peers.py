@@ -15,7 +15,9 @@ VERL_GIT_DIR and MINDSPEED_RL_GIT_DIR are git directories of veRL (verl-project/
 
 For each: the exit status, the rows by status (an "unknown" row fails), and `verirl plan` on the output
 with model.path=tiny and the built-in task (data and eval files, reward files and model are the other
-machine's). Prints one line per config and a summary; exits 1 when any check fails.
+machine's), on one rank with data parallelism alone (the tiny model's 4 heads and 2 key/value heads take
+none of the peers' tensor- and sequence-parallel layouts; tests/test_convert_config.py checks those).
+Prints one line per config and a summary; exits 1 when any check fails.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ sys.exit(1)
 SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/data", "INFER_BACKEND": "vllm",
               "MODEL_PATH": "/models/model"}
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
-                  "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1"]
+                  "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1",
+                  "actor.tensor_parallel_size=1", "actor.sequence_parallel_size=1", "rollout.tensor_parallel_size=1"]
 
 
 def git_show(git_dir: str, path: str) -> str:
@@ -136,7 +139,7 @@ def run_one(label: str, fmt: str, file: str, overrides: list[str], work: Path) -
 
 def plan_reward(table: dict) -> list[str]:
     """What is not here: the other machine's rule file, or a peer's rule verirl has not (a decide row: write it
-    for verirl), stands in as verirl's acc; vLLM (not installed here) as the native engine, on one rank."""
+    for verirl), stands in as verirl's acc; vLLM (not installed here) as the native engine."""
     from verirl.rewards.rules import RULES
 
     out = []
@@ -147,7 +150,7 @@ def plan_reward(table: dict) -> list[str]:
         if metric in verifiers and metric not in RULES:
             out.append("algo.filter_groups.metric=acc")
     if table["config"].get("rollout", {}).get("engine") == "vllm":
-        out += ["rollout.engine=native", "rollout.tensor_parallel_size=1"]
+        out.append("rollout.engine=native")
     return out
 
 

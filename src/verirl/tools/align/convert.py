@@ -483,21 +483,25 @@ def _check_format(t: Translation, source_format: str, file: Optional[str]) -> No
 
 
 def _fit_budgets(t: Translation) -> None:
-    """A token budget under the longest possible sequence is raised to it: verirl refuses a smaller one (a
-    sequence that long would fit no micro-batch), where the source system may have let it pass."""
+    """A token budget whose group (budget x actor.sequence_parallel_size tokens) is under the longest possible
+    sequence is raised to fit it: verirl refuses a smaller one (a sequence that long would fit no micro-batch),
+    where the source system may have let it pass."""
     from verirl.config import Config
 
     cfg = Config()
     longest = int(t.out.get("data.max_prompt_length", cfg.data.max_prompt_length)) + int(
         t.out.get("rollout.max_new_tokens", cfg.rollout.max_new_tokens))
+    sp = int(t.out.get("actor.sequence_parallel_size", cfg.actor.sequence_parallel_size))
+    least = -(-longest // sp)  # the per-rank budget whose group holds the longest sequence
+    group = "" if sp == 1 else f" x actor.sequence_parallel_size {sp}"
     for target in ("actor.max_token_len_per_device", "ref.log_prob_max_token_len_per_device"):
         budget = t.out.get(target)
-        if budget and 0 < int(budget) < longest:
-            t.out[target] = longest
+        if budget and 0 < int(budget) < least:
+            t.out[target] = least
             for key in t.out_from[target]:
-                t.decide(key, f"a budget of {budget} tokens is under the longest sequence, prompt + response = "
+                t.decide(key, f"a budget of {budget} tokens{group} is under the longest sequence, prompt + response = "
                               f"{longest}, which verirl refuses (such a sequence would fit no micro-batch): "
-                              f"{longest} written")
+                              f"{least} written")
 
 
 def _validate(result: Result) -> None:

@@ -644,6 +644,125 @@ def _engine(t: Translation) -> None:
         t.put("rollout.gpu_memory_utilization", float(t.get(mem)), mem, note="the same vLLM setting")
 
 
+def _size(t: Translation, key: str) -> int:
+    """A parallel size as Megatron reads it: unset or null is 1."""
+    return int(t.get(key, 1) or 1)
+
+
+# How verirl's sequence parallelism (Ulysses) splits the work, and what verirl train asks of the model for it
+# (run/checks.py: check_model_parallel).
+_ULYSSES = ("each rank holds 1/sp of a packed micro-batch's tokens, all-to-alls exchange them for 1/sp of the "
+            "attention heads around attention, docs/parallelism.md")
+_HEADS = "verirl train refuses it unless each tensor-parallel rank's attention heads and key/value heads divide by it"
+
+
+def _layout(t: Translation) -> None:
+    """The actor's parallel layout (megatron_training updated by actor_config): Megatron's tensor parallelism is
+    verirl's actor.tensor_parallel_size, its Ulysses context parallelism verirl's actor.sequence_parallel_size (ring
+    attention, not built in verirl, becomes Ulysses over the same ranks, with a decision); pipeline parallelism is not
+    available in verirl yet."""
+    tp_key = _actor_key(t, "tensor_model_parallel_size")
+    tp = _size(t, tp_key)
+    if t.given(tp_key):
+        t.put("actor.tensor_parallel_size", tp, tp_key,
+              note="ranks that split each layer, in both (Megatron's tensor parallelism, verirl's tensor-parallel "
+                   "plan: heads, MLP width and vocabulary 1/tp per rank)")
+    sp, sp_key = _context_parallel(t)
+    pp_key = _actor_key(t, "pipeline_model_parallel_size")
+    pp = _size(t, pp_key)
+    if pp > 1:
+        t.decide(pp_key, f"pipeline parallelism ({pp}) is not available in verirl yet; the layout becomes data "
+                         f"parallel x tensor parallel x sequence parallel, every layer on each rank")
+    else:
+        t.ignore(pp_key, "1: none")
+    for name, what in (("num_layer_list", "the layers of each pipeline stage"),
+                       ("num_layers_per_virtual_pipeline_stage", "virtual pipeline stages")):
+        key = _actor_key(t, name)
+        if t.get(key, None) is not None:
+            t.decide(key, f"{what}: pipeline parallelism is not available in verirl yet; the layout becomes data "
+                          f"parallel x tensor parallel x sequence parallel")
+        else:
+            t.ignore(key, "null: none")
+    if tp * sp > 1:
+        _model_parallel_fits(t, tp, sp, [k for k, v in ((tp_key, tp), (sp_key, sp)) if v > 1])
+
+
+def _context_parallel(t: Translation) -> tuple[int, str]:
+    """context_parallel_size with context_parallel_algo: (verirl's actor.sequence_parallel_size, the size's key).
+    MindSpeed-RL takes ulysses_cp_algo (its default) and megatron_cp_algo (ring attention) (validate_config.py)."""
+    cp_key, algo_key = _actor_key(t, "context_parallel_size"), _actor_key(t, "context_parallel_algo")
+    cp = _size(t, cp_key)
+    if cp == 1:
+        t.ignore(cp_key, "1: none")
+        t.ignore(algo_key, "read only with context_parallel_size > 1")
+        return 1, cp_key
+    algo = t.get(algo_key)
+    t.put("actor.sequence_parallel_size", cp, cp_key,
+          note=f"ranks that split each sequence's tokens, in both; {_HEADS}")
+    if algo == "ulysses_cp_algo":
+        t.translated(algo_key, f"Ulysses in both ({_ULYSSES}): the same {cp} ranks per sequence, the same log-probs",
+                     ["actor.sequence_parallel_size"])
+    else:
+        what = ("ring attention (key/value blocks passed round the group)" if algo == "megatron_cp_algo"
+                else "not an algorithm MindSpeed-RL takes (ulysses_cp_algo and megatron_cp_algo, validate_config.py)")
+        t.decide(cp_key, f"context_parallel_algo {algo}: {what}; ring attention is not built in verirl, whose "
+                         f"sequence parallelism is Ulysses ({_ULYSSES}): actor.sequence_parallel_size={cp} is written "
+                         f"(the same {cp} ranks per sequence, the same log-probs, where the heads divide), or set "
+                         f"actor.sequence_parallel_size=1 (whole sequences on each rank)")
+        t.decide(algo_key, f"{algo}: verirl's sequence parallelism is Ulysses; see context_parallel_size")
+    _group_budgets(t, cp, cp_key)
+    return cp, cp_key
+
+
+def _group_budgets(t: Translation, cp: int, cp_key: str) -> None:
+    """use_dynamic_bsz's budgets with context parallelism: MindSpeed-RL packs max_packing_token_size tokens per
+    micro-batch and splits them over the context-parallel group; verirl's budget is each rank's share (the group
+    packs budget x actor.sequence_parallel_size), so it is the budget / cp."""
+    divided = []
+    for target in ("actor.max_token_len_per_device", "ref.log_prob_max_token_len_per_device"):
+        budget = t.out.get(target)
+        if not budget:
+            continue
+        share = max(1, int(budget) // cp)
+        t.put(target, share, *t.out_from[target],
+              note=f"MindSpeed-RL packs {budget} tokens per micro-batch over the {cp} context-parallel ranks, verirl "
+                   f"packs actor.max_token_len_per_device x actor.sequence_parallel_size: {budget} / {cp} = {share} "
+                   f"per rank" + ("" if int(budget) % cp == 0 else " (rounded down)"))
+        divided.append(target)
+    if divided:
+        t.note(cp_key, f"{' and '.join(divided)} divided by {cp}: MindSpeed-RL's packing budgets count the group's "
+                       f"tokens, verirl's each rank's")
+
+def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> None:
+    """What actor.tensor_parallel_size x actor.sequence_parallel_size > 1 needs of the rest of the converted config:
+    a rollout engine that takes it, packed sequences, and a number of ranks it divides; ``keys`` wrote the sizes."""
+    layout = " and ".join(f"actor.{name}_parallel_size={size}" for name, size in (("tensor", tp), ("sequence", sp))
+                          if size > 1)
+    if t.out.get("rollout.engine") == "vllm":
+        for key in keys:
+            t.decide(key, f"verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor "
+                          f"laid out so yet (verirl train refuses {layout} with rollout.engine=vllm): use "
+                          f"rollout.engine=native, which decodes with whole weights on each rank"
+                          + (f" or on the tensor-parallel plan with rollout.tensor_parallel_size={tp}" if tp > 1
+                             else "") + ", or data parallelism alone (FSDP2) with vLLM")
+    if t.out.get("actor.use_remove_padding") is False:
+        t.put("actor.use_remove_padding", True, RL + "use_remove_padding",
+              note=f"false in MindSpeed-RL: verirl runs {layout} on the packed passes (the vocabulary split over "
+                   f"the ranks, the tokens split over the ranks), so true is written (packing changes no result)")
+    world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
+    group = tp * sp
+    if world % group:
+        npus = t.get(RL + "actor_resource.num_npus", None)
+        sizes = " x ".join(f"{name} parallelism {size}" for name, size in (("tensor", tp), ("sequence", sp))
+                           if size > 1)
+        t.put("trainer.nproc_per_node", group, *keys,
+              note=f"{sizes}{f' = {group} ranks' if tp > 1 and sp > 1 else ''} does not divide verirl's default "
+                   f"world of {world} rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one "
+                   f"group, the fewest ranks the layout runs on"
+                   + (f" (MindSpeed-RL's actor had {npus} NPUs)" if npus else "")
+                   + f"; set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
+
+
 def _lora(t: Translation) -> None:
     """MindSpeed-RL trains LoRA adapters when lora_target_modules names modules (with lora_r, lora_alpha)."""
     modules_key = _actor_key(t, "lora_target_modules")
@@ -682,3 +801,4 @@ def translate(t: Translation) -> None:
     _algo(t, stage, version)
     _reward(t, version)
     _data_and_model(t, version)
+    _layout(t)

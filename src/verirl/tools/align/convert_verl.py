@@ -26,6 +26,8 @@ A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
 REF = "actor_rollout_ref.ref."
 M = "actor_rollout_ref.model."
+MG = A + "megatron."
+SP = "ulysses_sequence_parallel_size"
 PL = A + "policy_loss."
 RC = "algorithm.rollout_correction."
 FG = "algorithm.filter_groups."
@@ -131,9 +133,12 @@ def _batches(t: Translation) -> None:
         budget = t.get(A + "ppo_max_token_len_per_gpu")
         t.put("actor.max_token_len_per_device", budget, A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu",
               note="use_dynamic_bsz: micro-batches of at most this many tokens per device in both")
-        if int(t.get(A + "ulysses_sequence_parallel_size", 1) or 1) > 1:
-            t.note(A + "ppo_max_token_len_per_gpu", "veRL packs budget x ulysses size tokens over that many devices; "
-                                                    "verirl keeps the per-device budget")
+        sp = _sequence_parallel(t)
+        if sp > 1:
+            t.note(A + "ppo_max_token_len_per_gpu",
+                   f"with sequence parallelism {sp} veRL packs budget x {sp} tokens per micro-batch over the {sp} "
+                   f"ranks (prepare_micro_batches), as verirl packs actor.max_token_len_per_device x "
+                   f"actor.sequence_parallel_size: the budget carries over unchanged")
         for key in micro_keys:
             t.ignore(key, "with use_dynamic_bsz veRL sizes micro-batches by tokens (ppo_max_token_len_per_gpu)")
         if t.given(REF + "log_prob_max_token_len_per_gpu") and t.get(REF + "log_prob_max_token_len_per_gpu") != budget:
@@ -847,6 +852,186 @@ def _vllm_layout(t: Translation, name: str) -> None:
                               (R + "gpu_memory_utilization", "rollout.gpu_memory_utilization", float)):
         if t.get(key, None) is not None:
             t.put(target, kind(t.get(key)), key, note="the same vLLM setting")
+        else:
+            t.ignore(key, "null: vLLM's default, as verirl's")
+
+
+def _size(t: Translation, key: str) -> int:
+    """A parallel size as veRL reads it: unset or null is 1."""
+    return int(t.get(key, 1) or 1)
+
+
+def _ulysses_key(t: Translation, role: str) -> str:
+    """The key veRL's FSDP engine takes ``role``'s (A or REF) Ulysses size from: the deprecated role-level key when
+    it is above 1 (FSDPActorConfig.__post_init__ copies it over fsdp_config's), else fsdp_config's."""
+    return role + SP if _size(t, role + SP) > 1 else role + "fsdp_config." + SP
+
+
+def _ulysses(t: Translation, role: str) -> int:
+    """The Ulysses size veRL's FSDP engine runs ``role`` (A or REF) with."""
+    return _size(t, _ulysses_key(t, role))
+
+
+def _megatron(t: Translation) -> bool:
+    """Whether veRL's Megatron workers read actor.megatron.*: actor.strategy is megatron, or the source leaves the
+    strategy out and sets Megatron keys (a run of ppo_megatron_trainer given as overrides)."""
+    if t.given(A + "strategy"):
+        return t.get(A + "strategy") == "megatron"
+    return bool(t.under(MG[:-1]))
+
+
+def _sequence_parallel(t: Translation) -> int:
+    """The ranks veRL splits each micro-batch's tokens over: Megatron's context parallel size, FSDP's Ulysses size."""
+    return _size(t, MG + "context_parallel_size") if _megatron(t) else _ulysses(t, A)
+
+
+# How verirl's sequence parallelism (Ulysses) splits the work, and what verirl train asks of the model for it
+# (run/checks.py: check_model_parallel).
+_ULYSSES = ("each rank holds 1/sp of a packed micro-batch's tokens, all-to-alls exchange them for 1/sp of the "
+            "attention heads around attention, docs/parallelism.md")
+_HEADS = "verirl train refuses it unless each tensor-parallel rank's attention heads and key/value heads divide by it"
+
+
+def _layout(t: Translation) -> None:
+    """The actor's parallel layout: Megatron's tensor parallelism is verirl's actor.tensor_parallel_size; FSDP's
+    Ulysses sequence parallelism and Megatron's context parallelism are verirl's actor.sequence_parallel_size;
+    pipeline parallelism is not available in verirl yet (every layer on each rank). The rollout's tensor
+    parallelism for the native and hf engines (vLLM's is _vllm_layout's)."""
+    if _megatron(t):
+        tp, sp, keys = _megatron_layout(t)
+        for role in (A, REF):
+            for key in (role + SP, role + "fsdp_config." + SP):
+                t.ignore(key, "read by veRL's FSDP workers only, not its Megatron ones")
+    else:
+        for key in (MG + "tensor_model_parallel_size", REF + "megatron.tensor_model_parallel_size",
+                    *[MG + name for name in ("pipeline_model_parallel_size", "context_parallel_size",
+                                             "virtual_pipeline_model_parallel_size")],
+                    REF + "megatron.context_parallel_size"):
+            t.ignore(key, f"read by veRL's Megatron workers only; actor.strategy is {t.get(A + 'strategy')}")
+        tp, (sp, keys) = 1, _ulysses_layout(t)
+    _rollout_layout(t, tp)
+    if tp * sp > 1:
+        _model_parallel_fits(t, tp, sp, keys)
+
+
+def _megatron_layout(t: Translation) -> tuple[int, int, list[str]]:
+    """actor.megatron.*'s sizes: (tensor parallel, context parallel, the keys that wrote a size above 1)."""
+    tp_key, cp_key = MG + "tensor_model_parallel_size", MG + "context_parallel_size"
+    tp, cp = _size(t, tp_key), _size(t, cp_key)
+    if t.given(tp_key):
+        t.put("actor.tensor_parallel_size", tp, tp_key,
+              note="ranks that split each layer, in both (Megatron's tensor parallelism, verirl's tensor-parallel "
+                   "plan: heads, MLP width and vocabulary 1/tp per rank)")
+    if cp > 1:
+        t.put("actor.sequence_parallel_size", cp, cp_key,
+              note=f"ranks that split each sequence's tokens, in both: Megatron's context parallelism is ring "
+                   f"attention (key/value blocks passed round the group), verirl's sequence parallelism Ulysses "
+                   f"({_ULYSSES}); the same {cp} ranks per sequence, the same log-probs; {_HEADS}")
+    else:
+        t.ignore(cp_key, "1: none")
+    pp_key = MG + "pipeline_model_parallel_size"
+    pp = _size(t, pp_key)
+    if pp > 1:
+        t.decide(pp_key, f"pipeline parallelism ({pp}) is not available in verirl yet; the layout becomes data "
+                         f"parallel x tensor parallel x sequence parallel, every layer on each rank")
+    else:
+        t.ignore(pp_key, "1: none")
+    vpp = MG + "virtual_pipeline_model_parallel_size"
+    if t.get(vpp, None) is not None:
+        t.decide(vpp, "virtual pipeline stages: pipeline parallelism is not available in verirl yet; the layout "
+                      "becomes data parallel x tensor parallel x sequence parallel")
+    else:
+        t.ignore(vpp, "null: none")
+    for name, size, what in (("tensor_model_parallel_size", tp, "tensor parallelism"),
+                             ("context_parallel_size", cp, "context parallelism")):
+        ref_key = REF + "megatron." + name
+        if not t.given(ref_key):
+            continue
+        ref = _size(t, ref_key)
+        if ref == size:
+            t.ignore(ref_key, "the actor's: verirl's reference runs on the actor's layout")
+        else:
+            t.decide(ref_key, f"veRL's reference ran with {what} {ref}, its actor with {size}: verirl's reference "
+                              f"runs on the actor's layout ({size}), which has no setting of its own (the same "
+                              f"log-probs, computed split {size} ways)")
+    return tp, cp, [k for k, v in ((tp_key, tp), (cp_key, cp)) if v > 1]
+
+
+def _ulysses_layout(t: Translation) -> tuple[int, list[str]]:
+    """FSDP's Ulysses sizes, the actor's and the reference's: (the actor's, the keys that wrote one above 1)."""
+    actor_key, sp = _ulysses_key(t, A), _ulysses(t, A)
+    if sp > 1:
+        t.put("actor.sequence_parallel_size", sp, actor_key,
+              note=f"ranks that split each packed micro-batch's tokens, Ulysses in both ({_ULYSSES}); {_HEADS}")
+    else:
+        t.ignore(actor_key, "1: none")
+    if actor_key == A + SP:
+        t.ignore(A + "fsdp_config." + SP, f"replaced by {A + SP} (above 1), as veRL's FSDPActorConfig does")
+    else:
+        t.ignore(A + SP, "1: veRL reads fsdp_config's" if sp > 1 else "1: none")
+    ref_key, ref = _ulysses_key(t, REF), _ulysses(t, REF)
+    for key in (REF + SP, REF + "fsdp_config." + SP):
+        if key != ref_key:
+            t.ignore(key, f"veRL's reference reads {ref_key}")
+        elif ref == sp:
+            t.ignore(key, "1: none" if sp == 1 else f"the actor's Ulysses size ({sp}): verirl's reference runs on the "
+                                                    f"actor's layout")
+        elif t.given(key):
+            t.decide(key, f"veRL's reference ran with Ulysses size {ref}, its actor with {sp}: verirl's reference runs "
+                          f"on the actor's layout (actor.sequence_parallel_size={sp}), which has no setting of its "
+                          f"own (the same log-probs, the tokens split {sp} ways)")
+    return sp, [actor_key] if sp > 1 else []
+
+
+def _rollout_layout(t: Translation, tp: int) -> None:
+    """rollout.tensor_model_parallel_size with verirl's native or hf engine: 1 decodes with the whole weights on each
+    rank, the actor's tensor-parallel size decodes on its plan (native only); another size needs a decision."""
+    engine, key = t.out.get("rollout.engine", "native"), R + "tensor_model_parallel_size"
+    if engine == "vllm" or not t.given(key):
+        return
+    size = _size(t, key)
+    if size == 1:
+        t.put("rollout.tensor_parallel_size", 1, key, note=f"1: verirl's {engine} engine decodes with the whole "
+                                                          f"weights on each rank")
+    elif size == tp and engine == "native":
+        t.put("rollout.tensor_parallel_size", size, key,
+              note="= the actor's tensor parallelism: verirl's native engine decodes on the tensor-parallel plan, "
+                   "the group's ranks together")
+    else:
+        plan = (f" or on the actor's tensor-parallel plan (rollout.tensor_parallel_size = actor.tensor_parallel_size, "
+                f"both {size} for veRL's layout)" if engine == "native" else "")
+        t.decide(key, f"veRL's rollout engine decoded over {size} devices; verirl's {engine} engine decodes with the "
+                      f"whole weights on each rank (rollout.tensor_parallel_size 1, left){plan}: choose by whether "
+                      f"the model fits one device")
+
+
+def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> None:
+    """What actor.tensor_parallel_size x actor.sequence_parallel_size > 1 needs of the rest of the converted config:
+    a rollout engine that takes it, packed sequences, and a number of ranks it divides; ``keys`` wrote the sizes."""
+    layout = " and ".join(f"actor.{name}_parallel_size={size}" for name, size in (("tensor", tp), ("sequence", sp))
+                          if size > 1)
+    if t.out.get("rollout.engine") == "vllm":
+        for key in keys:
+            t.decide(key, f"verirl's vllm engine does not take an actor laid out so yet (verirl train refuses "
+                          f"{layout} with rollout.engine=vllm): use rollout.engine=native, which decodes with whole "
+                          f"weights on each rank" + (f" or on the tensor-parallel plan with "
+                                                      f"rollout.tensor_parallel_size={tp}" if tp > 1 else "")
+                          + ", or data parallelism alone (FSDP2) with vLLM")
+    if t.out.get("actor.use_remove_padding") is False:
+        t.put("actor.use_remove_padding", True, M + "use_remove_padding",
+              note=f"false in veRL: verirl runs {layout} on the packed passes (the vocabulary split over the ranks, "
+                   f"the tokens split over the ranks), so true is written (packing changes no result)")
+    world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
+    group = tp * sp
+    if world % group:
+        ran = int(t.get("trainer.n_gpus_per_node")) * int(t.get("trainer.nnodes"))
+        sizes = " x ".join(f"{name} parallelism {size}" for name, size in (("tensor", tp), ("sequence", sp))
+                           if size > 1)
+        t.put("trainer.nproc_per_node", group, *keys,
+              note=f"{sizes}{f' = {group} ranks' if tp > 1 and sp > 1 else ''} does not divide verirl's default "
+                   f"world of {world} rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one "
+                   f"group, the fewest ranks the layout runs on (veRL's run had n_gpus_per_node x nnodes = {ran} "
+                   f"GPUs); set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
 
 
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
@@ -991,7 +1176,9 @@ def _trainer(t: Translation) -> None:
     if t.given(A + "strategy"):
         t.put("actor.strategy", "fsdp2", A + "strategy",
               note="verirl shards by data parallelism with FSDP2" + (
-                  "; Megatron's tensor and pipeline parallelism are replaced by it" if strategy == "megatron" else ""))
+                  "; Megatron's tensor and context parallelism are translated (actor.tensor_parallel_size, "
+                  "actor.sequence_parallel_size), its pipeline parallelism is not available in verirl yet"
+                  if strategy == "megatron" else ""))
 
 
 def translate(t: Translation) -> None:
@@ -1000,6 +1187,7 @@ def translate(t: Translation) -> None:
     _advantages(t)
     _batches(t)
     _engine(t)
+    _layout(t)
     _kl(t)
     _clip(t)
     _policy_loss(t)
