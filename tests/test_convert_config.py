@@ -424,7 +424,7 @@ def test_verl_megatron_tensor_parallelism_is_verirls():
     # veRL's 16 GPUs are the other machine's; verirl's default world of 1 rank holds no group of 2
     assert r.get("trainer.nproc_per_node") == 2 and "trainer.nproc_per_node=2 written" in row.note
     assert "16 GPUs" in row.note
-    assert "tensor and context parallelism are translated" in r.row(A + "strategy").note
+    assert "tensor, context and pipeline parallelism are translated" in r.row(A + "strategy").note
     from verirl.run.checks import check, check_model_parallel
 
     cfg = _checked(r)
@@ -441,14 +441,131 @@ def test_verl_megatron_tensor_parallelism_with_vllm_needs_a_decision():
     assert r.row(R + "tensor_model_parallel_size").note == "the same vLLM setting"
 
 
-@pytest.mark.parametrize("key,value,what", [("pipeline_model_parallel_size", 2, "pipeline parallelism"),
-                                            ("virtual_pipeline_model_parallel_size", 2, "pipeline parallelism")])
-def test_verl_megatron_layouts_verirl_lacks_need_a_decision(key, value, what):
-    r = convert("verl", VERL, [*MEGATRON, R + "name=sglang", f"{MG}{key}={value}"])
-    row = r.row(MG + key)
-    assert row.status == "decide" and what in row.note and "not available in verirl yet" in row.note
-    assert "data parallel x tensor parallel" in row.note
-    assert r.get("actor.tensor_parallel_size") == 2  # the tensor parallelism stands
+PP = MG + "pipeline_model_parallel_size"
+VPP = MG + "virtual_pipeline_model_parallel_size"
+NATIVE = [A + "strategy=megatron", R + "name=sglang", R + "tensor_model_parallel_size=1"]  # verirl's native engine
+
+
+def _model_parallel_checked(result, **changes):
+    """check(cfg, paths=False) and the layout's own checks (check_model_parallel) on the tiny model (qwen2, 4 decoder
+    layers, 4 heads, 2 key/value heads), after ``changes`` (dotted verirl keys)."""
+    from verirl.run.checks import check, check_model_parallel
+
+    cfg = _checked(result)
+    cfg.model.path = "tiny"
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        setattr(getattr(cfg, section), key, value)
+    check(cfg, paths=False)
+    check_model_parallel(cfg)
+    return cfg
+
+
+def test_verl_megatron_pipeline_parallelism_is_verirls():
+    """Megatron's pipeline stages are verirl's: the size, 1F1B (both defaults), the token budget the stages pad every
+    micro-batch to (use_dynamic_bsz's), ddp (FSDP2 inside stages is refused), one group of ranks."""
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=2"])
+    row = r.row(PP)
+    assert row.status == "translated" and r.get("actor.pipeline_parallel_size") == 2
+    assert "Megatron's schedule is 1F1B" in row.note and "llama, qwen2, qwen3, mistral" in row.note
+    assert r.get("actor.pipeline_schedule") is None and r.get("actor.pipeline_layers") is None  # 1f1b, even split
+    assert r.get("actor.max_token_len_per_device") == 24576  # the example's ppo_max_token_len_per_gpu
+    assert r.get("actor.strategy") == "ddp" and "FSDP2 inside pipeline stages" in r.row(A + "strategy").note
+    assert r.get("trainer.nproc_per_node") == 2 and "pipeline parallelism 2 does not divide" in row.note
+    cfg = _model_parallel_checked(r)
+    assert (cfg.actor.pipeline_parallel_size, cfg.actor.strategy) == (2, "ddp")
+    _model_parallel_checked(r, **{"trainer.nproc_per_node": 4})  # 2 data-parallel ranks x 2 stages, replicated
+    with pytest.raises(ConfigError, match="FSDP2 inside pipeline stages"):
+        _model_parallel_checked(r, **{"trainer.nproc_per_node": 4, "actor.strategy": "fsdp2"})
+
+
+@pytest.mark.parametrize("other,ones", [(f"{MG}tensor_model_parallel_size=2", "actor.tensor_parallel_size=1"),
+                                        (f"+{MG}context_parallel_size=2", "actor.sequence_parallel_size=1")])
+def test_verl_megatron_pipeline_with_tensor_or_context_parallelism_needs_a_decision(other, ones):
+    """verirl's stages compose with data parallelism only: both sizes are written as veRL ran them, the pipeline
+    row names the two ways out, and each way passes verirl's checks."""
+    r = convert("verl", VERL, [A + "strategy=megatron", R + "name=sglang", f"{PP}=2", other])
+    row = r.row(PP)
+    assert row.status == "decide" and "composes pipeline stages with data parallelism only" in row.note
+    assert "actor.pipeline_parallel_size=1" in row.note and ones in row.note
+    assert r.get("actor.pipeline_parallel_size") == 2 and r.get("trainer.nproc_per_node") == 4  # 2 x 2
+    assert "= 4 ranks does not divide" in row.note
+    with pytest.raises(ConfigError, match="compose with data parallelism only"):
+        _model_parallel_checked(r)
+    tp_or_sp = ones.split("=")[0]
+    _model_parallel_checked(r, **{tp_or_sp: 1, "rollout.tensor_parallel_size": 1})  # stages over 2 x dp 2
+    _model_parallel_checked(r, **{"actor.pipeline_parallel_size": 1})
+
+
+def test_verl_pipeline_token_budget_from_the_micro_batch():
+    """Without use_dynamic_bsz veRL sizes micro-batches by sequences; verirl's stages need a token budget: the
+    micro-batch's sequences of the longest length."""
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=2", A + "use_dynamic_bsz=false", A + "ppo_micro_batch_size_per_gpu=2"])
+    assert r.get("actor.max_token_len_per_device") == 2 * (8192 + 4096)
+    assert r.row(PP).targets == ["actor.pipeline_parallel_size", "actor.max_token_len_per_device", "actor.strategy",
+                                 "trainer.nproc_per_node"]
+    note = r.row(A + "ppo_micro_batch_size_per_gpu").note
+    assert "2 sequences x the longest, prompt 8192 + response 4096 = 24576 tokens written" in note
+    _model_parallel_checked(r)
+    assert convert("verl", VERL, [*NATIVE, A + "use_dynamic_bsz=false"]).get("actor.max_token_len_per_device") is None
+
+
+@pytest.mark.parametrize("chunks,status,schedule", [(2, "translated", "interleaved_1f1b"), (1, "translated", None),
+                                                    (4, "decide", None)])
+def test_verl_megatron_virtual_stages(chunks, status, schedule):
+    """Megatron's interleaved 1F1B with 2 model chunks per rank is verirl's interleaved_1f1b (2 stages per rank);
+    another count is a decision."""
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=2", f"{VPP}={chunks}"])
+    assert (r.row(VPP).status, r.get("actor.pipeline_schedule")) == (status, schedule)
+    if status == "decide":
+        assert "verirl's interleaved_1f1b holds 2 stages per rank" in r.row(VPP).note
+    _model_parallel_checked(r)  # the tiny model's 4 layers over 2 ranks x 2 stages
+    off = convert("verl", VERL, [*NATIVE, f"{VPP}=2"]).row(VPP)  # no pipeline: nothing to interleave
+    assert off.status == "ignored" and "pipeline_model_parallel_size > 1" in off.note
+
+
+def test_verl_megatron_pipeline_of_the_reference_and_the_rollout():
+    ref = "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size"
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=2", f"+{ref}=2"])
+    assert r.row(ref).status == "ignored" and "actor's layout" in r.row(ref).note
+    different = convert("verl", VERL, [*NATIVE, f"{PP}=2", f"+{ref}=1"]).row(ref)
+    assert different.status == "decide" and "computed over 2 stages" in different.note
+    vllm = convert("verl", VERL, [A + "strategy=megatron", f"{PP}=2"])  # the example's vLLM rollout
+    assert vllm.row(PP).status == "decide" and "rollout.engine=native" in vllm.row(PP).note
+    padded = convert("verl", VERL, [*NATIVE, f"{PP}=2", M + "use_remove_padding=false"])
+    assert padded.get("actor.use_remove_padding") is True
+    assert "one packed row per micro-batch" in padded.row(M + "use_remove_padding").note
+
+
+def test_verl_megatron_stage_split_overrides():
+    """Megatron's layer splits: its plain pipeline_model_parallel_layout is verirl's actor.pipeline_layers; the first
+    and last stage's counts need the model's layer count, so a decision."""
+    o = f"+{MG}override_transformer_config."
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=2", f"{o}pipeline_model_parallel_layout='Et*1|t*3L'",
+                               f"{o}deallocate_pipeline_outputs=true"])
+    assert r.get("actor.pipeline_layers") == [1, 3]
+    assert r.row(f"{MG}override_transformer_config.deallocate_pipeline_outputs").status == "ignored"
+    _model_parallel_checked(r)
+    r = convert("verl", VERL, [*NATIVE, f"{PP}=4", f"{o}num_layers_in_first_pipeline_stage=11",
+                               f"{o}account_for_loss_in_pipeline_split=false"])
+    first = r.row(f"{MG}override_transformer_config.num_layers_in_first_pipeline_stage")
+    assert first.status == "decide" and "actor.pipeline_layers" in first.note and "4 numbers" in first.note
+    assert r.row(f"{MG}override_transformer_config.account_for_loss_in_pipeline_split").status == "ignored"
+    assert convert("verl", VERL, [*NATIVE, f"{o}pipeline_model_parallel_layout='Et|tL'"]).row(
+        f"{MG}override_transformer_config.pipeline_model_parallel_layout").status == "ignored"  # no stages
+
+
+def test_converted_pipeline_yaml_runs_on_its_own_ranks(tmp_path):
+    from verirl.config.layout import data_parallel_size
+
+    out = tmp_path / "pp.yaml"
+    assert main(["convert-config", "--from", "verl", VERL, *NATIVE, f"{PP}=2", f"{VPP}=2", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert f"pipeline_parallel_size: 2  # <- {PP}" in text
+    assert f"pipeline_schedule: interleaved_1f1b  # <- {VPP}" in text
+    cfg = load_config(str(out))
+    assert (cfg.actor.pipeline_parallel_size, cfg.trainer.nproc_per_node, cfg.actor.strategy) == (2, 2, "ddp")
+    assert data_parallel_size(cfg) == 1
 
 
 def test_verl_megatron_sizes_of_one_and_the_reference():
@@ -596,14 +713,69 @@ def test_mindspeed_tensor_parallelism_is_verirls():
     assert r.row(AC + "tensor_model_parallel_size").status == "translated" and r.get("trainer.nproc_per_node") is None
 
 
-def test_mindspeed_pipeline_parallelism_needs_a_decision():
-    r = convert("mindspeed-rl", MSRL, [f"{AC}pipeline_model_parallel_size=2", f"+{AC}num_layer_list=14,14"])
-    for key in ("pipeline_model_parallel_size", "num_layer_list"):
-        row = r.row(AC + key)
-        assert row.status == "decide" and "pipeline parallelism" in row.note, key
-        assert "not available in verirl yet" in row.note, key
-    assert r.get("actor.tensor_parallel_size") == 4
-    assert r.get("actor.sequence_parallel_size") is None
+MS_PP = AC + "pipeline_model_parallel_size"
+LAYER_LIST, PER_CHUNK = AC + "num_layer_list", AC + "num_layers_per_virtual_pipeline_stage"
+MS_ONE = [f"{AC}tensor_model_parallel_size=1", f"{GEN}infer_tensor_parallel_size=1"]  # stages alone
+
+
+def test_mindspeed_pipeline_parallelism_is_verirls():
+    """pipeline_model_parallel_size is actor.pipeline_parallel_size and num_layer_list (MindSpeed-RL's comma string)
+    actor.pipeline_layers; the example's tensor parallelism 4, which verirl's stages do not compose with yet, makes
+    the size a decision that names the ways out."""
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=14,14"])
+    assert (r.get("actor.pipeline_parallel_size"), r.get("actor.pipeline_layers")) == (2, [14, 14])
+    assert r.row(LAYER_LIST).status == "translated" and "num_hidden_layers" in r.row(LAYER_LIST).note
+    row = r.row(MS_PP)
+    assert row.status == "decide" and "composes pipeline stages with data parallelism only" in row.note
+    assert "actor.pipeline_parallel_size=1" in row.note and "actor.tensor_parallel_size=1" in row.note
+    assert (r.get("actor.tensor_parallel_size"), r.get("trainer.nproc_per_node")) == (4, 8)  # 4 x 2, one group
+    assert "tensor parallelism 4 x pipeline parallelism 2 = 8 ranks" in row.note and "16 NPUs" in row.note
+    assert r.get("actor.strategy") == "ddp"
+    assert "replicates each stage's" in r.row(MT + "use_distributed_optimizer").note
+    # the example's micro_batch_size 1 and no dynamic batches: one longest sequence, prompt 8192 + response 4096
+    assert r.get("actor.max_token_len_per_device") == 8192 + 4096
+    alone = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=[1,3]", *MS_ONE])
+    assert alone.row(MS_PP).status == "decide" and VLLM_ONLY in alone.row(MS_PP).note  # MindSpeed-RL's vLLM
+    assert "composes" not in alone.row(MS_PP).note and alone.get("actor.pipeline_layers") == [1, 3]
+    _model_parallel_checked(alone, **{"rollout.engine": "native"})  # the tiny model's 4 layers as 1 + 3
+    off = convert("mindspeed-rl", MSRL, [f"+{LAYER_LIST}=14,14"]).row(LAYER_LIST)
+    assert off.status == "ignored" and "pipeline_model_parallel_size > 1" in off.note
+
+
+def test_mindspeed_layer_list_of_another_length_needs_a_decision():
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=9,9,10"])
+    row = r.row(LAYER_LIST)
+    assert row.status == "decide" and "3 layer counts for pipeline_model_parallel_size 2" in row.note
+    assert r.get("actor.pipeline_layers") is None
+
+
+@pytest.mark.parametrize("per_chunk,status,schedule,layers", [
+    (7, "translated", "interleaved_1f1b", [7, 7, 7, 7]),  # 14 per rank / 7 = 2 chunks: stage k x 2 + r on rank r
+    (14, "translated", None, [14, 14]),  # one chunk per rank: 1F1B
+    (2, "decide", None, [14, 14])])  # 7 chunks per rank: verirl's interleaved holds 2
+def test_mindspeed_virtual_stages(per_chunk, status, schedule, layers):
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=14,14", f"+{PER_CHUNK}={per_chunk}"])
+    assert r.row(PER_CHUNK).status == status
+    assert (r.get("actor.pipeline_schedule"), r.get("actor.pipeline_layers")) == (schedule, layers)
+
+
+def test_mindspeed_virtual_stages_need_the_layer_count():
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{PER_CHUNK}=7"])  # neither num_layers nor num_layer_list
+    assert r.row(PER_CHUNK).status == "decide" and r.get("actor.pipeline_schedule") is None
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{PER_CHUNK}=7", f"+{AC}num_layers=28"])
+    assert r.get("actor.pipeline_schedule") == "interleaved_1f1b" and r.get("actor.pipeline_layers") is None
+    assert "14 layers per rank / 7 per chunk = 2 model chunks" in r.row(PER_CHUNK).note
+
+
+def test_mindspeed_noop_layers_leave_the_stages():
+    """noop_layers are empty layers Megatron inserts and counts in num_layers (grpo_qwen3_235b_a22b_A2: 96 with 5 and
+    95 empty over 16 stages): verirl's stages hold the model's own layers."""
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=4", f"+{AC}noop_layers='5,23'", f"+{AC}num_layers=32"])
+    assert r.get("actor.pipeline_layers") == [7, 8, 7, 8]
+    assert r.row(AC + "noop_layers").status == "translated" and r.row(AC + "num_layers").status == "translated"
+    r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{AC}noop_layers='5,23'", f"+{LAYER_LIST}=16,16",
+                                       f"+{PER_CHUNK}=8"])  # chunk k of rank r: layers 16k + 8r onwards
+    assert (r.get("actor.pipeline_schedule"), r.get("actor.pipeline_layers")) == ("interleaved_1f1b", [7, 8, 7, 8])
 
 
 VLLM_ONLY = "verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor laid out so yet"

@@ -15,8 +15,9 @@ VERL_GIT_DIR and MINDSPEED_RL_GIT_DIR are git directories of veRL (verl-project/
 
 For each: the exit status, the rows by status (an "unknown" row fails), and `verirl plan` on the output
 with model.path=tiny and the built-in task (data and eval files, reward files and model are the other
-machine's), on one rank with data parallelism alone (the tiny model's 4 heads and 2 key/value heads take
-none of the peers' tensor- and sequence-parallel layouts; tests/test_convert_config.py checks those).
+machine's), on one rank with data parallelism alone (the tiny model's 4 heads, 2 key/value heads and 4 layers
+take none of the peers' tensor-, sequence- and pipeline-parallel layouts; tests/test_convert_config.py checks
+those), the token budgets the group's where sequence parallelism made them each rank's share.
 Prints one line per config and a summary; exits 1 when any check fails.
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/dat
               "MODEL_PATH": "/models/model"}
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1",
-                  "actor.tensor_parallel_size=1", "actor.sequence_parallel_size=1", "rollout.tensor_parallel_size=1"]
+                  "actor.tensor_parallel_size=1", "actor.sequence_parallel_size=1", "actor.pipeline_parallel_size=1",
+                  "actor.pipeline_layers=[]", "actor.pipeline_schedule=1f1b", "rollout.tensor_parallel_size=1"]
 
 
 def git_show(git_dir: str, path: str) -> str:
@@ -130,11 +132,23 @@ def run_one(label: str, fmt: str, file: str, overrides: list[str], work: Path) -
     table = json.loads(stdout)
     result["counts"] = table["counts"]
     result["unknown"] = [r["key"] for r in table["rows"] if r["status"] == "unknown"]
-    rc, stdout, stderr = verirl(["plan", "-c", str(out), *PLAN_OVERRIDES, *plan_reward(table)])
+    rc, stdout, stderr = verirl(["plan", "-c", str(out), *PLAN_OVERRIDES, *plan_budgets(table), *plan_reward(table)])
     result["plan_rc"] = rc
     if rc != 0:
         result["plan_error"] = (stderr or stdout).strip().splitlines()[-1:]
     return result
+
+
+def plan_budgets(table: dict) -> list[str]:
+    """With sequence parallelism the token budgets are each rank's share of the group's: on the one rank `plan`
+    runs, the group's (budget x actor.sequence_parallel_size)."""
+    sp = int(table["config"].get("actor", {}).get("sequence_parallel_size", 1))
+    out = []
+    for section, key in (("actor", "max_token_len_per_device"), ("ref", "log_prob_max_token_len_per_device")):
+        budget = table["config"].get(section, {}).get(key)
+        if sp > 1 and budget:
+            out.append(f"{section}.{key}={int(budget) * sp}")
+    return out
 
 
 def plan_reward(table: dict) -> list[str]:

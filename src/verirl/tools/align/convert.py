@@ -260,6 +260,83 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- parallel layouts (both formats)
+
+def layout_words(tp: int, sp: int, pp: int) -> str:
+    """The sizes above 1 as verirl keys: 'actor.tensor_parallel_size=2 and actor.pipeline_parallel_size=4'."""
+    return " and ".join(f"actor.{name}_parallel_size={size}" for name, size in
+                        (("tensor", tp), ("sequence", sp), ("pipeline", pp)) if size > 1)
+
+
+def size_words(tp: int, sp: int, pp: int) -> str:
+    """The sizes above 1 in words, multiplied: 'tensor parallelism 2 x pipeline parallelism 4 = 8 ranks'."""
+    sizes = [(name, size) for name, size in (("tensor", tp), ("sequence", sp), ("pipeline", pp)) if size > 1]
+    words = " x ".join(f"{name} parallelism {size}" for name, size in sizes)
+    return words + (f" = {tp * sp * pp} ranks" if len(sizes) > 1 else "")
+
+
+# What the packed passes split in each layout: why verirl runs them on packed sequences only.
+PACKED = {"tensor": "the vocabulary split over the ranks", "sequence": "the tokens split over the ranks",
+          "pipeline": "one packed row per micro-batch sent between the stages"}
+
+
+def packed_words(tp: int, sp: int, pp: int) -> str:
+    return ", ".join(PACKED[name] for name, size in (("tensor", tp), ("sequence", sp), ("pipeline", pp)) if size > 1)
+
+
+def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source: str) -> None:
+    """``key``'s pipeline size, above 1, as actor.pipeline_parallel_size; where the source also splits layers or
+    sequences (``tp``, ``sp`` above 1), which verirl's stages do not compose with yet, the row is a decision that
+    names the two ways out, both sizes written as the source ran them."""
+    from verirl.models.parallel import TP_FAMILIES
+
+    t.put("actor.pipeline_parallel_size", pp, key,
+          note=f"stages of decoder layers, one per rank, in both (docs/parallelism.md); without virtual stages "
+               f"Megatron's schedule is 1F1B, verirl's default actor.pipeline_schedule; verirl train refuses it "
+               f"unless config.json's model_type has stages in verirl ({', '.join(TP_FAMILIES)}) and the layers "
+               f"split over the stages")
+    if tp == 1 and sp == 1:
+        return
+    other = layout_words(tp, sp, 1)
+    ones = " and ".join(f"actor.{name}_parallel_size=1" for name, size in (("tensor", tp), ("sequence", sp))
+                        if size > 1)
+    if tp > 1 and t.out.get("rollout.tensor_parallel_size", 1) == tp and t.out.get("rollout.engine") != "vllm":
+        ones += " and rollout.tensor_parallel_size=1"
+    t.decide(key, f"verirl composes pipeline stages with data parallelism only in this version (verirl train refuses "
+                  f"actor.pipeline_parallel_size={pp} with {other}): both are written as {source} ran them; choose "
+                  f"actor.pipeline_parallel_size=1 (every layer on each rank, the layout {other}) or {ones} (stages "
+                  f"of whole layers over {pp} ranks)")
+
+
+def fit_pipeline(t: Translation, keys: Sequence[str], strategy_keys: Sequence[str] = ()) -> None:
+    """What actor.pipeline_parallel_size > 1 (written from ``keys``) needs of the rest of the converted config: a
+    token budget, which every micro-batch is padded to between stages (the micro-batch size's sequences of the
+    longest length where the source gave none), and replicated data parallelism (actor.strategy=ddp, from
+    ``strategy_keys`` too), since FSDP2 inside stages is not available."""
+    from verirl.config import Config
+
+    cfg = Config()
+    if not t.out.get("actor.max_token_len_per_device"):
+        prompt = int(t.out.get("data.max_prompt_length", cfg.data.max_prompt_length))
+        response = int(t.out.get("rollout.max_new_tokens", cfg.rollout.max_new_tokens))
+        sp = int(t.out.get("actor.sequence_parallel_size", 1))
+        micro_keys = t.out_from.get("actor.micro_batch_size", [])
+        micro = int(t.out.get("actor.micro_batch_size", 1))
+        budget = -(-micro * (prompt + response) // sp)
+        share = f" / actor.sequence_parallel_size {sp} (each rank's share)" if sp > 1 else ""
+        t.put("actor.max_token_len_per_device", budget, *keys, *micro_keys,
+              note=f"pipeline stages need a token budget (verirl pads every micro-batch to "
+                   f"actor.max_token_len_per_device between stages) and the source sizes micro-batches by sequences: "
+                   f"{micro} sequence{'' if micro == 1 else 's'} x the longest, prompt {prompt} + response "
+                   f"{response}{share} = {budget} tokens written, micro-batches of at least {micro} sequence"
+                   f"{'' if micro == 1 else 's'}; verirl's gradient accumulation is exact, so how a mini-batch is "
+                   f"cut changes no gradient (docs/algorithms.md); a larger budget packs more per micro-batch")
+    t.put("actor.strategy", "ddp", *keys, *strategy_keys,
+          note="FSDP2 inside pipeline stages is not available in verirl yet (verirl train refuses fsdp2 with pipeline "
+               "stages over more than one data-parallel rank): ddp, each stage replicated over the data-parallel "
+               "ranks, the optimizer state of its layers on each (memory, not maths)")
+
+
 # ---------------------------------------------------------------- reading the source
 
 def _load_tree(path: str) -> dict:

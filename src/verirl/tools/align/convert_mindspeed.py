@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import Direct, NeedsDecision, Translation, peer_tables
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_pipeline, layout_words,
+                                       packed_words, peer_tables, pipeline_stages, size_words)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -659,8 +660,8 @@ _HEADS = "verirl train refuses it unless each tensor-parallel rank's attention h
 def _layout(t: Translation) -> None:
     """The actor's parallel layout (megatron_training updated by actor_config): Megatron's tensor parallelism is
     verirl's actor.tensor_parallel_size, its Ulysses context parallelism verirl's actor.sequence_parallel_size (ring
-    attention, not built in verirl, becomes Ulysses over the same ranks, with a decision); pipeline parallelism is not
-    available in verirl yet."""
+    attention, not built in verirl, becomes Ulysses over the same ranks, with a decision), its pipeline parallelism
+    verirl's actor.pipeline_parallel_size with num_layer_list as actor.pipeline_layers."""
     tp_key = _actor_key(t, "tensor_model_parallel_size")
     tp = _size(t, tp_key)
     if t.given(tp_key):
@@ -671,20 +672,119 @@ def _layout(t: Translation) -> None:
     pp_key = _actor_key(t, "pipeline_model_parallel_size")
     pp = _size(t, pp_key)
     if pp > 1:
-        t.decide(pp_key, f"pipeline parallelism ({pp}) is not available in verirl yet; the layout becomes data "
-                         f"parallel x tensor parallel x sequence parallel, every layer on each rank")
+        pipeline_stages(t, pp_key, pp, tp, sp, "MindSpeed-RL")
+        for key in (MT + "use_distributed_optimizer", AC + "use_distributed_optimizer"):
+            if t.get(key, False):
+                t.ignore(key, "Megatron's sharded optimizer state: with pipeline stages verirl replicates each "
+                              "stage's over the data-parallel ranks (actor.strategy=ddp): memory, not maths")
     else:
         t.ignore(pp_key, "1: none")
-    for name, what in (("num_layer_list", "the layers of each pipeline stage"),
-                       ("num_layers_per_virtual_pipeline_stage", "virtual pipeline stages")):
-        key = _actor_key(t, name)
-        if t.get(key, None) is not None:
-            t.decide(key, f"{what}: pipeline parallelism is not available in verirl yet; the layout becomes data "
-                          f"parallel x tensor parallel x sequence parallel")
+    _stages(t, pp)
+    if tp * sp * pp > 1:
+        _model_parallel_fits(t, tp, sp, pp, [k for k, v in ((tp_key, tp), (sp_key, sp), (pp_key, pp)) if v > 1])
+
+
+def _ints(value: Any) -> list[int]:
+    """A Megatron list of integers: a YAML list, or a comma-separated string ('7,7,8,8'); raises ValueError."""
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split(",")
+    return [int(x) for x in items]
+
+
+def _num_layers(t: Translation) -> tuple[Optional[str], Optional[int]]:
+    """(key, value) of Megatron's decoder layer count: num_layers of the actor's keys, else of the model YAML
+    section MindSpeed-RL composes (under model: or at the top level); (None, None) where neither has it."""
+    key = _actor_key(t, "num_layers")
+    name = t.get(_actor_key(t, "model"), None)
+    for candidate in (key, *([f"model.{name}.num_layers", f"{name}.num_layers"] if name is not None else [])):
+        if t.given(candidate) and t.values[candidate] is not None:
+            return candidate, int(t.values[candidate])
+    return None, None
+
+
+def _stages(t: Translation, pp: int) -> None:
+    """num_layer_list (Megatron's decoder layers per pipeline rank), num_layers_per_virtual_pipeline_stage (its
+    model chunks) and noop_layers (empty layers it inserts, counted by num_layers and num_layer_list) become verirl's
+    actor.pipeline_layers (the real decoder layers of each stage) and actor.pipeline_schedule."""
+    from verirl.models.pipeline import stages_per_rank
+
+    list_key, vpp_key, noop_key = (_actor_key(t, name) for name in (
+        "num_layer_list", "num_layers_per_virtual_pipeline_stage", "noop_layers"))
+    raw_list, per_chunk, raw_noop = t.get(list_key, None), t.get(vpp_key, None), t.get(noop_key, None)
+    if pp == 1:
+        for key, value in ((list_key, raw_list), (vpp_key, per_chunk)):
+            t.ignore(key, "null: none" if value is None else "read only with pipeline_model_parallel_size > 1")
+        return
+    if raw_list is None:
+        t.ignore(list_key, "null: an even split, as verirl's default")
+    if per_chunk is None:
+        t.ignore(vpp_key, "null: one stage per rank")
+    layers_key, num_layers = _num_layers(t)
+    counts, sources = None, []  # Megatron's layers per pipeline rank, noop layers included
+    if raw_list is not None:
+        try:
+            counts = _ints(raw_list)
+        except ValueError:
+            t.decide(list_key, f"{raw_list!r} is not a list of layer counts (MindSpeed-RL's '7,7,8,8', one per "
+                               f"pipeline rank): verirl's even split (actor.pipeline_layers []) is left")
+        if counts is not None and len(counts) != pp:
+            t.decide(list_key, f"{len(counts)} layer counts for pipeline_model_parallel_size {pp}: MindSpeed-RL takes "
+                               f"one per pipeline rank; verirl's even split (actor.pipeline_layers []) is left: give "
+                               f"actor.pipeline_layers {pp} numbers")
+            counts = None
+        sources = [list_key] if counts is not None else []
+    elif num_layers is not None and num_layers % pp == 0:
+        counts, sources = [num_layers // pp] * pp, [layers_key]
+    per_rank, interleaved = 1, stages_per_rank("interleaved_1f1b")
+    if per_chunk is not None:
+        per_chunk = int(per_chunk)
+        chunks = {c // per_chunk for c in counts} if counts is not None and per_chunk > 0 and not any(
+            c % per_chunk for c in counts) else set()
+        if counts is None:
+            t.decide(vpp_key, f"{per_chunk} layers per model chunk, and the layers per pipeline rank are not known "
+                              f"here (num_layers or num_layer_list): verirl's interleaved_1f1b holds {interleaved} "
+                              f"stages per rank, so it matches when each rank holds {interleaved} x {per_chunk} "
+                              f"layers; its default 1f1b is left: choose actor.pipeline_schedule")
+        elif chunks == {1}:
+            t.translated(vpp_key, f"{per_chunk} layers per chunk = each rank's layers: one chunk per rank, the stages "
+                                  f"of 1F1B, verirl's default actor.pipeline_schedule")
+        elif chunks == {interleaved}:
+            per_rank = interleaved
+            t.put("actor.pipeline_schedule", "interleaved_1f1b", vpp_key, *(sources if raw_list is None else []),
+                  note=f"{counts[0]} layers per rank / {per_chunk} per chunk = {interleaved} model chunks per rank "
+                       f"under Megatron's interleaved 1F1B: verirl's interleaved_1f1b ({interleaved} stages per rank, "
+                       f"stage k x {pp} + r on rank r, as Megatron places its chunks)")
         else:
-            t.ignore(key, "null: none")
-    if tp * sp > 1:
-        _model_parallel_fits(t, tp, sp, [k for k, v in ((tp_key, tp), (sp_key, sp)) if v > 1])
+            t.decide(vpp_key, f"{per_chunk} layers per model chunk over the ranks' {counts} layers: "
+                              + (f"{sorted(chunks)} chunks per rank" if chunks else "no whole number of chunks")
+                              + f" (Megatron's interleaved 1F1B); verirl's interleaved_1f1b holds {interleaved} stages "
+                                f"per rank, and its default 1f1b is left (one stage per rank): choose "
+                                f"actor.pipeline_schedule; the schedule changes no result, only the idle share of each "
+                                f"pass (verirl plan shows it)")
+    noop = []
+    if raw_noop is not None:
+        try:
+            noop = _ints(raw_noop)
+        except ValueError:
+            t.decide(noop_key, f"{raw_noop!r} is not a list of layer indices (MindSpeed-RL's '5,95')")
+    if counts is None or (raw_list is None and not noop):
+        return  # verirl's even split, Megatron's where num_layers divides by pp (stages of rank-sized chunks)
+    stage_counts = [c // per_rank for c in counts] * per_rank  # stage k x pp + r: chunk k of rank r
+    starts = [sum(stage_counts[:s]) for s in range(len(stage_counts))]
+    layers = [n - sum(1 for i in noop if a <= i < a + n) for a, n in zip(starts, stage_counts)]
+    if min(layers) < 1:
+        t.decide(noop_key if noop else list_key, f"stages of {layers} real decoder layers (less the noop layers "
+                                                 f"{noop}): verirl's stages hold at least one; its even split is left")
+        return
+    how = ["MindSpeed-RL's layers per pipeline rank are verirl's per stage, first to last" if raw_list is not None
+           else f"Megatron's even split of num_layers {num_layers} over {pp} ranks"]
+    if per_rank > 1:
+        how.append(f"each rank's split into its {per_rank} chunks (stage k x {pp} + r is chunk k of rank r)")
+    if noop:
+        how.append(f"less the noop layers {noop}, which Megatron inserts and counts in num_layers and num_layer_list "
+                   f"(verirl's stages hold the model's own layers)")
+    t.put("actor.pipeline_layers", layers, *sources, *([noop_key] if noop else []),
+          *([vpp_key] if per_rank > 1 else []),
+          note="; ".join(how) + "; verirl train checks that they sum to config.json's num_hidden_layers")
 
 
 def _context_parallel(t: Translation) -> tuple[int, str]:
@@ -733,11 +833,11 @@ def _group_budgets(t: Translation, cp: int, cp_key: str) -> None:
         t.note(cp_key, f"{' and '.join(divided)} divided by {cp}: MindSpeed-RL's packing budgets count the group's "
                        f"tokens, verirl's each rank's")
 
-def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> None:
-    """What actor.tensor_parallel_size x actor.sequence_parallel_size > 1 needs of the rest of the converted config:
-    a rollout engine that takes it, packed sequences, and a number of ranks it divides; ``keys`` wrote the sizes."""
-    layout = " and ".join(f"actor.{name}_parallel_size={size}" for name, size in (("tensor", tp), ("sequence", sp))
-                          if size > 1)
+def _model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: list[str]) -> None:
+    """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
+    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
+    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes."""
+    layout = layout_words(tp, sp, pp)
     if t.out.get("rollout.engine") == "vllm":
         for key in keys:
             t.decide(key, f"verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor "
@@ -747,19 +847,18 @@ def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> N
                              else "") + ", or data parallelism alone (FSDP2) with vLLM")
     if t.out.get("actor.use_remove_padding") is False:
         t.put("actor.use_remove_padding", True, RL + "use_remove_padding",
-              note=f"false in MindSpeed-RL: verirl runs {layout} on the packed passes (the vocabulary split over "
-                   f"the ranks, the tokens split over the ranks), so true is written (packing changes no result)")
+              note=f"false in MindSpeed-RL: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), "
+                   f"so true is written (packing changes no result)")
+    if pp > 1:
+        fit_pipeline(t, [_actor_key(t, "pipeline_model_parallel_size")])
     world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
-    group = tp * sp
+    group = tp * sp * pp
     if world % group:
         npus = t.get(RL + "actor_resource.num_npus", None)
-        sizes = " x ".join(f"{name} parallelism {size}" for name, size in (("tensor", tp), ("sequence", sp))
-                           if size > 1)
         t.put("trainer.nproc_per_node", group, *keys,
-              note=f"{sizes}{f' = {group} ranks' if tp > 1 and sp > 1 else ''} does not divide verirl's default "
-                   f"world of {world} rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one "
-                   f"group, the fewest ranks the layout runs on"
-                   + (f" (MindSpeed-RL's actor had {npus} NPUs)" if npus else "")
+              note=f"{size_words(tp, sp, pp)} does not divide verirl's default world of {world} "
+                   f"rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one group, the fewest "
+                   f"ranks the layout runs on" + (f" (MindSpeed-RL's actor had {npus} NPUs)" if npus else "")
                    + f"; set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
 
 

@@ -18,9 +18,11 @@ veRL's defaults and ignored keys are data: verl.yaml beside this file.
 """
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from verirl.tools.align.convert import Direct, NeedsDecision, Translation, peer_tables
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_pipeline, layout_words,
+                                       packed_words, peer_tables, pipeline_stages, size_words)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -777,6 +779,68 @@ def _data(t: Translation) -> None:
         t.decide("data.train_max_samples", "veRL trains on the first N rows: cut the file to them")
 
 
+# Megatron's transformer-config keys that move layers between pipeline stages (placement, not maths), and what each
+# does to the split.
+STAGE_SPLIT = {
+    "num_layers_in_first_pipeline_stage": "the first stage holds this many decoder layers, the middle stages split "
+                                          "the rest evenly",
+    "num_layers_in_last_pipeline_stage": "the last stage holds this many decoder layers, the middle stages split the "
+                                         "rest evenly",
+    "account_for_embedding_in_pipeline_split": "the embedding counts as one layer of the first stage's share",
+    "account_for_loss_in_pipeline_split": "the output layer and loss count as one layer of the last stage's share",
+    "pipeline_model_parallel_layout": "each stage's layers, stages split by '|' (E the embedding, t a decoder layer, "
+                                      "L the loss)",
+}
+
+
+def _layout_layers(layout: str) -> list[int]:
+    """Decoder layers per stage of Megatron's pipeline_model_parallel_layout in its plain form ('Et*3|t*3|tL'); raises
+    ValueError for what the plain form does not cover (parentheses, MTP layers 'm', unknown letters)."""
+    import re
+
+    stages = []
+    for stage in str(layout).replace(" ", "").split("|"):
+        parts = re.findall(r"([EtL])(?:\*(\d+))?", stage)
+        if "".join(f"{kind}*{n}" if n else kind for kind, n in parts) != stage:
+            raise ValueError(f"stage {stage!r}")
+        stages.append(sum(int(n or 1) for kind, n in parts if kind == "t"))
+    return stages
+
+
+def _stage_split(t: Translation, key: str, leaf: str) -> None:
+    """A Megatron override of how the layers split over the pipeline stages, as verirl's actor.pipeline_layers (each
+    stage's decoder layers): the plain pipeline_model_parallel_layout names them; the other overrides give part of
+    the split, whose rest needs the model's layer count (config.json, not in veRL's config)."""
+    from verirl.models.pipeline import stages_per_rank
+
+    value, pp = t.get(key), t.out.get("actor.pipeline_parallel_size", 1)
+    stages = pp * stages_per_rank(t.out.get("actor.pipeline_schedule", "1f1b"))
+    if pp == 1:
+        t.ignore(key, "read only with pipeline parallelism, which is off")
+    elif value is False or value is None:
+        t.ignore(key, f"{'false' if value is False else 'null'}: Megatron splits the decoder layers alone, as verirl")
+    elif leaf == "pipeline_model_parallel_layout":
+        try:
+            layers = _layout_layers(value)
+        except ValueError as e:
+            t.decide(key, f"{leaf}={value}: {STAGE_SPLIT[leaf]}; {e} is not in the plain form read here (E, t, L and "
+                          f"*N per stage): write each stage's decoder layers as actor.pipeline_layers, {stages} "
+                          f"numbers (the even split is left; placement, not maths)")
+            return
+        if len(layers) != stages or min(layers) < 1:
+            t.decide(key, f"{leaf}={value}: {len(layers)} stages of {layers} decoder layers; verirl runs {stages} "
+                          f"stages of at least one: write actor.pipeline_layers (the even split is left)")
+            return
+        t.put("actor.pipeline_layers", layers, key,
+              note=f"{STAGE_SPLIT[leaf]}: the decoder layers of each stage, first to last; verirl train checks that "
+                   f"they sum to config.json's num_hidden_layers")
+    else:
+        t.decide(key, f"{leaf}={value}: {STAGE_SPLIT[leaf]} in Megatron; verirl's stages split the layers evenly "
+                      f"(actor.pipeline_layers [], left) or as actor.pipeline_layers lists them, {stages} numbers "
+                      f"that sum to config.json's num_hidden_layers: write the same split there (placement, not "
+                      f"maths)")
+
+
 def _model(t: Translation) -> None:
     path = t.get(M + "path", None)
     if path is not None:
@@ -796,7 +860,9 @@ def _model(t: Translation) -> None:
                 f"model.override_config carries them. A key the model's config does not have is refused at load.")
     for key in t.under(A + "megatron.override_transformer_config"):
         leaf = key.rsplit(".", 1)[1]
-        if not (leaf.startswith("recompute_") or leaf == "attention_backend"):
+        if leaf in STAGE_SPLIT:
+            _stage_split(t, key, leaf)
+        elif not any(fnmatchcase(key, pattern) for pattern, _ in IGNORED if "override_transformer_config" in pattern):
             t.decide(key, f"a Megatron transformer-config override ({leaf}={t.get(key)}): if it changes the model's "
                           f"numerics, set the same in model.override_config (check with `verirl doctor`)")
     if int(t.get(M + "lora.rank", 0) or 0) > 0:
@@ -895,10 +961,11 @@ _HEADS = "verirl train refuses it unless each tensor-parallel rank's attention h
 def _layout(t: Translation) -> None:
     """The actor's parallel layout: Megatron's tensor parallelism is verirl's actor.tensor_parallel_size; FSDP's
     Ulysses sequence parallelism and Megatron's context parallelism are verirl's actor.sequence_parallel_size;
-    pipeline parallelism is not available in verirl yet (every layer on each rank). The rollout's tensor
-    parallelism for the native and hf engines (vLLM's is _vllm_layout's)."""
+    Megatron's pipeline parallelism is verirl's actor.pipeline_parallel_size (its virtual stages verirl's interleaved
+    schedule where they are 2 per rank). The rollout's tensor parallelism for the native and hf engines (vLLM's is
+    _vllm_layout's)."""
     if _megatron(t):
-        tp, sp, keys = _megatron_layout(t)
+        tp, sp, pp, keys = _megatron_layout(t)
         for role in (A, REF):
             for key in (role + SP, role + "fsdp_config." + SP):
                 t.ignore(key, "read by veRL's FSDP workers only, not its Megatron ones")
@@ -906,18 +973,20 @@ def _layout(t: Translation) -> None:
         for key in (MG + "tensor_model_parallel_size", REF + "megatron.tensor_model_parallel_size",
                     *[MG + name for name in ("pipeline_model_parallel_size", "context_parallel_size",
                                              "virtual_pipeline_model_parallel_size")],
-                    REF + "megatron.context_parallel_size"):
+                    REF + "megatron.context_parallel_size", REF + "megatron.pipeline_model_parallel_size"):
             t.ignore(key, f"read by veRL's Megatron workers only; actor.strategy is {t.get(A + 'strategy')}")
-        tp, (sp, keys) = 1, _ulysses_layout(t)
+        tp, pp, (sp, keys) = 1, 1, _ulysses_layout(t)
     _rollout_layout(t, tp)
-    if tp * sp > 1:
-        _model_parallel_fits(t, tp, sp, keys)
+    if tp * sp * pp > 1:
+        _model_parallel_fits(t, tp, sp, pp, keys)
 
 
-def _megatron_layout(t: Translation) -> tuple[int, int, list[str]]:
-    """actor.megatron.*'s sizes: (tensor parallel, context parallel, the keys that wrote a size above 1)."""
-    tp_key, cp_key = MG + "tensor_model_parallel_size", MG + "context_parallel_size"
-    tp, cp = _size(t, tp_key), _size(t, cp_key)
+def _megatron_layout(t: Translation) -> tuple[int, int, int, list[str]]:
+    """actor.megatron.*'s sizes: (tensor parallel, context parallel, pipeline parallel, the keys that wrote a size
+    above 1)."""
+    tp_key, cp_key, pp_key = (MG + "tensor_model_parallel_size", MG + "context_parallel_size",
+                              MG + "pipeline_model_parallel_size")
+    tp, cp, pp = _size(t, tp_key), _size(t, cp_key), _size(t, pp_key)
     if t.given(tp_key):
         t.put("actor.tensor_parallel_size", tp, tp_key,
               note="ranks that split each layer, in both (Megatron's tensor parallelism, verirl's tensor-parallel "
@@ -929,21 +998,16 @@ def _megatron_layout(t: Translation) -> tuple[int, int, list[str]]:
                    f"({_ULYSSES}); the same {cp} ranks per sequence, the same log-probs; {_HEADS}")
     else:
         t.ignore(cp_key, "1: none")
-    pp_key = MG + "pipeline_model_parallel_size"
-    pp = _size(t, pp_key)
     if pp > 1:
-        t.decide(pp_key, f"pipeline parallelism ({pp}) is not available in verirl yet; the layout becomes data "
-                         f"parallel x tensor parallel x sequence parallel, every layer on each rank")
+        pipeline_stages(t, pp_key, pp, tp, cp, "veRL")
+        t.note(pp_key, "without a layer-split override (override_transformer_config) Megatron splits the layers "
+                       "evenly over the stages, as verirl's default actor.pipeline_layers []")
     else:
         t.ignore(pp_key, "1: none")
-    vpp = MG + "virtual_pipeline_model_parallel_size"
-    if t.get(vpp, None) is not None:
-        t.decide(vpp, "virtual pipeline stages: pipeline parallelism is not available in verirl yet; the layout "
-                      "becomes data parallel x tensor parallel x sequence parallel")
-    else:
-        t.ignore(vpp, "null: none")
-    for name, size, what in (("tensor_model_parallel_size", tp, "tensor parallelism"),
-                             ("context_parallel_size", cp, "context parallelism")):
+    _virtual_stages(t, pp)
+    for name, size, what, how in (("tensor_model_parallel_size", tp, "tensor parallelism", "split {} ways"),
+                                  ("context_parallel_size", cp, "context parallelism", "split {} ways"),
+                                  ("pipeline_model_parallel_size", pp, "pipeline parallelism", "over {} stages")):
         ref_key = REF + "megatron." + name
         if not t.given(ref_key):
             continue
@@ -953,8 +1017,34 @@ def _megatron_layout(t: Translation) -> tuple[int, int, list[str]]:
         else:
             t.decide(ref_key, f"veRL's reference ran with {what} {ref}, its actor with {size}: verirl's reference "
                               f"runs on the actor's layout ({size}), which has no setting of its own (the same "
-                              f"log-probs, computed split {size} ways)")
-    return tp, cp, [k for k, v in ((tp_key, tp), (cp_key, cp)) if v > 1]
+                              f"log-probs, computed {how.format(size)})")
+    return tp, cp, pp, [k for k, v in ((tp_key, tp), (cp_key, cp), (pp_key, pp)) if v > 1]
+
+
+def _virtual_stages(t: Translation, pp: int) -> None:
+    """virtual_pipeline_model_parallel_size: Megatron's model chunks per pipeline rank, run by its interleaved
+    1F1B schedule; verirl's interleaved_1f1b holds 2 stages per rank (stage s on rank s mod pp, as Megatron places
+    its chunks)."""
+    from verirl.models.pipeline import stages_per_rank
+
+    key, per_rank = MG + "virtual_pipeline_model_parallel_size", stages_per_rank("interleaved_1f1b")
+    chunks = t.get(key, None)
+    if chunks is None:
+        t.ignore(key, "null: none")
+    elif pp == 1:
+        t.ignore(key, "read only with pipeline_model_parallel_size > 1: no stages to interleave")
+    elif int(chunks) == 1:
+        t.translated(key, "1 model chunk per rank: the stages of 1F1B, verirl's default actor.pipeline_schedule")
+    elif int(chunks) == per_rank:
+        t.put("actor.pipeline_schedule", "interleaved_1f1b", key,
+              note=f"{per_rank} model chunks per rank under Megatron's interleaved 1F1B: verirl's interleaved_1f1b, "
+                   f"{per_rank} stages per rank (stage s on rank s mod {pp}, as Megatron places its chunks), the "
+                   f"layers split over {pp} x {per_rank} = {pp * per_rank} stages")
+    else:
+        t.decide(key, f"{chunks} model chunks per rank (Megatron's interleaved 1F1B): verirl's interleaved_1f1b holds "
+                      f"{per_rank} stages per rank; its default 1f1b is left (one stage per rank): choose "
+                      f"actor.pipeline_schedule=1f1b or interleaved_1f1b ({per_rank} per rank); the schedule changes "
+                      f"no result, only the idle share of each pass (verirl plan shows it)")
 
 
 def _ulysses_layout(t: Translation) -> tuple[int, list[str]]:
@@ -1005,11 +1095,11 @@ def _rollout_layout(t: Translation, tp: int) -> None:
                       f"the model fits one device")
 
 
-def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> None:
-    """What actor.tensor_parallel_size x actor.sequence_parallel_size > 1 needs of the rest of the converted config:
-    a rollout engine that takes it, packed sequences, and a number of ranks it divides; ``keys`` wrote the sizes."""
-    layout = " and ".join(f"actor.{name}_parallel_size={size}" for name, size in (("tensor", tp), ("sequence", sp))
-                          if size > 1)
+def _model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: list[str]) -> None:
+    """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
+    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
+    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes."""
+    layout = layout_words(tp, sp, pp)
     if t.out.get("rollout.engine") == "vllm":
         for key in keys:
             t.decide(key, f"verirl's vllm engine does not take an actor laid out so yet (verirl train refuses "
@@ -1019,19 +1109,19 @@ def _model_parallel_fits(t: Translation, tp: int, sp: int, keys: list[str]) -> N
                           + ", or data parallelism alone (FSDP2) with vLLM")
     if t.out.get("actor.use_remove_padding") is False:
         t.put("actor.use_remove_padding", True, M + "use_remove_padding",
-              note=f"false in veRL: verirl runs {layout} on the packed passes (the vocabulary split over the ranks, "
-                   f"the tokens split over the ranks), so true is written (packing changes no result)")
+              note=f"false in veRL: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "
+                   f"is written (packing changes no result)")
+    if pp > 1:
+        fit_pipeline(t, [MG + "pipeline_model_parallel_size"], [A + "strategy"] if t.given(A + "strategy") else [])
     world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
-    group = tp * sp
+    group = tp * sp * pp
     if world % group:
         ran = int(t.get("trainer.n_gpus_per_node")) * int(t.get("trainer.nnodes"))
-        sizes = " x ".join(f"{name} parallelism {size}" for name, size in (("tensor", tp), ("sequence", sp))
-                           if size > 1)
         t.put("trainer.nproc_per_node", group, *keys,
-              note=f"{sizes}{f' = {group} ranks' if tp > 1 and sp > 1 else ''} does not divide verirl's default "
-                   f"world of {world} rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one "
-                   f"group, the fewest ranks the layout runs on (veRL's run had n_gpus_per_node x nnodes = {ran} "
-                   f"GPUs); set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
+              note=f"{size_words(tp, sp, pp)} does not divide verirl's default world of {world} "
+                   f"rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one group, the fewest "
+                   f"ranks the layout runs on (veRL's run had n_gpus_per_node x nnodes = {ran} GPUs); set "
+                   f"trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
 
 
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
@@ -1173,12 +1263,11 @@ def _trainer(t: Translation) -> None:
         t.put("trainer.dist_timeout_s", int(t.get("actor_rollout_ref.nccl_timeout")), "actor_rollout_ref.nccl_timeout",
               note="seconds before a stuck collective ends the run")
     strategy = t.get(A + "strategy")
-    if t.given(A + "strategy"):
+    if t.given(A + "strategy") and t.out.get("actor.pipeline_parallel_size", 1) == 1:
         t.put("actor.strategy", "fsdp2", A + "strategy",
               note="verirl shards by data parallelism with FSDP2" + (
-                  "; Megatron's tensor and context parallelism are translated (actor.tensor_parallel_size, "
-                  "actor.sequence_parallel_size), its pipeline parallelism is not available in verirl yet"
-                  if strategy == "megatron" else ""))
+                  "; Megatron's tensor, context and pipeline parallelism are translated (actor.tensor_parallel_size, "
+                  "actor.sequence_parallel_size, actor.pipeline_parallel_size)" if strategy == "megatron" else ""))
 
 
 def translate(t: Translation) -> None:
