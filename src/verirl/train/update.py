@@ -313,6 +313,45 @@ def _micro_loss(logp, ent, mask, sel, batch: TrainBatch, p: UpdateParams, old, n
     return loss, shares
 
 
+def _trained_loss(logp, ent, sel, epoch: int, batch: TrainBatch, p: UpdateParams, trained, n_tokens, n_seqs,
+                  sums: dict, on_policy_out, entropy_out) -> torch.Tensor:
+    """A micro-batch's loss from its rows' log-probs and entropies (b, w): the on-policy log-probs and the
+    entropies written out, the statistics' shares added to ``sums``."""
+    r, w = batch.rollout, logp.shape[1]
+    old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
+    if on_policy_out is not None:
+        on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
+    if entropy_out is not None and epoch == 0:
+        entropy_out[sel] = (ent.detach() * r.loss_mask[sel, :w].to(ent.dtype)).sum(-1).to(entropy_out.dtype)
+    loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
+    for k, v in shares.items():
+        sums[k] += v
+    return loss
+
+
+def _optimizer_step(optimizer, scheduler, gn: torch.Tensor, sums: dict, stats: dict) -> bool:
+    """The mini-batch's optimizer and scheduler step and its statistics; False (no step at all, so that the
+    weights, the optimizer state and the schedule stay good) when the loss or the grad norm is not finite."""
+    stats["lr"].append(optimizer.param_groups[0]["lr"])
+    finite = bool(torch.isfinite(gn)) and all(math.isfinite(v) for v in sums.values())
+    if finite:
+        optimizer.step()
+        scheduler.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    stats["grad_norm"].append(float(gn))
+    for k, v in sums.items():
+        stats[k].append(v)
+    return finite
+
+
+def _update_metrics(stats: dict, batch: TrainBatch, p: UpdateParams, nonfinite: int) -> dict[str, float]:
+    if batch.ref_logprobs is None or p.kl_coef <= 0:
+        stats.pop("kl")  # no reference pass: say nothing rather than a made-up zero
+    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
+            "actor/nonfinite_updates": float(nonfinite)}
+
+
 def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
             dist: Dist, on_policy_out: Optional[torch.Tensor], entropy_out: Optional[torch.Tensor]) -> dict[str, float]:
     """`update_policy` with the optimizer state on its device."""
@@ -342,34 +381,13 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
                 sel = torch.as_tensor(mb, dtype=torch.long, device=r.response_ids.device)
                 logp, ent, _ = sequence_logprobs(model, r, mb, p.forward, with_entropy=True, layouts=layouts,
                                                  sp_group=dist.sp_group)
-                w = logp.shape[1]
-                old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
-                if on_policy_out is not None:
-                    on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
-                if entropy_out is not None and epoch == 0:
-                    entropy_out[sel] = (ent.detach() * r.loss_mask[sel, :w].to(ent.dtype)).sum(-1).to(entropy_out.dtype)
-                loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
-                loss.backward()
-                for k, v in shares.items():
-                    sums[k] += v
+                _trained_loss(logp, ent, sel, epoch, batch, p, trained, n_tokens, n_seqs, sums, on_policy_out,
+                              entropy_out).backward()
             if not is_sharded(model):  # a sharded model's backward reduce-scattered the gradients already
                 dist.sum_gradients(params)
             sums = dict(zip(sums, dist.all_sum(list(sums.values()))))
-            gn = grad_norm(params, p.grad_clip)
-            stats["lr"].append(optimizer.param_groups[0]["lr"])
-            if torch.isfinite(gn) and all(math.isfinite(v) for v in sums.values()):
-                optimizer.step()
-                scheduler.step()
-            else:  # no step at all, so that the weights, the optimizer state and the schedule stay good
-                optimizer.zero_grad(set_to_none=True)
-                nonfinite += 1
-            stats["grad_norm"].append(float(gn))
-            for k, v in sums.items():
-                stats[k].append(v)
-    if batch.ref_logprobs is None or p.kl_coef <= 0:
-        stats.pop("kl")  # no reference pass: say nothing rather than a made-up zero
-    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
-            "actor/nonfinite_updates": float(nonfinite)}
+            nonfinite += not _optimizer_step(optimizer, scheduler, grad_norm(params, p.grad_clip), sums, stats)
+    return _update_metrics(stats, batch, p, nonfinite)
 
 
 def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
@@ -405,18 +423,9 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
             pbs = [layouts.get(r, mb, p.forward.prompt_once) for mb in planned]
 
             def loss_fn(lp, ent, i, planned=planned, pbs=pbs, sums=sums, n_tokens=n_tokens, n_seqs=n_seqs):
-                pb, sel = pbs[i], torch.as_tensor(planned[i], dtype=torch.long, device=device)
-                logp, entm = scatter(pb, lp), scatter(pb, ent)
-                w = logp.shape[1]
-                old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[sel, :w]
-                if on_policy_out is not None:
-                    on_policy_out[sel, :w] = old.to(on_policy_out.dtype)
-                if entropy_out is not None and epoch == 0:
-                    entropy_out[sel] = (entm.detach() * r.loss_mask[sel, :w].to(entm.dtype)).sum(-1).to(entropy_out.dtype)
-                loss, shares = _micro_loss(logp, entm, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
-                for k, v in shares.items():
-                    sums[k] += v
-                return loss
+                sel = torch.as_tensor(planned[i], dtype=torch.long, device=device)
+                return _trained_loss(scatter(pbs[i], lp), scatter(pbs[i], ent), sel, epoch, batch, p, trained,
+                                     n_tokens, n_seqs, sums, on_policy_out, entropy_out)
 
             with mixed_precision(device, p.forward.compute_dtype):
                 pipeline_backward(pipe.stages, micro_batches(model, pbs), loss_fn, pipe.group, pipe.schedule,
@@ -426,23 +435,11 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
             shared = from_last(torch.tensor(list(sums.values()), dtype=torch.float64, device=device), pipe.group)
             sums = dict(zip(sums, dist.all_sum(shared.tolist())))
             gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip)
-            stats["lr"].append(optimizer.param_groups[0]["lr"])
-            if torch.isfinite(gn) and all(math.isfinite(v) for v in sums.values()):
-                optimizer.step()
-                scheduler.step()
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                nonfinite += 1
-            stats["grad_norm"].append(float(gn))
-            for k, v in sums.items():
-                stats[k].append(v)
+            nonfinite += not _optimizer_step(optimizer, scheduler, gn, sums, stats)
     for out in (on_policy_out, entropy_out):  # filled on the last stage
         if out is not None:
             from_last(out, pipe.group)
-    if batch.ref_logprobs is None or p.kl_coef <= 0:
-        stats.pop("kl")
-    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
-            "actor/nonfinite_updates": float(nonfinite)}
+    return _update_metrics(stats, batch, p, nonfinite)
 
 
 def build_optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float, warmup_steps: int):
