@@ -308,6 +308,40 @@ def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source:
                   f"of whole layers over {pp} ranks)")
 
 
+def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, vllm_from: str,
+                        padding_key: str, pipeline_keys: Sequence[str], strategy_keys: Sequence[str],
+                        ran: Callable[[], str]) -> None:
+    """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
+    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
+    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes. ``peer``
+    names the other system, ``vllm_from`` how its engine became vllm ("" or a clause), ``padding_key`` its
+    use_remove_padding key, ``pipeline_keys`` and ``strategy_keys`` its pipeline size and strategy keys, ``ran``
+    its device count in words ("" when unknown), asked only when the note needs it."""
+    layout = layout_words(tp, sp, pp)
+    if t.out.get("rollout.engine") == "vllm":
+        for key in keys:
+            t.decide(key, f"verirl's vllm engine{vllm_from} does not take an actor laid out so yet (verirl train "
+                          f"refuses {layout} with rollout.engine=vllm): use rollout.engine=native, which decodes with "
+                          f"whole weights on each rank"
+                          + (f" or on the tensor-parallel plan with rollout.tensor_parallel_size={tp}" if tp > 1 else "")
+                          + ", or data parallelism alone (FSDP2) with vLLM")
+    if t.out.get("actor.use_remove_padding") is False:
+        t.put("actor.use_remove_padding", True, padding_key,
+              note=f"false in {peer}: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "
+                   f"is written (packing changes no result)")
+    if pp > 1:
+        fit_pipeline(t, pipeline_keys, strategy_keys)
+    world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
+    group = tp * sp * pp
+    if world % group:
+        devices = ran()
+        t.put("trainer.nproc_per_node", group, *keys,
+              note=f"{size_words(tp, sp, pp)} does not divide verirl's default world of {world} "
+                   f"rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one group, the fewest "
+                   f"ranks the layout runs on" + (f" ({devices})" if devices else "")
+                   + f"; set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
+
+
 def fit_pipeline(t: Translation, keys: Sequence[str], strategy_keys: Sequence[str] = ()) -> None:
     """What actor.pipeline_parallel_size > 1 (written from ``keys``) needs of the rest of the converted config: a
     token budget, which every micro-batch is padded to between stages (the micro-batch size's sequences of the

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_pipeline, layout_words,
-                                       packed_words, peer_tables, pipeline_stages, size_words)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, model_parallel_fits, peer_tables,
+                                       pipeline_stages)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -681,7 +681,11 @@ def _layout(t: Translation) -> None:
         t.ignore(pp_key, "1: none")
     _stages(t, pp)
     if tp * sp * pp > 1:
-        _model_parallel_fits(t, tp, sp, pp, [k for k, v in ((tp_key, tp), (sp_key, sp), (pp_key, pp)) if v > 1])
+        model_parallel_fits(t, tp, sp, pp, [k for k, v in ((tp_key, tp), (sp_key, sp), (pp_key, pp)) if v > 1],
+                            "MindSpeed-RL", ", which MindSpeed-RL's generation becomes,", RL + "use_remove_padding",
+                            [_actor_key(t, "pipeline_model_parallel_size")], [],
+                            lambda: (f"MindSpeed-RL's actor had {t.get(RL + 'actor_resource.num_npus')} NPUs"
+                                     if t.get(RL + "actor_resource.num_npus", None) else ""))
 
 
 def _ints(value: Any) -> list[int]:
@@ -832,35 +836,6 @@ def _group_budgets(t: Translation, cp: int, cp_key: str) -> None:
     if divided:
         t.note(cp_key, f"{' and '.join(divided)} divided by {cp}: MindSpeed-RL's packing budgets count the group's "
                        f"tokens, verirl's each rank's")
-
-def _model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: list[str]) -> None:
-    """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
-    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
-    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes."""
-    layout = layout_words(tp, sp, pp)
-    if t.out.get("rollout.engine") == "vllm":
-        for key in keys:
-            t.decide(key, f"verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor "
-                          f"laid out so yet (verirl train refuses {layout} with rollout.engine=vllm): use "
-                          f"rollout.engine=native, which decodes with whole weights on each rank"
-                          + (f" or on the tensor-parallel plan with rollout.tensor_parallel_size={tp}" if tp > 1
-                             else "") + ", or data parallelism alone (FSDP2) with vLLM")
-    if t.out.get("actor.use_remove_padding") is False:
-        t.put("actor.use_remove_padding", True, RL + "use_remove_padding",
-              note=f"false in MindSpeed-RL: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), "
-                   f"so true is written (packing changes no result)")
-    if pp > 1:
-        fit_pipeline(t, [_actor_key(t, "pipeline_model_parallel_size")])
-    world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
-    group = tp * sp * pp
-    if world % group:
-        npus = t.get(RL + "actor_resource.num_npus", None)
-        t.put("trainer.nproc_per_node", group, *keys,
-              note=f"{size_words(tp, sp, pp)} does not divide verirl's default world of {world} "
-                   f"rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one group, the fewest "
-                   f"ranks the layout runs on" + (f" (MindSpeed-RL's actor had {npus} NPUs)" if npus else "")
-                   + f"; set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
-
 
 def _lora(t: Translation) -> None:
     """MindSpeed-RL trains LoRA adapters when lora_target_modules names modules (with lora_r, lora_alpha)."""

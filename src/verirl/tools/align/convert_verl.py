@@ -21,8 +21,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_pipeline, layout_words,
-                                       packed_words, peer_tables, pipeline_stages, size_words)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, model_parallel_fits, peer_tables,
+                                       pipeline_stages)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -978,7 +978,10 @@ def _layout(t: Translation) -> None:
         tp, pp, (sp, keys) = 1, 1, _ulysses_layout(t)
     _rollout_layout(t, tp)
     if tp * sp * pp > 1:
-        _model_parallel_fits(t, tp, sp, pp, keys)
+        model_parallel_fits(t, tp, sp, pp, keys, "veRL", "", M + "use_remove_padding", [MG + "pipeline_model_parallel_size"],
+                            [A + "strategy"] if t.given(A + "strategy") else [],
+                            lambda: f"veRL's run had n_gpus_per_node x nnodes = "
+                                    f"{int(t.get('trainer.n_gpus_per_node')) * int(t.get('trainer.nnodes'))} GPUs")
 
 
 def _megatron_layout(t: Translation) -> tuple[int, int, int, list[str]]:
@@ -1093,35 +1096,6 @@ def _rollout_layout(t: Translation, tp: int) -> None:
         t.decide(key, f"veRL's rollout engine decoded over {size} devices; verirl's {engine} engine decodes with the "
                       f"whole weights on each rank (rollout.tensor_parallel_size 1, left){plan}: choose by whether "
                       f"the model fits one device")
-
-
-def _model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: list[str]) -> None:
-    """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
-    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
-    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes."""
-    layout = layout_words(tp, sp, pp)
-    if t.out.get("rollout.engine") == "vllm":
-        for key in keys:
-            t.decide(key, f"verirl's vllm engine does not take an actor laid out so yet (verirl train refuses "
-                          f"{layout} with rollout.engine=vllm): use rollout.engine=native, which decodes with whole "
-                          f"weights on each rank" + (f" or on the tensor-parallel plan with "
-                                                      f"rollout.tensor_parallel_size={tp}" if tp > 1 else "")
-                          + ", or data parallelism alone (FSDP2) with vLLM")
-    if t.out.get("actor.use_remove_padding") is False:
-        t.put("actor.use_remove_padding", True, M + "use_remove_padding",
-              note=f"false in veRL: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "
-                   f"is written (packing changes no result)")
-    if pp > 1:
-        fit_pipeline(t, [MG + "pipeline_model_parallel_size"], [A + "strategy"] if t.given(A + "strategy") else [])
-    world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
-    group = tp * sp * pp
-    if world % group:
-        ran = int(t.get("trainer.n_gpus_per_node")) * int(t.get("trainer.nnodes"))
-        t.put("trainer.nproc_per_node", group, *keys,
-              note=f"{size_words(tp, sp, pp)} does not divide verirl's default world of {world} "
-                   f"rank{'' if world == 1 else 's'}: trainer.nproc_per_node={group} written, one group, the fewest "
-                   f"ranks the layout runs on (veRL's run had n_gpus_per_node x nnodes = {ran} GPUs); set "
-                   f"trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
 
 
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
