@@ -301,7 +301,7 @@ def _inputs(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch], T: int)
     return (ids,)
 
 
-def _from_last(t: torch.Tensor, group) -> torch.Tensor:
+def from_last(t: torch.Tensor, group) -> torch.Tensor:
     """``t`` as the pipeline's last rank holds it, on every rank of the pipeline (same shape everywhere)."""
     dist.broadcast(t, group=group, group_src=dist.get_world_size(group) - 1)
     return t
@@ -337,7 +337,7 @@ def pipeline_backward(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch
     out = torch.zeros(m, device=stages[0].device)
     if stages[-1].is_last:
         out = torch.stack([v.detach().float() for v in losses]).to(out.device)
-    return _from_last(out, group)
+    return from_last(out, group)
 
 
 @torch.no_grad()
@@ -358,7 +358,7 @@ def pipeline_logprobs(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch
     out = torch.zeros((m, 2, T), dtype=_out_dtype(stages[0].dtype), device=stages[0].device)
     if stages[-1].is_last:
         out.copy_(merged)
-    out = _from_last(out, group)
+    out = from_last(out, group)
     return [(out[i, 0, :M], out[i, 1, :M] if with_entropy else None)
             for i, M in enumerate(mb.labels.shape[0] for mb in micro)]
 

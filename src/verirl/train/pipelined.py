@@ -144,12 +144,6 @@ def scatter(pb, values: torch.Tensor) -> torch.Tensor:
     return values.new_zeros((pb.rows, pb.width)).index_put((pb.out_row, pb.out_col), values)
 
 
-def from_last(t: torch.Tensor, group) -> torch.Tensor:
-    """``t`` as the pipeline's last rank holds it, on every rank of the pipeline."""
-    dist.broadcast(t, group=group, group_src=dist.get_world_size(group) - 1)
-    return t
-
-
 def optimizer_state(pipe: Pipeline, optimizer) -> dict:
     """The optimizer's state in one rank's format (indices of the whole model's parameters), every rank
     of the pipeline sending the state of its stages' parameters (a collective over the pipeline)."""

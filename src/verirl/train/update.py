@@ -26,9 +26,9 @@ from verirl.core.algo import (POLICY_LOSSES, PolicyLossParams, aggregate, entrop
 from verirl.core.errors import ConfigError
 from verirl.models import eval_mode
 from verirl.train.distributed import Dist
-from verirl.models.pipeline import pipeline_backward, pipeline_grad_norm, pipeline_logprobs, sum_tied_grads
+from verirl.models.pipeline import from_last, pipeline_backward, pipeline_grad_norm, pipeline_logprobs, sum_tied_grads
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
-from verirl.train.pipelined import at_least, from_last, micro_batches, pipeline_of, scatter
+from verirl.train.pipelined import at_least, micro_batches, pipeline_of, scatter
 from verirl.train.record import response_positions, silenced
 from verirl.train.strategy import grad_norm, is_sharded, on_device_for, optimizer_state_on_device, reshard
 from verirl.core.types import Rollout, TrainBatch
