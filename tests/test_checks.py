@@ -33,6 +33,24 @@ def data_file(tmp_path):
 
 # (rule name in RULES, the values set on a valid config, the words its paragraph holds); a callable value is
 # called with tmp_path. Values are set on the loaded config, since load_config itself refuses bad values.
+def _gemma2(tmp_path) -> str:
+    """A Gemma-2 config.json (logit soft-capping: its passes are not the packed ones) beside the tiny
+    model's tokenizer, no weights."""
+    import shutil
+
+    from transformers import Gemma2Config
+
+    from verirl.models.load import TINY_DIR
+
+    path = tmp_path / "gemma2"
+    path.mkdir()
+    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
+        shutil.copy(f, path)
+    Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16).save_pretrained(path)
+    return str(path)
+
+
 CASES = [
     ("check_finite", {"actor.lr": float("inf")}, "actor.lr=inf is not a finite number"),
     ("check_bounds", {"trainer.total_steps": 0}, "trainer.total_steps=0 must be > 0"),
@@ -98,6 +116,13 @@ CASES = [
      "rank (1) or on the actor's tensor-parallel plan (actor.tensor_parallel_size=1). Set rollout.tensor_parallel_size=1."),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.use_remove_padding": False},
      "actor.tensor_parallel_size=2 needs actor.use_remove_padding=true"),
+    ("model parallel", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "algo.kl_coef": 0.01,
+                        "ref.offload": True},
+     "ref.offload=true with actor.tensor_parallel_size=2: the reference is split like the actor"),
+    ("model parallel", {"trainer.nproc_per_node": 2, "actor.sequence_parallel_size": 2, "model.path": _gemma2},
+     "actor.sequence_parallel_size=2: model_type 'gemma2' has no sequence-parallel attention in verirl"),
+    ("launch", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.offload": "params"},
+     "not available with 2 ranks that all hold parts of one model"),
 ]
 
 

@@ -247,6 +247,21 @@ def test_micro_batch_counts_the_schedules_cannot_run_are_refused():
         bubble_fraction("gpipe", 2, 4, per_rank=2)
 
 
+
+def test_micro_batches_are_split_into_counts_the_schedule_runs():
+    from verirl.train.pipelined import at_least
+
+    five = [[0], [1], [2], [3], [4, 5]]
+    assert at_least(five, 4) == five  # 1F1B over 4 stages: 5 will do
+    split = at_least(five, 4, "interleaved_1f1b", 2)  # 5 in 2 rounds does not divide: one more split
+    assert split == [[0], [1], [2], [3], [4], [5]]
+    check_micro_batches("interleaved_1f1b", 2, len(split), per_rank=2)
+    assert len(at_least([[0, 1, 2, 3, 4, 5, 6]], 4, "interleaved_1f1b", 2)) == 4
+    assert len(at_least([[i] for i in range(6)] + [[6, 7]], 4, "interleaved_1f1b", 2)) == 8  # 7: rounds of 3
+    with pytest.raises(ConfigError, match=r"over 4 stages \(interleaved_1f1b\) needs at least 4 micro-batches in "
+                                          r"whole rounds, and this mini-batch has 5 sequences"):
+        at_least([[i] for i in range(5)], 4, "interleaved_1f1b", 2)
+
 # training end to end: float32, veRL's default lr (see tests/test_tensor_parallel.py), a token budget (a pipeline
 # pads every micro-batch to it between stages)
 TRAIN = ["train", "trainer.total_steps=1", "trainer.save_freq=1", "data.prompts_per_step=4",

@@ -181,9 +181,14 @@ def check_algorithms(cfg: Config, ask: Optional[Ask] = None) -> None:
 
 def check_launch(cfg: Config, ask: Optional[Ask] = None) -> None:
     """Offload settings are ones the strategy can honour, and several machines have a rendezvous."""
+    from verirl.config.layout import data_parallel_size
+
     world = world_size(cfg)
-    if cfg.actor.offload == "params" and (world == 1 or cfg.actor.strategy != "fsdp2"):
-        why = "one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}"
+    shards = data_parallel_size(cfg) * cfg.actor.sequence_parallel_size  # the ranks FSDP2 shards over
+    if cfg.actor.offload == "params" and (shards == 1 or cfg.actor.strategy != "fsdp2"):
+        why = ("one rank" if world == 1 else f"actor.strategy={cfg.actor.strategy}" if cfg.actor.strategy != "fsdp2"
+               else f"{world} ranks that all hold parts of one model (tensor x pipeline parallel = the world), "
+                    f"so there is no data-parallel rank to shard over")
         raise ConfigError(f"actor.offload=params keeps the parameter shards on the host, which needs FSDP2: it is not "
                           f"available with {why}. Use actor.strategy=fsdp2 with trainer.nproc_per_node >= 2, or "
                           f"actor.offload=optimizer (the optimizer state leaves the device between updates).")
@@ -326,11 +331,22 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(f"{split} with rollout.engine=vllm: pushing the weights of an actor laid out so into vLLM "
                           f"is not available in this version. Use rollout.engine=native (each rank decodes its share "
                           f"of the prompts with the whole weights, gathered for the rollout), or data parallelism only.")
+    if cfg.ref.offload and cfg.algo.kl_coef > 0 and (tp > 1 or pp > 1):
+        raise ConfigError(f"ref.offload=true with {split}: the reference is split like the actor, each rank holding "
+                          f"its share, and moving a share to the host and back is not available in this version. Set "
+                          f"ref.offload=false (the reference's share per rank is the actor's parameters' share).")
     config = model_config(cfg.model.path, dict(cfg.model.override_config))
     check_tensor_parallel(config, tp)
     if pp > 1:
         check_pipeline(cfg, config)
     if sp > 1:
+        from verirl.models.parallel import TP_FAMILIES
+
+        kind = getattr(config, "model_type", "?")
+        if kind not in TP_FAMILIES:
+            raise ConfigError(f"actor.sequence_parallel_size={sp}: model_type '{kind}' has no sequence-parallel "
+                              f"attention in verirl (its passes are not the packed ones that split the tokens); the "
+                              f"families that have it: {', '.join(TP_FAMILIES)}. Use actor.sequence_parallel_size=1.")
         heads = getattr(config, "num_attention_heads", 0)
         kv = getattr(config, "num_key_value_heads", None) or heads
         check_ulysses(heads // tp, kv // tp, sp, key="actor.sequence_parallel_size")

@@ -123,14 +123,20 @@ def micro_batches(model, pbs) -> list[MicroBatch]:
                        context=lambda pb=pb: packed_context(model, pb)) for pb in pbs]
 
 
-def at_least(planned: list[list[int]], count: int) -> list[list[int]]:
-    """``planned`` micro-batches split (the largest in halves) until there are ``count`` of them, as a
-    1F1B schedule over ``count`` stages needs; refused when there are fewer sequences than that."""
+def at_least(planned: list[list[int]], count: int, schedule: str = "1f1b", ranks: int = 1) -> list[list[int]]:
+    """``planned`` micro-batches split (the largest in halves) until there are at least ``count`` of them
+    (a 1F1B schedule over ``count`` stages needs one per stage) and, under interleaved 1F1B over ``ranks``
+    pipeline ranks, a count its rounds divide (`check_micro_batches`); refused when there are too few
+    sequences to split. Every rank of a pipeline holds the same micro-batches, so all of them split alike."""
+    def fits(m: int) -> bool:
+        return m >= count and (schedule != "interleaved_1f1b" or m % max(1, m // ranks) == 0)
+
     planned = [list(mb) for mb in planned]
-    while len(planned) < count:
+    while not fits(len(planned)):
         i = max(range(len(planned)), key=lambda j: len(planned[j]))
         if len(planned[i]) < 2:
-            raise ConfigError(f"a pipelined pass over {count} stages needs at least {count} micro-batches, and this "
+            raise ConfigError(f"a pipelined pass over {count} stages ({schedule}) needs at least {count} "
+                              f"micro-batches{' in whole rounds' if schedule == 'interleaved_1f1b' else ''}, and this "
                               f"mini-batch has {sum(len(mb) for mb in planned)} sequences per data-parallel rank: "
                               f"raise actor.mini_batch_prompts, or use actor.pipeline_schedule=gpipe, or fewer "
                               f"stages.")
@@ -144,15 +150,20 @@ def scatter(pb, values: torch.Tensor) -> torch.Tensor:
     return values.new_zeros((pb.rows, pb.width)).index_put((pb.out_row, pb.out_col), values)
 
 
-def optimizer_state(pipe: Pipeline, optimizer) -> dict:
-    """The optimizer's state in one rank's format (indices of the whole model's parameters), every rank
-    of the pipeline sending the state of its stages' parameters (a collective over the pipeline)."""
+def optimizer_state(pipe: Pipeline, optimizer) -> Optional[dict]:
+    """The optimizer's state in one rank's format (indices of the whole model's parameters) on the first
+    rank of each pipeline (None on the others), every rank sending the state of its stages' parameters
+    on the host (a collective over the pipeline)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     names = {id(p): n for n, p in pipe.model.named_parameters()}
     sd = optimizer.state_dict()
-    mine = {names[id(params[int(i)])]: s for i, s in sd["state"].items()}
-    every: list = [None] * dist.get_world_size(pipe.group)
-    dist.all_gather_object(every, mine, group=pipe.group)
+    mine = {names[id(params[int(i)])]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in sd["state"].items()}
+    first = dist.get_global_rank(pipe.group, 0)
+    every: Optional[list] = [None] * dist.get_world_size(pipe.group) if dist.get_rank() == first else None
+    dist.gather_object(mine, every, dst=first, group=pipe.group)
+    if every is None:
+        return None
     order = [n for n, _ in pipe.model.named_parameters()]
     merged = {k: v for part in every for k, v in part.items()}
     group = dict(sd["param_groups"][0])

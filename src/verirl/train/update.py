@@ -234,6 +234,8 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
     pipe = pipeline_of(model)
     if pipe is not None:  # the stages' forward alone; the log-probs sent from the last stage
         layouts = layouts or PackCache(rollout)
+        if len(pipe.stages) > 1:  # the forward runs interleaved: whole rounds of micro-batches
+            planned = at_least(planned, 1, "interleaved_1f1b", torch.distributed.get_world_size(pipe.group))
         pbs = [layouts.get(rollout, mb, forward.prompt_once) for mb in planned]
         with eval_mode(model), mixed_precision(out.device, forward.compute_dtype):
             results = pipeline_logprobs(pipe.stages, micro_batches(model, pbs), pipe.group, forward.max_tokens,
@@ -409,7 +411,8 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
     params = [q for q in model.parameters() if q.requires_grad]
     trained = trained_mask(r, p)
     nonfinite = 0
-    stages = len(pipe.stages) * torch.distributed.get_world_size(pipe.group)
+    pp_ranks = torch.distributed.get_world_size(pipe.group)
+    stages = len(pipe.stages) * pp_ranks
     for epoch in range(p.epochs):
         for m0 in range(0, N, mb_seqs):
             m1 = min(m0 + mb_seqs, N)
@@ -419,7 +422,7 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
             planned = plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
                                          p.forward.prompt_once)
             if pipe.schedule != "gpipe":
-                planned = at_least(planned, stages)
+                planned = at_least(planned, stages, pipe.schedule, pp_ranks)
             pbs = [layouts.get(r, mb, p.forward.prompt_once) for mb in planned]
 
             def loss_fn(lp, ent, i, planned=planned, pbs=pbs, sums=sums, n_tokens=n_tokens, n_seqs=n_seqs):
