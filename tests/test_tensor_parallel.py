@@ -228,3 +228,33 @@ def test_sequence_parallel_training_takes_the_one_rank_step(tmp_path, one_rank_b
     wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank_budget, run))
     for name in wa:
         assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name
+
+
+COUNTED = '''
+import os
+
+def counted(response, **_):
+    with open(os.environ["VERIRL_TEST_CALLS"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return float(len(response) % 3)
+'''
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_tensor_parallel_group_score_each_response_once(tmp_path, monkeypatch):
+    """tp2: both ranks hold the step's 32 responses; each scores 16 of them and the scores are exchanged,
+    so a rule runs 32 times (not 64) and both ranks train on the same rewards."""
+    import json
+
+    from verirl.cli import main
+
+    rule, calls = tmp_path / "counted.py", tmp_path / "calls.txt"
+    rule.write_text(COUNTED)
+    monkeypatch.setenv("VERIRL_TEST_CALLS", str(calls))
+    run = tmp_path / "tp"
+    assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.nproc_per_node=2", "actor.tensor_parallel_size=2",
+                         f"reward.verifiers=[acc,{rule}:counted]", "reward.weights=[1.0,0.5]", "reward.tasks={}"]) == 0
+    pids = calls.read_text().split()
+    assert len(pids) == 32 and len(set(pids)) == 2 and pids.count(pids[0]) == 16, pids
+    rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["scores"]["counted"] for r in rows] == [float(len(r["response"]) % 3) for r in rows]

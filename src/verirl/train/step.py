@@ -116,10 +116,32 @@ def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch
     prompts = [batch_prompts[i] for i in mine]
     rollout, texts = generate(run, prompts, mine, settings.sampling_at(step), timer)
     with timer("reward"):  # scoring runs in the reward workers during the log-prob passes
-        pending = run.scorer.submit(texts, [reward_fields(p) for p in prompts for _ in range(settings.group_size)])
+        scores = score(run, texts, [reward_fields(p) for p in prompts for _ in range(settings.group_size)])
     return StepBatch(step, settings, prompts, rollout, texts,
-                     lambda: shape_rewards(settings.shaping, pending.result(), rollout, settings.group_size,
+                     lambda: shape_rewards(settings.shaping, scores(), rollout, settings.group_size,
                                            run.scorer.weights), weight_version, {})
+
+
+def score(run: Run, texts: list[str], fields: list[dict]) -> Callable[[], RewardResult]:
+    """Start scoring this rank's responses; -> a call that waits for the scores. The ranks of one
+    data-parallel coordinate (its pp x sp x tp ranks) hold the same responses: each scores a contiguous
+    share of their groups, and the shares are exchanged when the scores are awaited, so every response
+    is scored once and all of them see the same score (a rule's deadline is a wall-clock one: two ranks
+    scoring the same response could disagree)."""
+    me, shares = run.dist.decoders(False)
+    if shares == 1:
+        return run.scorer.submit(texts, fields).result
+    n = run.step.group_size
+    groups = len(texts) // n
+    part = slice(groups * me // shares * n, groups * (me + 1) // shares * n)
+    pending = run.scorer.submit(texts[part], fields[part])
+
+    def result() -> RewardResult:
+        parts = run.dist.decoders_gather(pending.result(), False)
+        return RewardResult([t for r in parts for t in r.totals],
+                            {rule: [v for r in parts for v in r.per_rule[rule]] for rule in parts[0].per_rule},
+                            sum(r.errors for r in parts))
+    return result
 
 
 def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
@@ -245,7 +267,7 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
         rollout, texts = generate(run, prompts, mine, settings.sampling_at(step, b), timer)
         with timer("reward"):
             fields = [reward_fields(p) for p in prompts for _ in range(n)]
-            rewards = shape_rewards(settings.shaping, run.scorer(texts, fields), rollout, n, run.scorer.weights)
+            rewards = shape_rewards(settings.shaping, score(run, texts, fields)(), rollout, n, run.scorer.weights)
         errors += rewards.logged.errors
         metric = rewards.for_advantages if f.metric == "reward" else \
             [0.0 if v is None else v for v in rewards.logged.per_rule[f.metric]]
