@@ -120,7 +120,8 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _export_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N")
+    p.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N; whole "
+                                      "or sharded (whose model.safetensors is written tensor by tensor)")
     p.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
 
 

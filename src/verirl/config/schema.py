@@ -43,6 +43,11 @@ ON_STALL = Registry("trainer.on_stall", {
 PROGRESS = Registry("log.progress", {
     "auto": "rich on a terminal, plain otherwise", "rich": "the live view",
     "plain": "one line per step, no escape codes", "off": "no view"})
+CHECKPOINT_FORMATS = Registry("trainer.checkpoint_format", {
+    "auto": "sharded when the actor's parameters are split across ranks (fsdp2 with more than one rank, "
+            "tensor or pipeline parallel), whole otherwise",
+    "whole": "the whole tensors in one Hugging Face directory, gathered and written by rank 0",
+    "sharded": "each rank writes the pieces it holds (RUN_DIR/checkpoints/step_N/shards/rankR.*)"})
 
 
 def progress_name(value: Any) -> str:
@@ -279,6 +284,10 @@ class TrainerConfig:
     seed: int = setting(0, "seeds python, numpy, torch and the rollout sampling")
     save_freq: int = setting(100, "write a checkpoint every N steps, and always at the end (0 = only at the end)", ge=0)
     keep_checkpoints: int = setting(2, "keep the newest N checkpoints in RUN_DIR/checkpoints (0 = keep all)", ge=0)
+    checkpoint_format: str = setting("auto", "sharded: each rank writes the pieces it holds, no rank gathers the "
+                                     "model; whole: gathered into one Hugging Face directory; auto: sharded when "
+                                     "the actor's parameters are split across ranks. Either resumes on any layout "
+                                     "(docs/checkpoints.md)", choices=CHECKPOINT_FORMATS)
     resume: str = setting("auto", "auto: continue from RUN_DIR's newest checkpoint, if any / false / a checkpoint path")
     overwrite: bool = setting(False, "with resume=false: delete the previous run in run_dir instead of refusing")
     dump_rollouts: bool = setting(False, "write RUN_DIR/rollouts.jsonl, one line per response")

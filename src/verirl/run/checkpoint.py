@@ -27,10 +27,18 @@ silent fresh start). Nothing is unpickled on load: weights come from safetensors
 state through ``torch.load(weights_only=True)``; every failure to load a checkpoint's file is a
 `CheckpointError` naming the file.
 
-This module writes and reads the files of what it is given (whole tensors, state dicts): a
-data-parallel run gathers its model's and optimizer's states whole on every rank, and rank 0 writes
-them (`verirl.train.checkpoint`, which also lays them out again as the model's shards on resume).
-So a checkpoint has one format whatever the number of ranks, and resumes with any number.
+A checkpoint has one of two formats (``trainer.checkpoint_format``, docs/checkpoints.md):
+
+* whole: the files above; the model's and the optimizer's states gathered whole and written by rank 0.
+* sharded (``"weights": "sharded"`` in state.json): ``model/`` without weights, ``optimizer.pt`` with the
+  optimizer's hyperparameters and the scheduler only, and ``shards/rankR.safetensors`` +
+  ``shards/rankR.json`` from every rank R (`verirl.run.shards`): each rank writes the pieces it holds;
+  rank 0 writes the rest after all of them are on disk, then the manifest over every rank's files, and
+  renames. state.json names the writing layout (world, dp, tp, sp, pp).
+
+Both resume on any layout (`verirl.train.checkpoint`): whole tensors are laid out as the model's shards,
+sharded pieces are read by overlap with what each rank holds. `export_checkpoint` writes a Hugging Face
+directory from either, a sharded one tensor by tensor.
 """
 from __future__ import annotations
 
@@ -56,7 +64,9 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 CHUNK = 8 << 20  # bytes read per checksum update (bench/checkpoint_checksum.py)
 STEP_DIR = re.compile(r"step_(\d+)")
-REQUIRED = ("state.json", "optimizer.pt", "rng_rank0.safetensors", "model/config.json")  # and model/*.safetensors
+REQUIRED = ("state.json", "optimizer.pt", "rng_rank0.safetensors", "model/config.json")  # and model/*.safetensors,
+# or with "weights": "sharded" in state.json, every rank's shards/rankR.safetensors and shards/rankR.json
+SHARDED = "sharded"
 START_OVER = ("To start this run over use trainer.resume=false trainer.overwrite=true (it deletes these "
               "checkpoints and the run's logs); to keep them, move them away first or choose a new "
               "trainer.run_dir.")
@@ -150,23 +160,52 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, weig
     """Write checkpoint ``step`` atomically, its manifest last (see the module docstring); returns
     its path. ``weights`` and ``optimizer_state``: whole tensors (a sharded model's gathered first);
     ``model`` gives the Hugging Face directory its config, ``tokenizer`` and ``stop_ids`` the rest."""
-    from safetensors.torch import save_file
-
     from verirl.models import save_hf
 
+    tmp = begin_checkpoint(ckpt_root, step)
+    save_hf(model, tokenizer, tmp / "model", stop_ids, weights)
+    torch.save({"optimizer": optimizer_state, "scheduler": scheduler_state}, tmp / "optimizer.pt")
+    _write_state(tmp, {"format": FORMAT, "step": step, "world_size": 1, **extra})
+    return finish_checkpoint(ckpt_root, tmp, step, keep)
+
+
+def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
+    """The empty ``step_N.tmp`` directory a checkpoint is written into (a stale one removed)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:06d}"
-    final, tmp = ckpt_root / name, ckpt_root / (name + ".tmp")
+    tmp = ckpt_root / (f"step_{step:06d}" + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for left in ckpt_root.glob("*.discarded.tmp"):  # a deletion a kill interrupted
         shutil.rmtree(left, ignore_errors=True)
     tmp.mkdir()
-    save_hf(model, tokenizer, tmp / "model", stop_ids, weights)
-    torch.save({"optimizer": optimizer_state, "scheduler": scheduler_state}, tmp / "optimizer.pt")
+    return tmp
+
+
+def save_sharded_rest(tmp: Path, step: int, model, tokenizer, stop_ids, param_groups: list[dict],
+                      scheduler_state: dict, layout: dict, extra: dict) -> None:
+    """Rank 0's files of a sharded checkpoint, once every rank's shards are in ``tmp``: ``model/`` without
+    weights, the optimizer's hyperparameters and the scheduler, the RNG states, state.json."""
+    from verirl.models import save_hf
+
+    save_hf(model, tokenizer, tmp / "model", stop_ids, {})
+    groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in param_groups]
+    torch.save({"optimizer": {"state": {}, "param_groups": groups}, "scheduler": scheduler_state}, tmp / "optimizer.pt")
+    _write_state(tmp, {"format": FORMAT, "step": step, "world_size": layout["world"], "weights": SHARDED,
+                       "layout": layout, **extra})
+
+
+def _write_state(tmp: Path, state: dict) -> None:
+    from safetensors.torch import save_file
+
     meta, tensors = rng_state()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "rng_rank0.safetensors"))
-    state = {"format": FORMAT, "step": step, "world_size": 1, "rng_rank0": meta, **extra}
-    (tmp / "state.json").write_text(json.dumps(state))
+    (tmp / "state.json").write_text(json.dumps({**state, "rng_rank0": meta}))
+
+
+def finish_checkpoint(ckpt_root: Path, tmp: Path, step: int, keep: int = 0) -> Path:
+    """The manifest over every file in ``tmp``, all flushed, ``tmp`` renamed to ``step_N``, then ``latest``;
+    then the checkpoints beyond the newest ``keep`` removed. -> the checkpoint's path."""
+    name = f"step_{step:06d}"
+    final = ckpt_root / name
     write_manifest(tmp)
     _fsync_tree(tmp)
     if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
@@ -254,13 +293,35 @@ def _state_problem(path: Path) -> Optional[str]:
     return f"state.json lacks {', '.join(missing)}" if missing else None
 
 
+def shard_world(path: Path) -> Optional[int]:
+    """The number of ranks whose shards a sharded checkpoint holds (state.json's layout); None for a
+    checkpoint of whole tensors, or when state.json cannot tell."""
+    try:
+        state = json.loads((Path(path) / "state.json").read_bytes())
+        return int(state["layout"]["world"]) if state.get("weights") == SHARDED else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        return None
+
+
 def _missing_required(path: Path) -> list[str]:
-    out = [f"{rel} is missing" for rel in REQUIRED if not (path / rel).is_file()]
-    if (path / "model").is_dir() and not any((path / "model").glob("*.safetensors")):
+    from verirl.run.shards import shard_files
+
+    world = shard_world(path)
+    required = list(REQUIRED) + ([rel for r in range(world) for rel in shard_files(r)] if world else [])
+    out = [f"{rel} is missing" for rel in required if not (path / rel).is_file()]
+    if (path / "model").is_dir() and not world and not any((path / "model").glob("*.safetensors")):
         out.append("model/ holds no .safetensors weights")
     elif not (path / "model").is_dir():
         out = [p for p in out if not p.startswith("model/")] + ["model/ is missing"]
     return out
+
+
+def _shard_problems(path: Path) -> list[str]:
+    """A sharded checkpoint's indexes: every element of every tensor stored once (JSON only)."""
+    from verirl.run.shards import coverage_problems
+
+    world = shard_world(path)
+    return coverage_problems(path, world) if world else []
 
 
 def _manifest_problems(path: Path) -> list[str]:
@@ -297,7 +358,8 @@ def _header_problems(path: Path) -> list[str]:
     problems = _missing_required(path)
     if problems:
         return problems
-    for f in sorted([*path.glob("rng_rank*.safetensors"), *(path / "model").glob("*.safetensors")]):
+    for f in sorted([*path.glob("rng_rank*.safetensors"), *(path / "model").glob("*.safetensors"),
+                     *path.glob("shards/*.safetensors")]):
         problems.append(_safetensors_problem(f, f.relative_to(path).as_posix()))
     problems.append(_json_problem(path / "model" / "config.json", "model/config.json"))
     try:
@@ -318,7 +380,7 @@ def check_checkpoint(path: Path) -> tuple[Optional[str], bool]:
     problems = _manifest_problems(path) if manifest else _header_problems(path)
     if not problems:
         state = _state_problem(path)
-        problems = [state] if state else []
+        problems = [state] if state else _shard_problems(path)
     return (", and ".join(problems) or None), manifest
 
 
@@ -429,7 +491,8 @@ def damaged(file: Path, what: str, e: BaseException) -> CheckpointError:
 
 
 def load_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
-    """The model's whole tensors (safetensors); a file that fails to load is a CheckpointError naming it."""
+    """The model's whole tensors (safetensors) of a checkpoint of whole tensors; a file that fails to load
+    is a CheckpointError naming it."""
     from safetensors.torch import load_file
 
     weights = {}
@@ -478,14 +541,28 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
         raise CheckpointError(f"{out_dir} is a file; give a new directory to export into.")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(ckpt.model_dir, tmp)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(tmp, out_dir)
+        export_model_dir(ckpt, out_dir)
     except OSError as e:  # a parent that is a file, a read-only disk, no permission, a full disk
         raise CheckpointError(f"could not write {out_dir} ({type(e).__name__}: {e.strerror or e}); give a new "
                               f"directory on a writable disk.") from None
     return out_dir
+
+
+def export_model_dir(ckpt: Checkpoint, out_dir: Path) -> None:
+    """``ckpt``'s Hugging Face directory at ``out_dir`` (written beside it, then renamed into place; an
+    existing ``out_dir`` replaced): copied, and for a sharded checkpoint its ``model.safetensors`` written
+    from the shards one tensor at a time (`verirl.run.shards.write_safetensors`)."""
+    from verirl.run.shards import Shards, write_safetensors
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt.model_dir, tmp)
+    world = shard_world(ckpt.path)
+    if world:
+        write_safetensors(Shards(ckpt.path, world), tmp / "model.safetensors")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    _fsync_dir(out_dir.parent)

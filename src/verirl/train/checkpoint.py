@@ -1,15 +1,31 @@
 """The run's checkpoint policy and its resume: when a checkpoint is written and what goes into it
-(never non-finite weights), and how a run continues from one. The model's and the optimizer's
-states are gathered whole here (every rank takes part) and laid out again as the model's shards on
-resume; `verirl.run.checkpoint` writes, verifies and reads the files."""
+(never non-finite weights), in which format, and how a run continues from one.
+
+A whole checkpoint gathers the model's and the optimizer's states here (every rank takes part) and
+rank 0 writes them; a sharded one has every rank write the blocks it holds (`verirl.run.shards`) and
+rank 0 the rest, after all of them. On resume either is laid out as this run's model: whole tensors
+cut to its shards, sharded pieces read by overlap with what each rank holds. `verirl.run.checkpoint`
+writes, verifies and reads the files.
+
+Every rank writes into the run directory, so with more than one rank it must be one directory that
+every rank sees (`check_shared_run_dir`, at the start of every run of several ranks)."""
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import uuid
 from pathlib import Path
+from typing import Callable, Optional
+
+import torch
 
 from verirl.config import to_dict, upgrade_dict
 from verirl.core.errors import CheckpointError, UserError
-from verirl.run.checkpoint import (Checkpoint, damaged, load_optimizer_state, load_weights, reason, restore_rng,
-                                   save_checkpoint)
+from verirl.run.checkpoint import (Checkpoint, begin_checkpoint, damaged, finish_checkpoint, load_optimizer_state,
+                                   load_weights, reason, restore_rng, save_checkpoint, save_sharded_rest,
+                                   shard_world)
+from verirl.run.shards import Shards, load_model_blocks, local_blocks, named_tensors, optimizer_state, write_rank, writers
 from verirl.run.rundir import last_good, raise_write_failure
 from verirl.run.runlog import RunLog, complete_line
 from verirl.train.build import Run
@@ -29,6 +45,17 @@ def checkpoint_due(run: Run, step: int) -> bool:
     return bool(run.checkpoints.every and step % run.checkpoints.every == 0) or step == run.total_steps
 
 
+def checkpoint_format(run: Run) -> str:
+    """"whole" or "sharded": ``trainer.checkpoint_format``, where auto is sharded when the actor's
+    parameters are split across ranks (FSDP2 over more than one rank, tensor or pipeline parallel)."""
+    chosen = run.cfg.trainer.checkpoint_format
+    if chosen != "auto":
+        return chosen
+    d = run.dist
+    split = (is_sharded(run.model) and d.world > 1) or d.tp_world > 1 or d.pp_world > 1
+    return "sharded" if split else "whole"
+
+
 def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     """A checkpoint of ``step``: weights, optimizer, sampler position, RNG states, log offsets,
     non-finite step counts. Never from non-finite weights."""
@@ -40,6 +67,8 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite.total, "nonfinite_in_a_row": run.nonfinite.in_a_row}
+    if checkpoint_format(run) == "sharded":
+        return _save_sharded(run, step, extra)
     pipe = pipeline_of(run.model)
     with whole_model(run.model):  # every rank; the tensors outlive the block (a pipelined model's frees only its own)
         weights = full_state_dict(run.model)
@@ -55,10 +84,71 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
         raise_write_failure(run.run_dir, f"the checkpoint of step {step}", e)
 
 
+def _held(model) -> Callable[[torch.Tensor], bool]:
+    """Whether this rank holds a tensor of ``model``: all of them, but for a pipelined model's parameters
+    of other ranks' stages (freed here)."""
+    pipe = pipeline_of(model)
+    if pipe is None:
+        return lambda t: True
+    params = {id(p) for p in model.parameters()}
+    return lambda t: id(t) in pipe.mine or id(t) not in params
+
+
+def _save_sharded(run: Run, step: int, extra: dict) -> Path:
+    """Every rank writes its blocks into ``step_N.tmp/shards``; once all have, rank 0 writes the rest and
+    renames the checkpoint into place. A failure on any rank stops every rank with it, the previous
+    checkpoint left as it was."""
+    d, what = run.dist, f"the checkpoint of step {step}"
+    root = run.run_dir / "checkpoints"
+    blocks = local_blocks(run.model, run.optimizer, _held(run.model))
+    mine = writers(d.gather([(b.key, b.offset, b.size) for b, _ in blocks], world=True))[d.rank]
+    blocks = [(b, t) for b, t in blocks if (b.key, b.offset, b.size) in mine]
+    tied = {alias: names[0] for names, _ in named_tensors(run.model) for alias in names[1:]}
+    own: Optional[BaseException] = None
+
+    tmp = None
+    if d.is_main:
+        try:
+            tmp = begin_checkpoint(root, step)
+        except Exception as e:  # noqa: BLE001 - told to every rank below, raised on this one
+            own = e
+    tmp = d.broadcast(tmp)
+    if tmp is not None:
+        try:
+            write_rank(tmp, d.rank, d.world, blocks, tied)
+            if os.environ.get("VERIRL_TEST_KILL_IN_SAVE") == f"{step}:{d.rank}":  # tests: a rank dies mid-save
+                os.kill(os.getpid(), signal.SIGKILL)
+        except Exception as e:  # noqa: BLE001
+            own = e
+    failed = [(r, why) for r, why in enumerate(d.gather(None if own is None else reason(own), world=True)) if why]
+    path = None
+    if not failed and d.is_main:
+        try:
+            layout = {"world": d.world, "dp": d.dp_world, "tp": d.tp_world, "sp": d.sp_world, "pp": d.pp_world}
+            save_sharded_rest(tmp, step, run.model, run.tokenizer, run.stop_ids,
+                              run.optimizer.state_dict()["param_groups"], run.scheduler.state_dict(), layout, extra)
+            path = finish_checkpoint(root, tmp, step, run.checkpoints.keep)
+        except Exception as e:  # noqa: BLE001
+            own = e
+    if not failed:
+        path = d.broadcast(path if own is None else None)
+        failed = [] if path is not None else [(0, reason(own) if own is not None else "")]
+    if own is not None:
+        raise_write_failure(run.run_dir, what, own)
+    if failed:
+        rank, why = failed[0]
+        raise CheckpointError(f"rank {rank} could not write its part of {what} ({why}); {last_good(run.run_dir)}.")
+    return path
+
+
 def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> None:
     """Weights (safetensors), optimizer and scheduler (weights_only), RNG states: in place, laid out as
     ``model``'s shards when it is sharded. Any file that fails to load is a CheckpointError naming it,
     the library's error chained."""
+    world = shard_world(ckpt.path)
+    if world:
+        _restore_sharded(ckpt, world, model, optimizer, scheduler)
+        return
     weights = load_weights(ckpt)
     try:
         with whole_model(model):  # a pipelined model: every parameter loaded, those of other stages freed after
@@ -84,9 +174,80 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     restore_rng(ckpt)
 
 
+def _restore_sharded(ckpt: Checkpoint, world: int, model, optimizer, scheduler) -> None:
+    """A sharded checkpoint into this rank: each tensor it holds (and its optimizer state) assembled from
+    the saved pieces that overlap it, whatever layout wrote them."""
+    shards = Shards(ckpt.path, world)
+    held = _held(model)
+    found = load_model_blocks(shards, model, held)
+    try:
+        opt = load_optimizer_state(ckpt)
+        groups = opt["optimizer"]["param_groups"]
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds; none may pass as a traceback
+        raise damaged(ckpt.path / "optimizer.pt", "the optimizer and scheduler state", e) from e
+    state = optimizer_state(shards, optimizer, found, held, groups)
+    try:
+        optimizer.load_state_dict(state)
+        scheduler.load_state_dict(opt["scheduler"])
+    except Exception as e:  # noqa: BLE001
+        raise damaged(ckpt.path / "optimizer.pt", "the optimizer and scheduler state", e) from e
+    restore_rng(ckpt)
+
+
+def check_shared_run_dir(run_dir: Path, dist) -> None:
+    """With more than one rank: the run directory is one that every rank sees (each writes its pieces of a
+    sharded checkpoint there, and rank 0 renames them into place). Rank 0 writes a token file into it and
+    every rank reads it back; one paragraph naming the ranks that cannot."""
+    if not dist.active:
+        return
+    token = dist.broadcast(uuid.uuid4().hex)
+    probe = Path(run_dir) / f".shared-check-{token}"
+    wrote = None
+    if dist.is_main:
+        try:
+            probe.write_text(token)
+            with open(probe, "rb") as f:
+                os.fsync(f.fileno())
+        except OSError as e:
+            wrote = f"{type(e).__name__}: {e.strerror or e}"
+    wrote = dist.broadcast(wrote)
+    try:
+        seen = probe.read_text() == token
+    except (OSError, UnicodeDecodeError):
+        seen = False
+    every = dist.gather((seen, socket.gethostname()), world=True)
+    if dist.is_main:
+        probe.unlink(missing_ok=True)
+    blind = [f"rank {r} ({host})" for r, (ok, host) in enumerate(every) if not ok]
+    if wrote or blind:
+        raise CheckpointError(
+            f"trainer.run_dir {run_dir} is not one directory that every rank sees: "
+            + (f"rank 0 could not write {probe.name} into it ({wrote})" if wrote else
+               f"rank 0 ({every[0][1]}) wrote {probe.name} into it, and {', '.join(blind)} cannot read it there")
+            + ". Every rank writes its own pieces of each checkpoint into the run directory and rank 0 renames "
+              "them into place, so it must be on a file system every node mounts at the same path (NFS, Lustre, "
+              "a cloud file store): set trainer.run_dir to such a path on every node.")
+
+
+def final_checkpoint(run: Run) -> Optional[Path]:
+    """The sharded checkpoint that holds the weights the run ends with (the one of its last step, or the
+    checkpoint it resumed from when that was past the last step), or None: then the final model is
+    gathered. Decided on rank 0, the same on every rank."""
+    resume = run.checkpoints.resume
+    if resume is not None and resume.step >= run.total_steps:
+        path = resume.path
+    elif checkpoint_format(run) == "sharded":
+        path = run.run_dir / "checkpoints" / f"step_{run.total_steps:06d}"
+    else:
+        return None
+    sharded = run.dist.broadcast(shard_world(path) is not None if run.dist.is_main else None)
+    return path if sharded else None
+
+
 def restore(run: Run, log: RunLog) -> int:
     """Restore the checkpoint to continue from (if any) and open the logs where it left them; -> the
     first step to run."""
+    check_shared_run_dir(run.run_dir, run.dist)
     ckpt = run.checkpoints.resume
     if ckpt is None:
         log.open(0, 0, to_dict(run.cfg))  # no checkpoint yet: the run starts over

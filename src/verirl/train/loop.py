@@ -20,6 +20,7 @@ from rich.console import Console
 from verirl.config import Config, to_yaml
 from verirl.models import save_hf
 from verirl.models.device import resolve_device
+from verirl.run.checkpoint import export_model_dir, load_checkpoint
 from verirl.run.display import algorithm_name
 from verirl.run.jsonl import mean_of
 from verirl.run.rundir import last_good, raise_write_failure, write_text
@@ -27,7 +28,7 @@ from verirl.run.runlog import RunLog, mixed_precision_line, val_line
 from verirl.run.signals import StopSignals, rank_signals
 from verirl.train import distributed
 from verirl.train.build import Run, build_run, log_settings
-from verirl.train.checkpoint import NonFiniteTraining, checkpoint_due, restore, save
+from verirl.train.checkpoint import NonFiniteTraining, checkpoint_due, final_checkpoint, restore, save
 from verirl.train.distributed import Dist
 from verirl.train.evaluate import evaluate, val_metrics
 from verirl.train.step import train_step
@@ -142,10 +143,15 @@ def finish(run: Run, log: RunLog, summary: dict, started: float) -> dict:
     """Write the final model, evaluate after the last step (unless the loop just did), write and
     print the summary."""
     history = log.history
-    with whole_model(run.model):  # gathered on every rank when sharded or pipelined; rank 0 writes
-        weights = full_state_dict(run.model)
-    if run.dist.is_main:
-        save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids, weights)
+    source = final_checkpoint(run)
+    if source is not None:  # a sharded checkpoint of these weights: rank 0 exports it, nothing is gathered
+        if run.dist.is_main:
+            export_model_dir(load_checkpoint(source), run.run_dir / "final")
+    else:
+        with whole_model(run.model):  # gathered on every rank when sharded or pipelined; rank 0 writes
+            weights = full_state_dict(run.model)
+        if run.dist.is_main:
+            save_hf(run.model, run.tokenizer, run.run_dir / "final", run.stop_ids, weights)
     k = min(5, len(history))
     summary.update({
         "steps": len(history), "train_seconds": sum(m["timing/all"] for m in history),
