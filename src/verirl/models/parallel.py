@@ -92,22 +92,24 @@ def is_tensor_parallel(model: torch.nn.Module) -> bool:
     return isinstance(weight, DTensor) and any(p.is_shard() for p in weight.placements)
 
 
-def head_shard(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
-    """(this rank's rows of the output layer's weight, the first row's index in the whole vocabulary)
-    for `vocab_parallel_head_logprobs`."""
+def vocab_shard(weight) -> tuple[torch.Tensor, int, object]:
+    """(this rank's rows of a weight split by vocabulary rows, the first row's index in the whole
+    vocabulary, the process group the rows are split over) for `vocab_parallel_head_logprobs`."""
     from torch.distributed.tensor import Shard
 
-    weight = model.get_output_embeddings().weight
     local = weight.to_local()
     mesh = weight.device_mesh
     dim = next(i for i, p in enumerate(weight.placements) if p == Shard(0))  # FSDP2 + TP: the "tp" of (dp, tp)
-    return local, mesh.get_local_rank(dim) * local.shape[0]
+    return local, mesh.get_local_rank(dim) * local.shape[0], mesh.get_group(dim)
+
+
+def head_shard(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of the output layer's weight, the first row's index in the whole vocabulary)
+    for `vocab_parallel_head_logprobs`."""
+    local, start, _ = vocab_shard(model.get_output_embeddings().weight)
+    return local, start
 
 
 def head_group(model: torch.nn.Module):
     """The process group the output layer's vocabulary is split over."""
-    from torch.distributed.tensor import Shard
-
-    weight = model.get_output_embeddings().weight
-    dim = next(i for i, p in enumerate(weight.placements) if p == Shard(0))
-    return weight.device_mesh.get_group(dim)
+    return vocab_shard(model.get_output_embeddings().weight)[2]

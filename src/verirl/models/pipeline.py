@@ -232,10 +232,31 @@ class DecoderStage(torch.nn.Module):
         # as `verirl.train.packing.packed_logprobs`: the output layer in the weights' dtype, autocast or not
         with torch.autocast(h.device.type, enabled=False):
             at = h.index_select(0, micro.pred_pos).to(head.weight.dtype)
-            lp, ent = head_logprobs(at, head.weight, micro.labels, head.bias, run.temperature, run.chunk,
-                                    run.with_entropy)
+            if _is_split(head.weight):  # tensor parallel: this rank's vocabulary rows
+                from verirl.core.ops.head_logprobs import vocab_parallel_head_logprobs
+                from verirl.models.parallel import vocab_shard
+
+                w, start, tp_group = vocab_shard(head.weight)
+                lp, ent = vocab_parallel_head_logprobs(at, w, micro.labels, start, tp_group, head.bias,
+                                                       run.temperature, run.chunk, run.with_entropy)
+            else:
+                lp, ent = head_logprobs(at, head.weight, micro.labels, head.bias, run.temperature, run.chunk,
+                                        run.with_entropy)
         out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])
         return F.pad(out.to(_out_dtype(self.dtype)), (0, T - lp.shape[0]))[None]  # (1, 2, T)
+
+
+def _is_split(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor sharded over some dimension of its mesh (tensor parallel)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor) and any(not p.is_replicate() for p in t.placements)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _out_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -389,25 +410,37 @@ def sum_tied_grads(stages: Sequence[DecoderStage], group: Optional[dist.ProcessG
     (w,) = weights  # loop placement: the first and the last stage are on different ranks
     if w.grad is None:
         w.grad = torch.zeros_like(w)
-    dist.all_reduce(w.grad, group=group)
+    if _is_split(w) and w.grad.placements != w.placements:  # a vocabulary-parallel embedding's is whole
+        w.grad = w.grad.redistribute(w.device_mesh, w.placements)  # this rank's rows of it: no transfer
+    dist.all_reduce(_local(w.grad), group=group)  # tensor parallel: the same rows on both ends
 
 
 def pipeline_grad_norm(stages: Sequence[DecoderStage], group: Optional[dist.ProcessGroup] = None,
-                       max_norm: float = 0.0) -> torch.Tensor:
+                       max_norm: float = 0.0, tp_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """The norm of the whole model's gradient, over the stages of every rank of the pipeline of ``group``
-    (None: the world), a tied embedding counted once (call it after `sum_tied_grads`); when ``max_norm``
-    > 0 every stage's gradients are scaled by min(1, max_norm / (norm + 1e-6)), as
-    ``torch.nn.utils.clip_grad_norm_`` does over one model."""
+    (None: the world), a tied embedding counted once (call it after `sum_tied_grads`); a gradient split
+    over the tensor-parallel group ``tp_group`` (its squares summed over it), the others whole on every
+    rank of it. When ``max_norm`` > 0 every stage's gradients are scaled by min(1, max_norm / (norm +
+    1e-6)), as ``torch.nn.utils.clip_grad_norm_`` does over one model."""
     grads = [p.grad for s in stages for p in s.parameters() if p.grad is not None]
     counted = [p.grad for s in stages for p in s.parameters()
                if p.grad is not None and not (s.is_last and not s.is_first and p is s.tied_weight)]
-    total = torch.zeros((), dtype=torch.float64, device=stages[0].device)
+    device = stages[0].device
+    split = torch.zeros((), dtype=torch.float64, device=device)
+    whole = torch.zeros((), dtype=torch.float64, device=device)
     for g in counted:
-        total += g.double().pow(2).sum()
+        sq = _local(g).double().pow(2).sum()
+        if _is_split(g):
+            split += sq
+        else:
+            whole += sq
+    if tp_group is not None:
+        dist.all_reduce(split, group=tp_group)
+    total = split + whole
     dist.all_reduce(total, group=group)
     norm = total.sqrt().float()
     if max_norm > 0:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for g in grads:
-            g.mul_(coef.to(g.dtype))
+            _local(g).mul_(coef.to(g.dtype))
     return norm

@@ -373,10 +373,10 @@ def check_pipeline(cfg: Config, config) -> None:
                           f"buffers, no compute). Set it to a few times data.max_prompt_length + "
                           f"rollout.max_new_tokens.")
     stage_layers(config.num_hidden_layers, pp * stages_per_rank(schedule), a.pipeline_layers or None)
-    if a.tensor_parallel_size > 1 or a.sequence_parallel_size > 1:
-        raise ConfigError(f"actor.pipeline_parallel_size={pp} with actor.tensor_parallel_size="
-                          f"{a.tensor_parallel_size} and actor.sequence_parallel_size={a.sequence_parallel_size}: "
-                          f"pipeline stages compose with data parallelism only in this version. Use one of them.")
+    if a.sequence_parallel_size > 1:
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} with actor.sequence_parallel_size="
+                          f"{a.sequence_parallel_size}: pipeline stages compose with data and tensor parallelism, "
+                          f"not with sequence parallelism, in this version. Use one of the two.")
     from verirl.config.layout import data_parallel_size
 
     if data_parallel_size(cfg) > 1 and a.strategy == "fsdp2":

@@ -53,6 +53,7 @@ class Dist:
     mesh: Optional["DeviceMesh"] = None  # the ranks' mesh, dimensions DP (and SP, TP); None: one process alone
     shards_mesh: Optional["DeviceMesh"] = None  # DP x SP flattened: FSDP2 shards and gradients are summed over it
     replica_mesh: Optional["DeviceMesh"] = None  # PP x SP x TP flattened: the ranks holding one dp coordinate's data
+    groups_mesh: Optional["DeviceMesh"] = None  # PP x SP flattened: a dp coordinate's tensor-parallel groups (with PP)
 
     @staticmethod
     def single() -> "Dist":
@@ -161,10 +162,12 @@ class Dist:
     def decoders(self, split: bool) -> tuple[int, int]:
         """(this rank's place, their number) among the ranks that decode shares of one data-parallel
         coordinate's prompts: all its pp x sp x tp ranks, or (``split``: a tensor-parallel group decodes
-        together) its sp ranks."""
+        together) its tensor-parallel groups (pp x sp)."""
         if self.replica_mesh is None:
             return 0, 1
         if split:
+            if self.groups_mesh is not None:
+                return self.groups_mesh.get_local_rank(), self.groups_mesh.size()
             return self._coordinate(SP), self.sp_world
         return self.replica_mesh.get_local_rank(), self.replica_mesh.size()
 
@@ -174,7 +177,8 @@ class Dist:
         if size == 1:
             return [obj]
         out: list[Any] = [None] * size
-        group = self.mesh.get_group(SP) if split else self.replica_mesh.get_group()
+        group = (self.replica_mesh if not split else self.groups_mesh if self.groups_mesh is not None
+                 else self.mesh[SP]).get_group()
         torch.distributed.all_gather_object(out, obj, group=group)
         return out
 
@@ -253,7 +257,8 @@ def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequenc
     mesh = init_device_mesh(device.type, (world // split, pipeline_parallel, sequence_parallel, tensor_parallel),
                             mesh_dim_names=(DP, PP, SP, TP))
     shards = mesh[DP, SP]._flatten("dp_sp") if sequence_parallel > 1 else None
-    return Dist(rank, world, *local, mesh, shards, mesh[PP, SP, TP]._flatten("pp_sp_tp"))
+    groups = mesh[PP, SP]._flatten("pp_sp") if pipeline_parallel > 1 and tensor_parallel > 1 else None
+    return Dist(rank, world, *local, mesh, shards, mesh[PP, SP, TP]._flatten("pp_sp_tp"), groups)
 
 
 def close(dist: Optional[Dist]) -> None:

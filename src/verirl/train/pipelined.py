@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 from verirl.core.errors import ConfigError
 from verirl.models.pipeline import MicroBatch, build_stages, stage_layers, stages_per_rank, tied_embedding_group
-from verirl.train.distributed import Dist
+from verirl.train.distributed import TP, Dist
+from verirl.train.strategy import full, shard_like
 
 _PIPELINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its Pipeline
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -35,6 +36,7 @@ class Pipeline:
 
     def __init__(self, model, dist_: Dist, schedule: str, layers: Optional[Sequence[int]], tied_group):
         self.model, self.schedule, self.group, self.tied_group = model, schedule, dist_.pp_group, tied_group
+        self.tp_group = dist_.mesh.get_group(TP) if dist_.tp_world > 1 else None  # the stages' layers split over it
         pp, per_rank = dist_.pp_world, stages_per_rank(schedule)
         total = pp * per_rank
         self.stages = build_stages(model, dist_.pp_rank, pp, per_rank, layers)
@@ -42,12 +44,14 @@ class Pipeline:
         stage_of_layer = {i: s for s, r in enumerate(split) for i in r}
         mine = {id(p) for s in self.stages for p in s.parameters()}
         self.owner: dict[str, int] = {}  # parameter name -> the pipeline rank that sends it (first holder)
-        self.shapes: dict[str, torch.Size] = {}
+        self.shapes: dict[str, torch.Size] = {}  # whole
+        self.local_shapes: dict[str, torch.Size] = {}  # this rank's share (tensor parallel: its shard)
         for name, p in model.named_parameters():
             m = _LAYER.search(name)
             stage = stage_of_layer[int(m.group(1))] if m else (0 if "embed_tokens" in name else total - 1)
             self.owner[name] = stage % pp
             self.shapes[name] = p.shape
+            self.local_shapes[name] = _storage(p).shape
         self.mine = mine
         self._free()
         _PIPELINES[model] = self
@@ -58,19 +62,22 @@ class Pipeline:
     def _free(self) -> None:
         for _, p in self._params():
             if id(p) not in self.mine:
-                p.data = p.data.new_empty(0)
+                t = _storage(p)
+                t.data = t.data.new_empty(0)
                 p.requires_grad_(False)
                 p.grad = None
 
     @contextlib.contextmanager
     def whole(self) -> Iterator[None]:
-        """Every parameter of the model whole on this rank inside the block: each freed one made again and
-        sent by the pipeline rank whose stage holds it (one broadcast per parameter over the pipeline), freed
+        """Every parameter of the model on this rank inside the block (tensor parallel: this rank's shard of
+        each): each freed one made again and sent by the pipeline rank whose stage holds it (one broadcast
+        per parameter over the pipeline, whose ranks share this rank's tensor-parallel coordinate), freed
         again after."""
         for name, p in self._params():
+            t = _storage(p)
             if id(p) not in self.mine:
-                p.data = p.data.new_empty(self.shapes[name])
-            dist.broadcast(p.data, group=self.group, group_src=self.owner[name])
+                t.data = t.data.new_empty(self.local_shapes[name])
+            dist.broadcast(t.data, group=self.group, group_src=self.owner[name])
         try:
             yield
         finally:
@@ -79,6 +86,14 @@ class Pipeline:
     def owns(self, name: str) -> bool:
         p = dict(self.model.named_parameters()).get(name)
         return p is not None and id(p) in self.mine
+
+
+def _storage(p: torch.Tensor) -> torch.Tensor:
+    """The tensor holding this rank's values of ``p``: a DTensor's local tensor (its own object, so that
+    freeing and refilling its storage keeps the DTensor), else ``p`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return p._local_tensor if isinstance(p, DTensor) else p
 
 
 def pipeline_of(model) -> Optional[Pipeline]:
@@ -157,8 +172,8 @@ def optimizer_state(pipe: Pipeline, optimizer) -> Optional[dict]:
     params = [p for g in optimizer.param_groups for p in g["params"]]
     names = {id(p): n for n, p in pipe.model.named_parameters()}
     sd = optimizer.state_dict()
-    mine = {names[id(params[int(i)])]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
-            for i, s in sd["state"].items()}
+    mine = {names[id(params[int(i)])]: {k: full(v).cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in sd["state"].items()}  # tensor parallel: each state gathered over the stage's group
     first = dist.get_global_rank(pipe.group, 0)
     every: Optional[list] = [None] * dist.get_world_size(pipe.group) if dist.get_rank() == first else None
     dist.gather_object(mine, every, dst=first, group=pipe.group)
@@ -181,7 +196,9 @@ def load_optimizer_state(pipe: Pipeline, optimizer, state: dict) -> None:
     for i, s in state["state"].items():
         name = order[int(i)]
         if name in local:
-            out["state"][local[name]] = s
+            param = params[local[name]]
+            out["state"][local[name]] = {k: shard_like(v, param) if torch.is_tensor(v) and v.dim() > 0 else v
+                                         for k, v in s.items()}
     saved = state["param_groups"][0]
     out["param_groups"][0].update({k: v for k, v in saved.items() if k != "params"})
     optimizer.load_state_dict(out)

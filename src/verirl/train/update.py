@@ -437,7 +437,7 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
             dist.sum_gradients(params)
             shared = from_last(torch.tensor(list(sums.values()), dtype=torch.float64, device=device), pipe.group)
             sums = dict(zip(sums, dist.all_sum(shared.tolist())))
-            gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip)
+            gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip, pipe.tp_group)
             nonfinite += not _optimizer_step(optimizer, scheduler, gn, sums, stats)
     for out in (on_policy_out, entropy_out):  # filled on the last stage
         if out is not None:

@@ -409,11 +409,12 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
         if layout.strategy == "fsdp2" and layout.data_parallel > 1 else "",
         f"split over the tensor-parallel group of {tp}" if tp > 1 else "") if part)
+    count = f"{held:,} (this rank's stages, of {total:,})" if layout.pipeline_parallel > 1 else f"{total:,}"
     formulas = {
-        "params": f"{total:,} x {b} B ({cfg.model.dtype})" + (f" / {shards}" if shards > 1 else ""),
-        "grads": f"{total:,} x {b} B, as the parameters" + (f" / {shards}" if shards > 1 else ""),
-        "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {total:,}" + (f" / {shards}" if shards > 1 else ""),
-        "reference": (f"parameters only, {total:,} x {b} B" + (f" / {shards}" if shards > 1 else "")
+        "params": f"{count} x {b} B ({cfg.model.dtype})" + (f" / {shards}" if shards > 1 else ""),
+        "grads": f"{count} x {b} B, as the parameters" + (f" / {shards}" if shards > 1 else ""),
+        "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {count}" + (f" / {shards}" if shards > 1 else ""),
+        "reference": (f"parameters only, {count} x {b} B" + (f" / {shards}" if shards > 1 else "")
                       if layout.reference_pass else "algo.kl_coef=0: no reference model"),
         "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + "
                         + (f"4 x {kv_width} + 4 x {shape.active_intermediate:g}" if tp == 1 else
