@@ -479,21 +479,29 @@ def test_verl_megatron_pipeline_parallelism_is_verirls():
         _model_parallel_checked(r, **{"trainer.nproc_per_node": 4, "actor.strategy": "fsdp2"})
 
 
-@pytest.mark.parametrize("other,ones", [(f"{MG}tensor_model_parallel_size=2", "actor.tensor_parallel_size=1"),
-                                        (f"+{MG}context_parallel_size=2", "actor.sequence_parallel_size=1")])
-def test_verl_megatron_pipeline_with_tensor_or_context_parallelism_needs_a_decision(other, ones):
-    """verirl's stages compose with data parallelism only: both sizes are written as veRL ran them, the pipeline
-    row names the two ways out, and each way passes verirl's checks."""
-    r = convert("verl", VERL, [A + "strategy=megatron", R + "name=sglang", f"{PP}=2", other])
+def test_verl_megatron_pipeline_with_tensor_parallelism_is_translated():
+    """verirl runs tensor-parallel layers inside pipeline stages: both sizes translated, 2 x 2 = 4 ranks, and the
+    converted config passes verirl's checks."""
+    r = convert("verl", VERL, [A + "strategy=megatron", R + "name=sglang", f"{PP}=2", f"{MG}tensor_model_parallel_size=2"])
+    assert r.row(PP).status == "translated"
+    assert r.get("actor.pipeline_parallel_size") == 2 and r.get("actor.tensor_parallel_size") == 2
+    assert r.get("trainer.nproc_per_node") == 4
+    cfg = _model_parallel_checked(r)
+    assert (cfg.actor.pipeline_parallel_size, cfg.actor.tensor_parallel_size) == (2, 2)
+
+
+def test_verl_megatron_pipeline_with_context_parallelism_needs_a_decision():
+    """verirl's stages compose with data and tensor parallelism, not Ulysses: both sizes are written as veRL ran
+    them, the pipeline row names the two ways out, and each way passes verirl's checks."""
+    r = convert("verl", VERL, [A + "strategy=megatron", R + "name=sglang", f"{PP}=2", f"+{MG}context_parallel_size=2"])
     row = r.row(PP)
-    assert row.status == "decide" and "composes pipeline stages with data parallelism only" in row.note
-    assert "actor.pipeline_parallel_size=1" in row.note and ones in row.note
+    assert row.status == "decide" and "not with sequence parallelism" in row.note
+    assert "actor.pipeline_parallel_size=1" in row.note and "actor.sequence_parallel_size=1" in row.note
     assert r.get("actor.pipeline_parallel_size") == 2 and r.get("trainer.nproc_per_node") == 4  # 2 x 2
     assert "= 4 ranks does not divide" in row.note
-    with pytest.raises(ConfigError, match="compose with data parallelism only"):
+    with pytest.raises(ConfigError, match="not with sequence parallelism"):
         _model_parallel_checked(r)
-    tp_or_sp = ones.split("=")[0]
-    _model_parallel_checked(r, **{tp_or_sp: 1, "rollout.tensor_parallel_size": 1})  # stages over 2 x dp 2
+    _model_parallel_checked(r, **{"actor.sequence_parallel_size": 1})  # stages over 2 x dp 2
     _model_parallel_checked(r, **{"actor.pipeline_parallel_size": 1})
 
 
@@ -720,14 +728,14 @@ MS_ONE = [f"{AC}tensor_model_parallel_size=1", f"{GEN}infer_tensor_parallel_size
 
 def test_mindspeed_pipeline_parallelism_is_verirls():
     """pipeline_model_parallel_size is actor.pipeline_parallel_size and num_layer_list (MindSpeed-RL's comma string)
-    actor.pipeline_layers; the example's tensor parallelism 4, which verirl's stages do not compose with yet, makes
-    the size a decision that names the ways out."""
+    actor.pipeline_layers; with the example's tensor parallelism 4 verirl runs tp x pp (one group of 8); its vLLM generation is
+    the one decision."""
     r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=14,14"])
     assert (r.get("actor.pipeline_parallel_size"), r.get("actor.pipeline_layers")) == (2, [14, 14])
     assert r.row(LAYER_LIST).status == "translated" and "num_hidden_layers" in r.row(LAYER_LIST).note
-    row = r.row(MS_PP)
-    assert row.status == "decide" and "composes pipeline stages with data parallelism only" in row.note
-    assert "actor.pipeline_parallel_size=1" in row.note and "actor.tensor_parallel_size=1" in row.note
+    row = r.row(MS_PP)  # a decision only for the example's vLLM generation
+    assert row.status == "decide" and "does not take an actor laid out so yet" in row.note
+    assert "composes pipeline stages" not in row.note
     assert (r.get("actor.tensor_parallel_size"), r.get("trainer.nproc_per_node")) == (4, 8)  # 4 x 2, one group
     assert "tensor parallelism 4 x pipeline parallelism 2 = 8 ranks" in row.note and "16 NPUs" in row.note
     assert r.get("actor.strategy") == "ddp"

@@ -198,22 +198,22 @@ def test_mindspeed_max_packing_token_size_reaches_the_critic_only():
 def test_mindspeed_pipeline_layouts_of_the_peers():
     """DeepSeek-R1 on 256 NPUs: tensor parallel 4 x pipeline parallel 8 with uneven stages (num_layer_list
     7,7,8,8,8,8,8,7); Qwen2.5-7B on tensor parallel 2 x pipeline parallel 2. Both sizes are written as MindSpeed-RL ran
-    them, one group of tp x pp ranks; verirl's stages do not compose with tensor parallelism yet, which the pipeline
-    row says."""
+    them, one group of tp x pp ranks, which verirl runs (the generation on vLLM is the decision left)."""
     result = convert("mindspeed-rl", MS_R1)
     assert (result.get("actor.tensor_parallel_size"), result.get("actor.pipeline_parallel_size"),
             result.get("trainer.nproc_per_node")) == (4, 8, 32)
     assert result.get("actor.pipeline_layers") == [7, 7, 8, 8, 8, 8, 8, 7]
     assert result.row("actor_config.num_layer_list").status == "translated"
     pp = result.row("actor_config.pipeline_model_parallel_size")
-    assert pp.status == "decide" and "composes pipeline stages with data parallelism only" in pp.note
+    assert pp.status == "decide" and "does not take an actor laid out so yet" in pp.note  # vLLM generation only
+    assert "composes pipeline stages" not in pp.note
     assert "256 NPUs" in result.row("actor_config.tensor_model_parallel_size").note and "256 NPUs" in pp.note
     assert result.get("actor.strategy") == "ddp"
     assert result.get("actor.max_token_len_per_device") == 8196 + 2048  # use_dynamic_bsz's 4096, raised
     composed = convert("mindspeed-rl", MS_COMPOSED)  # tensor parallel 2 x pipeline parallel 2, 28 layers: 14 + 14
     assert (composed.get("actor.tensor_parallel_size"), composed.get("actor.pipeline_parallel_size"),
             composed.get("trainer.nproc_per_node"), composed.get("actor.pipeline_layers")) == (2, 2, 4, None)
-    assert composed.row("actor_config.pipeline_model_parallel_size").status == "decide"
+    assert "composes pipeline stages" not in composed.row("actor_config.pipeline_model_parallel_size").note
     assert composed.get("actor.max_token_len_per_device") == 4 * (2048 + 2048)  # micro_batch_size 4, no dynamic bsz
     assert convert("mindspeed-rl", MS_DAPO).row("actor_config.pipeline_model_parallel_size").status == "ignored"
 

@@ -295,17 +295,13 @@ def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source:
                f"Megatron's schedule is 1F1B, verirl's default actor.pipeline_schedule; verirl train refuses it "
                f"unless config.json's model_type has stages in verirl ({', '.join(TP_FAMILIES)}) and the layers "
                f"split over the stages")
-    if tp == 1 and sp == 1:
-        return
-    other = layout_words(tp, sp, 1)
-    ones = " and ".join(f"actor.{name}_parallel_size=1" for name, size in (("tensor", tp), ("sequence", sp))
-                        if size > 1)
-    if tp > 1 and t.out.get("rollout.tensor_parallel_size", 1) == tp and t.out.get("rollout.engine") != "vllm":
-        ones += " and rollout.tensor_parallel_size=1"
-    t.decide(key, f"verirl composes pipeline stages with data parallelism only in this version (verirl train refuses "
-                  f"actor.pipeline_parallel_size={pp} with {other}): both are written as {source} ran them; choose "
-                  f"actor.pipeline_parallel_size=1 (every layer on each rank, the layout {other}) or {ones} (stages "
-                  f"of whole layers over {pp} ranks)")
+    if sp == 1:
+        return  # tensor-parallel layers inside pipeline stages: verirl runs tp x pp
+    other = layout_words(1, sp, 1)
+    t.decide(key, f"verirl composes pipeline stages with data and tensor parallelism, not with sequence parallelism, "
+                  f"in this version (verirl train refuses actor.pipeline_parallel_size={pp} with {other}): both are "
+                  f"written as {source} ran them; choose actor.pipeline_parallel_size=1 (every layer on each rank, "
+                  f"the layout {other}) or actor.sequence_parallel_size=1 (stages over {pp} ranks)")
 
 
 def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, vllm_from: str,
