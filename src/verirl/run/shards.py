@@ -258,9 +258,12 @@ class Shards:
 
 
 def _damaged(path: Path, e: BaseException) -> CheckpointError:
-    from verirl.run.checkpoint import damaged
-
-    return damaged(path, "its pieces of the model", e)
+    """As `verirl.run.checkpoint.damaged` (which imports this module) for a rank's safetensors file."""
+    first = (str(e).strip().splitlines() or [""])[0][:200].rstrip(".")
+    return CheckpointError(f"{path}: cannot load its pieces of the model: {type(e).__name__}"
+                           f"{': ' + first if first else ''}. The checkpoint is damaged: resume from another one "
+                           f"(trainer.resume=RUN_DIR/checkpoints/step_N) or give the run directory to use its "
+                           f"newest good one.")
 
 
 def read_index(ckpt_dir: Path, rank: int) -> dict:
