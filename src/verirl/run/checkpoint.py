@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from verirl.core.errors import CheckpointError
+from verirl.run.load_errors import damaged, reason  # noqa: F401 - also the callers' names here
 
 FORMAT = 1
 LATEST = "latest"
@@ -239,23 +240,6 @@ def _discard(path: Path) -> None:
 
 
 # ---- verification -------------------------------------------------------------------------------
-
-def reason(e: BaseException) -> str:
-    """The gist of a library's error, short, for a one-line message. Never passes on torch's advice
-    to retry with ``weights_only=False`` (that would unpickle whatever the file holds)."""
-    text = str(e).strip()
-    if "weights_only" in text or "Weights only" in text:
-        parts = text.split("WeightsUnpickler error:")
-        detail = " ".join(parts[1].split("Check the documentation")[0].split())[:120] if len(parts) > 1 else ""
-        return ("it holds something other than the tensors and numbers verirl saves"
-                + (f" (torch: {detail})" if detail else "") + ", so it was not unpickled")
-    if not text:
-        return type(e).__name__
-    first = text.splitlines()[0]
-    if len(first) > 160 and ". " in first:
-        first = first.split(". ")[0]
-    return f"{type(e).__name__}: {first[:200].rstrip('.')}"
-
 
 def _safetensors_problem(path: Path, rel: str) -> Optional[str]:
     """What is wrong with a safetensors file, judged by its header against its size (None: fine)."""
@@ -482,12 +466,6 @@ def load_checkpoint(path: Path) -> Checkpoint:
     except CheckpointError as e:
         raise CheckpointError(f"{e}. Resume from another checkpoint (trainer.resume=RUN_DIR/checkpoints/step_N) "
                               f"or give the run directory to use its newest good one.") from e.__cause__
-
-
-def damaged(file: Path, what: str, e: BaseException) -> CheckpointError:
-    return CheckpointError(f"{file}: cannot load {what}: {reason(e)}. The checkpoint is damaged: resume from "
-                           f"another one (trainer.resume=RUN_DIR/checkpoints/step_N) or give the run directory "
-                           f"to use its newest good one.")
 
 
 def load_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:

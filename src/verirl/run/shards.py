@@ -258,12 +258,9 @@ class Shards:
 
 
 def _damaged(path: Path, e: BaseException) -> CheckpointError:
-    """As `verirl.run.checkpoint.damaged` (which imports this module) for a rank's safetensors file."""
-    first = (str(e).strip().splitlines() or [""])[0][:200].rstrip(".")
-    return CheckpointError(f"{path}: cannot load its pieces of the model: {type(e).__name__}"
-                           f"{': ' + first if first else ''}. The checkpoint is damaged: resume from another one "
-                           f"(trainer.resume=RUN_DIR/checkpoints/step_N) or give the run directory to use its "
-                           f"newest good one.")
+    from verirl.run.load_errors import damaged
+
+    return damaged(path, "its pieces of the model", e)
 
 
 def read_index(ckpt_dir: Path, rank: int) -> dict:
