@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from verirl.cli import main
+from verirl.run.checkpoint import shard_world
+from verirl.run.shards import Shards
 
 BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=8",
         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
@@ -32,7 +34,14 @@ def _rows(run: Path, name: str = "metrics.jsonl") -> list[dict]:
 
 
 def _weights(run: Path, step: int) -> dict:
-    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+    """A checkpoint's weights, whole: read from its model file, or assembled from a sharded checkpoint's
+    pieces (FSDP2 on more than one rank writes sharded checkpoints by default)."""
+    path = run / "checkpoints" / f"step_{step:06d}"
+    world = shard_world(path)
+    if world is None:
+        return load_file(str(path / "model" / "model.safetensors"))
+    shards = Shards(path, world)
+    return {name: shards.whole(name) for name in shards.names()}
 
 
 def _close(a: float, b: float, rel: float) -> bool:
