@@ -93,6 +93,7 @@ def _lines(path: Path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
 
 
+@pytest.mark.slow  # about 20-50 s here (twice that on the slower CI machines): `make test-slow`
 def test_sigkill_at_random_moments_loses_nothing(tmp_path):
     """kill -9 after a random number of new steps plus a random fraction of a step (so some kills
     land inside a checkpoint write, which follows every step here), resume, repeat."""

@@ -43,6 +43,7 @@ def _run(tmp_path, body: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow  # about 20-50 s here (twice that on the slower CI machines): `make test-slow`
 def test_bad_too_long_and_unencodable_rows_with_two_workers(tmp_path):
     rows = _rows(200)
     rows[70] = {"question": "no problem key", "answer": "1"}

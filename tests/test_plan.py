@@ -139,18 +139,20 @@ def test_tensor_parallel_splits_the_states_and_shows_the_mesh():
     """dp2 x tp2 on 4 ranks: the data split in 2, every state 1/4 per rank (FSDP2 over dp, each layer over tp),
     the output layer's chunk over half the vocabulary; the mesh and each rank's coordinates in the text."""
     one = _plan(cores=8)
-    plan = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", cores=8)
+    plan = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=1", cores=8)
     L, M = plan.layout, plan.memory
     assert (L.data_parallel, L.tensor_parallel, L.prompts_per_rank, L.mini_batch_sequences_per_rank) == (2, 2, 4, 32)
     assert L.coordinates(3) == {"dp": 1, "pp": 0, "sp": 0, "tp": 1} and L.coordinates(2)["tp"] == 0
     assert M.shards == 4 and all(getattr(M, k) == getattr(one.memory, k) // 4 for k in ("params", "optimizer"))
     assert M.kv_cache == one.memory.kv_cache // 4  # half the prompts per rank, decoded in two shares
-    split = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=2",
-                  cores=8).memory
+    split = _plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", cores=8).memory  # rollout tp: the actor's
     assert split.kv_cache == one.memory.kv_cache // 4 and split.rollout_params == split.params  # no whole copy
     text = render(plan)
     assert "dp 2 x tp 2" in text and "[0, 1], [2, 3]" in text and "rank 3: dp 1, tp 1" in text
     assert "8 / data-parallel size 2" in text
+    assert "ray placement" not in text
+    ray = render(_plan("trainer.nproc_per_node=4", "actor.tensor_parallel_size=2", "trainer.launcher=ray", cores=8))
+    assert "ray placement" in ray and "2 bundles of 2 ranks" in ray and "each group on one machine" in ray
 
 
 def test_resources_per_rank():

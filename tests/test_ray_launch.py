@@ -281,6 +281,29 @@ def test_ranks_are_numbered_node_by_node_with_the_drivers_first():
     assert all("CUDA_VISIBLE_DEVICES" not in e for e in cpu)
 
 
+def test_a_tensor_parallel_group_is_one_bundle_and_its_ranks_are_consecutive_on_one_machine():
+    """actor.tensor_parallel_size=2 on 4 ranks: two bundles of two ranks' resources (Ray never splits a
+    bundle between machines), actors 0-1 in bundle 0 and 2-3 in bundle 1; wherever Ray puts the bundles,
+    each tensor-parallel group (ranks 0-1, 2-3: the mesh's innermost dimension) is on one machine."""
+    from verirl.config import load_config
+    from verirl.launch.ray import bundles, rank_envs, rank_order, ranks_per_bundle
+
+    cfg = load_config(None, ["trainer.nproc_per_node=4", "actor.tensor_parallel_size=2"])
+    group = ranks_per_bundle(cfg)
+    assert group == 2 and ranks_per_bundle(load_config(None, ["trainer.nproc_per_node=4"])) == 1
+    assert bundles(4, {"CPU": 3.0, "GPU": 1.0}, group) == [{"CPU": 6.0, "GPU": 2.0}] * 2
+    assert bundles(4, {"CPU": 3.0}, 1) == [{"CPU": 3.0}] * 4
+
+    def at(node, gpu):
+        return {"node": node, "ip": f"10.0.0.{ord(node)}", "pid": 1, "accelerators": {"GPU": [gpu], "NPU": []}}
+
+    # bundle 0 (actors 0, 1) placed on machine b, bundle 1 (actors 2, 3) on machine a, the driver's
+    where = [at("b", "0"), at("b", "1"), at("a", "0"), at("a", "1")]
+    envs = rank_envs(where, rank_order(where, here="a"), {"CPU": 3.0, "GPU": 1.0}, 29500, {})
+    node_of = {int(e["RANK"]): w["node"] for e, w in zip(envs, where)}
+    assert node_of == {0: "a", 1: "a", 2: "b", 3: "b"}  # groups (0, 1) and (2, 3) each on one machine
+
+
 def test_importing_verirl_does_not_import_ray():
     code = ("import sys, verirl.cli, verirl.train.loop, verirl.launch, verirl.launch.local, verirl.tools.plan; "
             "sys.exit('ray' in sys.modules)")

@@ -37,6 +37,7 @@ def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, seconds: float =
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # about 20-50 s here (twice that on the slower CI machines): `make test-slow`
 def test_a_second_run_in_the_same_directory_is_refused_and_a_killed_one_leaves_no_lock(tmp_path):
     run = tmp_path / "r"
     first = subprocess.Popen(_train_cmd(run, "trainer.total_steps=500", "trainer.save_freq=1"), env=ENV,

@@ -195,7 +195,7 @@ def dp2_tp2(tmp_path_factory) -> Path:
     """dp2 x tp2 (FSDP2 over tensor parallel, 4 ranks), 2 steps: sharded checkpoints (auto)."""
     run = tmp_path_factory.mktemp("dp2tp2") / "run"
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=2", "trainer.nproc_per_node=4",
-                         "actor.tensor_parallel_size=2", "actor.strategy=fsdp2"]) == 0
+                         "actor.tensor_parallel_size=2", "actor.strategy=fsdp2", "rollout.tensor_parallel_size=1"]) == 0
     return run
 
 
@@ -231,7 +231,8 @@ def test_the_dp2_tp2_checkpoint_resumes_on_tp2_pp2(tmp_path, uninterrupted, dp2_
     run = tmp_path / "run"
     shutil.copytree(dp2_tp2, run)
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=3", "trainer.nproc_per_node=4",
-                         "actor.tensor_parallel_size=2", "actor.pipeline_parallel_size=2", "actor.strategy=ddp"]) == 0
+                         "actor.tensor_parallel_size=2", "actor.pipeline_parallel_size=2", "actor.strategy=ddp",
+                         "rollout.tensor_parallel_size=1"]) == 0
     a, b = _metrics(uninterrupted), _metrics(run)
     assert [r["step"] for r in b] == [1, 2, 3]
     _close(a[2], b[2])

@@ -70,6 +70,7 @@ def test_on_policy_skips_old_log_prob(tmp_path, engine):
     assert "actor/kl" not in row  # no reference pass: no made-up KL
 
 
+@pytest.mark.slow  # about 20-50 s here (twice that on the slower CI machines): `make test-slow`
 def test_reward_rises_on_the_embedded_default(tmp_path):
     """200 steps of the shipped recipe (about a minute): the reward must climb, not just run."""
     run = tmp_path / "learn"

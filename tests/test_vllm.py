@@ -59,18 +59,32 @@ def test_three_grpo_steps_match_the_trainers_logprobs(one_rank):
         assert abs(r["mismatch/ratio_p50"] - 1) < 1e-3, r
 
 
-@pytest.mark.parametrize("strategy,tp", [("ddp", 1), ("fsdp2", 1), ("fsdp2", 2)])
-def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy, tp):
+# an unsharded model on one rank: the push hands vLLM the trainer's own tensors, nothing assembled
+NOTHING_ASSEMBLED = {"rollout/push_max_abs_diff": 0.0, "perf/push_peak_gb": 0.0}
+
+
+@pytest.mark.parametrize("strategy,tp,split", [("ddp", 1, ""), ("fsdp2", 1, ""), ("fsdp2", 2, ""),
+                                               ("fsdp2", 1, "actor.tensor_parallel_size=2"),
+                                               ("fsdp2", 2, "actor.tensor_parallel_size=2"),
+                                               ("ddp", 1, "actor.pipeline_parallel_size=2")])
+def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy, tp, split):
     """trainer.nproc_per_node=2: each rank (tp=1), or the pair as one tensor-parallel engine (tp=2),
     runs vLLM inside the launcher's gloo process group (distributed_executor_backend=external_launcher).
     Every step vLLM's log-probs are the trainer's (max over both ranks), and the rollouts are exactly the
-    one-process run's (the per-request seeds do not depend on the rank)."""
+    one-process run's (the per-request seeds do not depend on the rank). The actor FSDP2-sharded, split
+    by tensor parallelism or cut into pipeline stages: each tensor is assembled for the push one at a
+    time, so a push's extra memory is the largest tensor (the embedding table)."""
+    from verirl.models.load import load_model
+
     run = tmp_path / "run"
+    extra = [split, "actor.max_token_len_per_device=256"] if split else []
     rows = _train(run, "trainer.nproc_per_node=2", f"actor.strategy={strategy}", "trainer.dist_timeout_s=300",
-                  f"rollout.tensor_parallel_size={tp}", "trainer.dump_rollouts=true", steps=2)
+                  f"rollout.tensor_parallel_size={tp}", "trainer.dump_rollouts=true", *extra, steps=2)
+    largest = max(p.numel() * p.element_size() for p in load_model("tiny", device="cpu").model.parameters())
     for r in rows:
         assert r["rollout/logprob_diff/max"] < 1e-3, r
         assert r["rollout/logprob_diff/mean"] < 1e-4, r
+        assert r["perf/push_peak_gb"] * 2**30 == (0 if strategy == "ddp" and not split else largest), r
     one_run, one_rows = one_rank
     two = _rollouts(run)
     assert len(two) == 2 * 4 * 8 and {r["step"] for r in two} == {1, 2}
@@ -144,13 +158,13 @@ def test_greedy_output_after_an_update_equals_the_native_engines(engine):
 
 def test_the_push_check_names_a_tensor_the_engine_does_not_hold(engine):
     lm, eng = engine
-    assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
+    assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED
     with torch.no_grad():
         lm.model.model.layers[2].mlp.up_proj.weight[5, 7] += 0.01  # after the push: the engine is one value behind
     with pytest.raises(RuntimeError, match=r"1 tensors in the engine differ .*: model\.layers\.2\.mlp\.gate_up_proj"
                                            r"\.weight \(by 0\.01"):
         eng.check_push(lm.model)
-    assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0} and not eng.unchecked
+    assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED and not eng.unchecked
     assert eng.check_push(lm.model, columns=16) == 0.0  # 16 of each repacked layer's inputs, drawn at random
     with torch.no_grad():
         lm.model.model.layers[0].self_attn.o_proj.weight[3] += 0.01  # a whole row: any columns drawn show it
@@ -246,6 +260,6 @@ def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
         _update(lm.model, steps=1)
         with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
             eng.check_push(lm.model)
-        assert eng.sync_weights(lm.model) == {"rollout/push_max_abs_diff": 0.0}
+        assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED
     finally:
         eng.close()

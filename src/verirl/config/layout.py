@@ -40,6 +40,16 @@ def model_parallel_size(cfg: Config) -> int:
     return a.tensor_parallel_size * a.sequence_parallel_size * a.pipeline_parallel_size
 
 
+def rollout_tensor_parallel(cfg: Config) -> int:
+    """Ranks that decode together (``rollout.tensor_parallel_size``): 0 means the actor's tensor-parallel
+    size, so a model trained split is decoded split (no rank holds it whole); 1 with the hf engine, whose
+    generate decodes with the whole weights."""
+    size = cfg.rollout.tensor_parallel_size
+    if size:
+        return size
+    return 1 if cfg.rollout.engine == "hf" else cfg.actor.tensor_parallel_size
+
+
 def _split_words(cfg: Config) -> str:
     return " x ".join(f"actor.{k}_parallel_size={v}" for k, v in (
         ("tensor", cfg.actor.tensor_parallel_size), ("sequence", cfg.actor.sequence_parallel_size),

@@ -1,6 +1,9 @@
-"""`trainer.launcher=ray`: one Ray actor per rank, in a placement group of one bundle per rank, each
-running `verirl.train.loop.train_rank`; torch.distributed is wired among them (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR / MASTER_PORT in each actor's environment).
+"""`trainer.launcher=ray`: one Ray actor per rank, in a placement group of one bundle per
+tensor-parallel group (``actor.tensor_parallel_size`` ranks' resources: a bundle is never split
+between machines, so a group's every-layer all-reduces stay inside one machine; one bundle per rank
+without tensor parallelism), each running `verirl.train.loop.train_rank`; torch.distributed is wired
+among them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR / MASTER_PORT in each actor's
+environment). A group's ranks are consecutive, as the device mesh's tensor-parallel dimension is.
 
 `trainer.ray_address`: ``auto`` joins the cluster this machine belongs to (``RAY_ADDRESS``, or the one
 ``ray start`` made here) and, without one, starts a local cluster for the run and stops it at the
@@ -47,8 +50,9 @@ def launch(cfg: Config) -> dict:
     try:
         started = _connect(cfg.trainer.ray_address, cfg)
         world, bundle = world_size(cfg), _bundle(cfg, ray.cluster_resources())
-        pg = _placement_group(cfg, world, bundle, can_grow=not started)
-        actors = _start_actors(pg, world, bundle)
+        group = ranks_per_bundle(cfg)
+        pg = _placement_group(cfg, world, bundle, can_grow=not started, group=group)
+        actors = _start_actors(pg, world, bundle, group)
         envs, where = _assign_ranks(actors, bundle, cfg.trainer.dist_timeout_s)
         return _run(actors, envs, where, to_dict(cfg))
     finally:
@@ -167,9 +171,21 @@ def _bundle(cfg: Config, cluster: dict) -> dict:
     return bundle
 
 
-def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool):
-    """One bundle per rank, packed onto as few machines as possible; waits up to
-    trainer.dist_timeout_s for the cluster to offer them (a joined cluster may free them or gain
+def ranks_per_bundle(cfg: Config) -> int:
+    """The ranks of one placement-group bundle: a tensor-parallel group (``actor.tensor_parallel_size``),
+    which Ray then places on one machine."""
+    return cfg.actor.tensor_parallel_size
+
+
+def bundles(world: int, rank: dict, group: int) -> list[dict]:
+    """The placement group's bundles: one per ``group`` consecutive ranks, each holding their resources
+    (``rank``: one rank's)."""
+    return [{k: group * v for k, v in rank.items()} for _ in range(world // group)]
+
+
+def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool, group: int = 1):
+    """One bundle per tensor-parallel group (`bundles`), packed onto as few machines as possible; waits up
+    to trainer.dist_timeout_s for the cluster to offer them (a joined cluster may free them or gain
     machines; a local one started for the run cannot, so more than it has fails at once), else
     `ConfigError`."""
     import ray
@@ -177,8 +193,12 @@ def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool):
 
     total = ray.cluster_resources()
     short = {k: world * v for k, v in bundle.items() if world * v > total.get(k, 0)}
+    one = bundles(world, bundle, group)[0]
+    machines = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if group > 1 and machines and not any(all(m.get(k, 0) >= v for k, v in one.items()) for m in machines):
+        short = short or dict(one)  # no machine holds a whole tensor-parallel group
     timeout = cfg.trainer.dist_timeout_s
-    pg = placement_group([dict(bundle)] * world, strategy="PACK", name=f"verirl-{uuid.uuid4().hex[:8]}")
+    pg = placement_group(bundles(world, bundle, group), strategy="PACK", name=f"verirl-{uuid.uuid4().hex[:8]}")
     hopeless = bool(short) and not can_grow
     deadline, told, placed = time.monotonic() + timeout, False, pg.ready()
     while True:
@@ -189,8 +209,10 @@ def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool):
         if hopeless or time.monotonic() >= deadline:
             remove_placement_group(pg)
             has = ("has" if short else f"did not free them within trainer.dist_timeout_s={timeout}s; it has")
+            each = _fmt(bundles(world, bundle, group)[0])
+            per = f" (one per tensor-parallel group of {group} ranks, each on one machine)" if group > 1 else ""
             raise ConfigError(
-                f"trainer.launcher=ray: {world} ranks need {world} bundles of {_fmt(bundle)} "
+                f"trainer.launcher=ray: {world} ranks need {world // group} bundles of {each}{per} "
                 f"({_fmt({k: world * v for k, v in bundle.items()})} in all), but the "
                 f"{'Ray cluster' if can_grow else 'local Ray cluster started for this run (this machine)'} {has} "
                 f"{_fmt(_plain(total))} in all ({_fmt(_plain(ray.available_resources()))} free). Lower "
@@ -199,7 +221,8 @@ def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool):
                 + ("add machines to the cluster (`ray start --address=...` on each)." if can_grow else
                    "start a Ray cluster that has them and set trainer.ray_address to its head (docs/ray.md)."))
         if not told:
-            print(f"verirl: waiting for the Ray cluster to offer {world} bundles of {_fmt(bundle)} "
+            print(f"verirl: waiting for the Ray cluster to offer {world // group} bundles of "
+                  f"{_fmt(bundles(world, bundle, group)[0])} "
                   f"(up to trainer.dist_timeout_s={timeout}s)", file=sys.stderr)
             told = True
 
@@ -250,7 +273,7 @@ class _Rank:
         return run_rank(cfg_dict)
 
 
-def _start_actors(pg, world: int, bundle: dict) -> list:
+def _start_actors(pg, world: int, bundle: dict, group: int = 1) -> list:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -262,7 +285,7 @@ def _start_actors(pg, world: int, bundle: dict) -> list:
         options["resources"] = {kind: 1}
     cls = ray.remote(_Rank)
     return [cls.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=i)).remote(i) for i in range(world)]
+        pg, placement_group_bundle_index=i // group)).remote(i) for i in range(world)]
 
 
 def _assign_ranks(actors: list, bundle: dict, timeout_s: int) -> tuple[list[dict], list[dict]]:

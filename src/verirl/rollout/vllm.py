@@ -20,7 +20,9 @@
   before truncation" (its modes: raw_logprobs, raw_logits, processed_logprobs, processed_logits), so
   ``rollout/logprob_diff`` then also measures the truncation, not only a stale push.
 * Weight push (``sync_weights``): the live parameters, one tensor at a time (made whole by the
-  ``whole`` the trainer passes in, `verirl.train.strategy.full`, when FSDP2 shards them), streamed
+  ``whole`` the trainer passes in, `verirl.train.pipelined.push_tensor`: sent over the pipeline by the
+  stage that holds it, gathered over FSDP2's and tensor parallelism's shards; vLLM's loaders cut it
+  again for the engine's own tensor parallelism; ``perf/push_peak_gb``: the largest one), streamed
   as an iterator of (HF name, tensor) into the worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` through
   ``LLM.collective_rpc``. That is vLLM's in-place reload: it restores each layer to checkpoint format,
   runs the model's ``load_weights`` (HF -> vLLM names, q/k/v and gate/up fusion) and then the layer's
@@ -292,6 +294,7 @@ class VLLMEngine:
         self.unchecked: list[str] = []  # trainer tensors the push check found no engine counterpart for
         self.last_push: list[str] = []  # the names pushed by the last sync_weights
         self.last_skipped: list[str] = []  # the names the test hook kept back
+        self.made_bytes = 0  # the largest tensor the last push assembled (gathered or sent) for vLLM
 
     def close(self) -> None:
         """Shut the engine down. With several ranks call it BEFORE the launcher's process group is
@@ -314,6 +317,9 @@ class VLLMEngine:
                 continue
             seen.add(id(t))
             whole = full(t).detach()
+            local = getattr(t, "_local_tensor", t)  # a DTensor's own shard
+            if whole.numel() and whole.data_ptr() != local.data_ptr():  # assembled for the push
+                self.made_bytes = max(self.made_bytes, whole.numel() * whole.element_size())
             if skip is not None and skip.search(name):
                 self.last_skipped.append(name)
                 continue
@@ -326,16 +332,24 @@ class VLLMEngine:
         them (`check_push`); -> ``{"rollout/push_max_abs_diff": ...}`` (empty with tensor_parallel_size > 1)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])  # weights back on the device; the KV cache stays freed
-        self.last_push, self.last_skipped = [], []
+        self.last_push, self.last_skipped, self.made_bytes = [], [], 0
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
         self.llm.collective_rpc("reload_weights",
                                 kwargs=dict(weights_iterator=self._weights(model), is_checkpoint_format=True))
-        if not torch.cuda.is_available():
+        # perf/push_peak_gb: the device memory the push took beyond what was held before it (on a GPU,
+        # measured); on a CPU, the largest tensor assembled for it (one at a time: the rest are the trainer's)
+        peak = (torch.cuda.max_memory_allocated() - base) if cuda else self.made_bytes
+        if not cuda:
             self.llm.collective_rpc(_refresh_cpu_lm_head)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.pushes += 1
+        out = {"perf/push_peak_gb": peak / 2**30}
         if self.tp > 1:
-            return {}
-        return {"rollout/push_max_abs_diff": self.check_push(model)}
+            return out
+        return {**out, "rollout/push_max_abs_diff": self.check_push(model)}
 
     def check_push(self, model, columns: int = PROBE_COLUMNS) -> float:
         """The largest |engine - trainer| over ``model``'s weights (0.0 after a good push, whatever the
@@ -441,12 +455,14 @@ class VLLMEngine:
         return rollout
 
 
-def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int) -> dict:
-    """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`);
-    the context length at most the model's (vLLM refuses more)."""
+def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int,
+                 tensor_parallel_size: int = 1) -> dict:
+    """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`;
+    ``tensor_parallel_size``: the engine's, resolved); the context length at most the model's (vLLM
+    refuses more)."""
     max_model_len = min(max_model_len, getattr(lm.model.config, "max_position_embeddings", None) or max_model_len)
     return dict(path=lm.path, tokenizer=lm.tokenizer, dtype=dtype, override_config=override_config,
-                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
                 enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
                 free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)

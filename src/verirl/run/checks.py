@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from verirl.config import Config
-from verirl.config.layout import check_layout, world_size
+from verirl.config.layout import check_layout, rollout_tensor_parallel, world_size
 from verirl.config.values import VALUE_RULES
 from verirl.core.errors import ConfigError
 
@@ -212,10 +212,11 @@ def check_engine(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError("rollout.engine=vllm but vLLM is not installed in this environment. Install it with pip "
                           "install 'verirl[vllm]' (on a CPU: make test-vllm builds .venv-vllm; docs/vllm.md), or "
                           "use rollout.engine=native.")
-    if cfg.rollout.engine == "vllm" and world_size(cfg) % cfg.rollout.tensor_parallel_size:
-        raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} must divide the "
-                          f"{world_size(cfg)} ranks: each group of tensor_parallel_size consecutive ranks runs one "
-                          f"vLLM engine (docs/vllm.md).")
+    tp = rollout_tensor_parallel(cfg)
+    if cfg.rollout.engine == "vllm" and world_size(cfg) % tp:
+        given = "" if cfg.rollout.tensor_parallel_size else " (0: actor.tensor_parallel_size)"
+        raise ConfigError(f"rollout.tensor_parallel_size={tp}{given} must divide the {world_size(cfg)} ranks: each "
+                          f"group of tensor_parallel_size consecutive ranks runs one vLLM engine (docs/vllm.md).")
 
 
 def check_launcher(cfg: Config, ask: Optional[Ask] = None) -> None:
@@ -303,7 +304,7 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     MLP width and vocabulary split evenly (read from its config.json, no weights); actor.sequence_parallel_size
     > 1: each tensor-parallel rank's heads and key/value heads split again over it; and the passes they need
     are the ones that run split (packed log-probs; the native or hf engine decoding with whole weights)."""
-    tp, rollout_tp, engine = cfg.actor.tensor_parallel_size, cfg.rollout.tensor_parallel_size, cfg.rollout.engine
+    tp, rollout_tp, engine = cfg.actor.tensor_parallel_size, rollout_tensor_parallel(cfg), cfg.rollout.engine
     if engine in ("native", "hf") and rollout_tp not in (1, tp):
         raise ConfigError(f"rollout.tensor_parallel_size={rollout_tp} with rollout.engine={engine}: this engine decodes "
                           f"with the whole weights on every rank (1) or"
@@ -327,10 +328,6 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(f"{split} needs actor.use_remove_padding=true: the passes that run split over the ranks "
                           f"(a vocabulary split by tensor parallelism, the tokens split by sequence parallelism) are "
                           f"the packed ones; the padded pass computes whole rows and whole logits.")
-    if cfg.rollout.engine == "vllm":
-        raise ConfigError(f"{split} with rollout.engine=vllm: pushing the weights of an actor laid out so into vLLM "
-                          f"is not available in this version. Use rollout.engine=native (each rank decodes its share "
-                          f"of the prompts with the whole weights, gathered for the rollout), or data parallelism only.")
     if cfg.ref.offload and cfg.algo.kl_coef > 0 and (tp > 1 or pp > 1):
         raise ConfigError(f"ref.offload=true with {split}: the reference is split like the actor, each rank holding "
                           f"its share, and moving a share to the host and back is not available in this version. Set "

@@ -23,19 +23,19 @@ from verirl.data.dataset import data_loading_options, load_data, load_prompts
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
 from verirl.models.device import compute_dtype, resolve_device
-from verirl.config.layout import reward_workers_per_rank, threads_per_rank
+from verirl.config.layout import reward_workers_per_rank, rollout_tensor_parallel, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
-from verirl.train.pipelined import pipeline, tied_group
+from verirl.train.pipelined import pipeline, push_tensor, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
 from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
                                    StepSettings)
-from verirl.train.strategy import full, shard
+from verirl.train.strategy import shard
 from verirl.run.checkpoint import Checkpoint, load_checkpoint
 from verirl.run.rundir import RunDirLock, checkpoint_to_resume, clear_previous_run, lock_held_by_launcher
 from verirl.run.runlog import LogSettings
@@ -200,17 +200,18 @@ def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
 def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) -> tuple[Engine, list[Prompt], str]:
     """(the rollout engine, the training prompts, their order): the data's, unless the replay engine
     takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order)."""
-    r = cfg.rollout
+    r, tp = cfg.rollout, rollout_tensor_parallel(cfg)
     if r.engine == "vllm":
         from verirl.config.layout import world_size
 
-        seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // r.tensor_parallel_size, 1)
+        seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // tp, 1)
         options = vllm_options(r, lm, vllm_dtype(cfg, lm.model), dict(cfg.model.override_config), seqs,
-                               cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed)
-        return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=full, **options), train, cfg.data.shuffle
+                               cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, tp)
+        return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=push_tensor(lm.model), **options), train, \
+            cfg.data.shuffle
     if r.engine != "replay":
         options = {"compute_dtype": training_dtype(cfg, lm.model),
-                   "split": r.tensor_parallel_size > 1 and r.tensor_parallel_size == cfg.actor.tensor_parallel_size} \
+                   "split": tp > 1 and tp == cfg.actor.tensor_parallel_size} \
             if r.engine == "native" else {}
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,
@@ -375,5 +376,6 @@ def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
     options = {}
     if rollout.engine == "vllm":  # the rollout section's vLLM settings (docs/vllm.md)
         options = vllm_options(rollout, lm, cfg.model.dtype, dict(cfg.model.override_config), 256,
-                               data.max_prompt_length + rollout.max_new_tokens, cfg.trainer.seed)
+                               data.max_prompt_length + rollout.max_new_tokens, cfg.trainer.seed,
+                               rollout.tensor_parallel_size or 1)
     return EvalParts(lm, prompts, scorer, build_engine(rollout.engine, lm.model, lm.pad_id, lm.stop_ids, **options))

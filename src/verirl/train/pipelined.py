@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -128,6 +128,37 @@ def whole_model(model) -> Iterator[None]:
         return
     with pipe.whole():
         yield
+
+
+def push_tensor(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The whole of one of ``model``'s tensors on every rank, one tensor at a time (a push into an engine
+    with its own copy of the weights: vLLM's reload reads each and cuts it again for its own tensor
+    parallelism): a pipelined model's parameter first sent over the pipeline by the rank whose stage holds
+    it, into a buffer of this rank's share (its tensor-parallel shard), then FSDP2's or tensor parallelism's
+    gather (`strategy.full`). A collective: every rank calls it for the same tensors in the same order."""
+    names: dict[int, str] = {}
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        pipe = pipeline_of(model)
+        if pipe is None:
+            return full(t)
+        if not names:
+            names.update({id(p): n for n, p in model.named_parameters()})
+        name = names.get(id(t))
+        if name is None:  # a buffer: every stage holds it
+            return full(t)
+        local = _storage(t)
+        first = dist.get_global_rank(pipe.group, pipe.owner[name])
+        buf = local.data if dist.get_rank() == first else \
+            torch.empty(pipe.local_shapes[name], dtype=local.dtype, device=local.device)
+        dist.broadcast(buf, group=pipe.group, group_src=pipe.owner[name])
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(t, DTensor):
+            return DTensor.from_local(buf, t.device_mesh, t.placements, shape=t.shape, stride=t.stride()).full_tensor()
+        return buf
+
+    return whole
 
 
 def micro_batches(model, pbs) -> list[MicroBatch]:

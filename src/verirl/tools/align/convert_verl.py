@@ -1094,7 +1094,7 @@ def _rollout_layout(t: Translation, tp: int) -> None:
         plan = (f" or on the actor's tensor-parallel plan (rollout.tensor_parallel_size = actor.tensor_parallel_size, "
                 f"both {size} for veRL's layout)" if engine == "native" else "")
         t.decide(key, f"veRL's rollout engine decoded over {size} devices; verirl's {engine} engine decodes with the "
-                      f"whole weights on each rank (rollout.tensor_parallel_size 1, left){plan}: choose by whether "
+                      f"whole weights on each rank (rollout.tensor_parallel_size=1){plan}: choose by whether "
                       f"the model fits one device")
 
 

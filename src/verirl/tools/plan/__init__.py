@@ -20,7 +20,8 @@ from typing import Optional
 
 from verirl.config import Config
 from verirl.core.errors import ModelError
-from verirl.config.layout import REWARD_WORKERS_CAP, cpu_cores, reward_workers_per_rank, threads_per_rank, world_size
+from verirl.config.layout import (REWARD_WORKERS_CAP, cpu_cores, reward_workers_per_rank, rollout_tensor_parallel,
+                                  threads_per_rank, world_size)
 from verirl.models.device import visible_devices
 
 __all__ = ["make_plan", "render", "Plan", "count_parameters"]
@@ -276,7 +277,8 @@ def make_layout(cfg: Config) -> Layout:
     on_policy = mini_batches == 1 and actor.epochs == 1
     ref = cfg.algo.kl_coef > 0
     ref_budget = cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device
-    replica = (sp if rollout.tensor_parallel_size > 1 else tp * sp) * pp  # ranks decoding shares of one dp's prompts
+    rollout_tp = rollout_tensor_parallel(cfg)
+    replica = (sp if rollout_tp > 1 else tp * sp) * pp  # ranks decoding shares of one dp's prompts
     decoded = _ceil(per_rank, replica)
     per_call = decoded if rollout.micro_batch_size <= 0 else min(decoded, max(1, rollout.micro_batch_size // n))
     return Layout(
@@ -297,7 +299,7 @@ def make_layout(cfg: Config) -> Layout:
         reference_pass=ref, ref_token_budget=ref_budget if ref else 0,
         ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget, longest) if ref else 0,
         generate_calls_per_rank=_ceil(decoded, per_call), sequences_per_generate_call=per_call * n,
-        tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout.tensor_parallel_size,
+        tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout_tp,
         sequence_parallel=sp, pipeline_parallel=pp, pipeline_schedule=actor.pipeline_schedule,
         pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest))
 
@@ -514,6 +516,10 @@ def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
               "rollout.tensor_parallel_size 1: each rank decodes a share of its data-parallel coordinate's prompts "
               "with the whole weights (gathered for the rollout)")
     rows.append(("rollout layout", f"tp {L.rollout_tensor_parallel}", decode))
+    if L.launcher == "ray" and tp > 1:
+        rows.append(("ray placement", f"{L.world_size // tp} bundles of {tp} ranks",
+                     "one placement-group bundle per tensor-parallel group (its ranks' CPUs and devices): Ray "
+                     "puts each group on one machine, so its per-layer all-reduces stay inside it"))
     return rows
 
 
