@@ -225,8 +225,9 @@ def test_ctrl_c_during_start_up_is_not_a_traceback(tmp_path):
 @pytest.mark.slow
 def test_kill_soak_30_steps_10_kills(tmp_path):
     """The trainer process itself killed with SIGKILL at 10 random moments of a 30-step run that
-    checkpoints every step, resumed each time: every step logged once, no NUL byte in any log, every
-    checkpoint left on disk verifies."""
+    checkpoints every step (some kills land inside a checkpoint write), resumed each time: after every
+    exit each finished checkpoint and the one `latest` names verify; at the end every step logged once,
+    no NUL byte in any log, no unfinished checkpoint left, every checkpoint on disk verifies."""
     import random
 
     from verirl.run.checkpoint import verify_checkpoint
@@ -248,6 +249,12 @@ def test_kill_soak_30_steps_10_kills(tmp_path):
                 kills += 1
         rc = p.wait(timeout=600)
         assert rc in (0, -signal.SIGKILL), p.stderr.read().decode()[-2000:]
+        ckpts = run / "checkpoints"
+        for d in ckpts.glob("step_*") if ckpts.exists() else []:
+            if not d.name.endswith(".tmp"):
+                verify_checkpoint(d)
+        if (ckpts / "latest").exists():
+            verify_checkpoint(ckpts / (ckpts / "latest").read_text().strip())
         if rc == 0 and kills >= 10:
             break
         assert time.time() - started < 1200
@@ -256,7 +263,9 @@ def test_kill_soak_30_steps_10_kills(tmp_path):
     assert _steps(run) == list(range(1, total + 1))
     records = [json.loads(line)["step"] for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert records == [s for s in range(1, total + 1) for _ in range(4)]
-    checkpoints = sorted(d for d in (run / "checkpoints").glob("step_*") if not d.name.endswith(".tmp"))
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{total:06d}"
+    checkpoints = sorted((run / "checkpoints").glob("step_*"))
     assert len(checkpoints) == total
     for d in checkpoints:
         verify_checkpoint(d)  # raises CheckpointError naming the file if anything is wrong
