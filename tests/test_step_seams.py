@@ -132,7 +132,8 @@ MESH_RANK = r"""
 import os, sys, torch
 from verirl.models import load_model
 from verirl.train.distributed import DP, init
-from verirl.train.strategy import local, shard
+from verirl.core.dtensors import local
+from verirl.train.strategy import shard
 
 dist = init(torch.device("cpu"), 60)
 p = torch.nn.Parameter(torch.zeros(3))

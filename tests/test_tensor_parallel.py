@@ -223,7 +223,9 @@ def counted(response, **_):
 @pytest.mark.slow
 def test_the_ranks_of_a_tensor_parallel_group_score_each_response_once(tmp_path, monkeypatch):
     """tp2: both ranks hold the step's 32 responses; each scores 16 of them and the scores are exchanged,
-    so a rule runs 32 times (not 64) and both ranks train on the same rewards."""
+    so a rule runs 32 times (not 64) and both ranks train on the same rewards. The held-out evaluation
+    before training (5 problems, greedy + 2 samples each) is split between the two ranks decoding with
+    the whole weights (rollout.tensor_parallel_size=1): 15 more calls (not 30)."""
     import json
 
     from verirl.cli import main
@@ -233,8 +235,11 @@ def test_the_ranks_of_a_tensor_parallel_group_score_each_response_once(tmp_path,
     monkeypatch.setenv("VERIRL_TEST_CALLS", str(calls))
     run = tmp_path / "tp"
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.nproc_per_node=2", "actor.tensor_parallel_size=2",
-                         f"reward.verifiers=[acc,{rule}:counted]", "reward.weights=[1.0,0.5]", "reward.tasks={}"]) == 0
+                         f"reward.verifiers=[acc,{rule}:counted]", "reward.weights=[1.0,0.5]", "reward.tasks={}",
+                         "rollout.tensor_parallel_size=1", "eval.before_train=true", "eval.size=5", "eval.n=2"]) == 0
     pids = calls.read_text().split()
-    assert len(pids) == 32 and len(set(pids)) == 2 and pids.count(pids[0]) == 16, pids
+    assert len(pids) == 32 + 15 and len(set(pids)) == 2 and pids.count(pids[0]) in (16 + 9, 16 + 6), pids
+    val = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert val["step"] == 0 and "val/pass@2" in val, val
     rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert [r["scores"]["counted"] for r in rows] == [float(len(r["response"]) % 3) for r in rows]

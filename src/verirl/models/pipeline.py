@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from verirl.core.errors import ConfigError
+from verirl.core.dtensors import is_split, local
 from verirl.core.ops.head_logprobs import head_logprobs
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")  # the names `pipeline_backward` takes
@@ -232,7 +233,7 @@ class DecoderStage(torch.nn.Module):
         # as `verirl.train.packing.packed_logprobs`: the output layer in the weights' dtype, autocast or not
         with torch.autocast(h.device.type, enabled=False):
             at = h.index_select(0, micro.pred_pos).to(head.weight.dtype)
-            if _is_split(head.weight):  # tensor parallel: this rank's vocabulary rows
+            if is_split(head.weight):  # tensor parallel: this rank's vocabulary rows
                 from verirl.core.ops.head_logprobs import vocab_parallel_head_logprobs
                 from verirl.models.parallel import vocab_shard
 
@@ -244,19 +245,6 @@ class DecoderStage(torch.nn.Module):
                                         run.with_entropy)
         out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])
         return F.pad(out.to(_out_dtype(self.dtype)), (0, T - lp.shape[0]))[None]  # (1, 2, T)
-
-
-def _is_split(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a DTensor sharded over some dimension of its mesh (tensor parallel)."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor) and any(not p.is_replicate() for p in t.placements)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _out_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -410,9 +398,9 @@ def sum_tied_grads(stages: Sequence[DecoderStage], group: Optional[dist.ProcessG
     (w,) = weights  # loop placement: the first and the last stage are on different ranks
     if w.grad is None:
         w.grad = torch.zeros_like(w)
-    if _is_split(w) and w.grad.placements != w.placements:  # a vocabulary-parallel embedding's is whole
+    if is_split(w) and w.grad.placements != w.placements:  # a vocabulary-parallel embedding's is whole
         w.grad = w.grad.redistribute(w.device_mesh, w.placements)  # this rank's rows of it: no transfer
-    dist.all_reduce(_local(w.grad), group=group)  # tensor parallel: the same rows on both ends
+    dist.all_reduce(local(w.grad), group=group)  # tensor parallel: the same rows on both ends
 
 
 def pipeline_grad_norm(stages: Sequence[DecoderStage], group: Optional[dist.ProcessGroup] = None,
@@ -429,8 +417,8 @@ def pipeline_grad_norm(stages: Sequence[DecoderStage], group: Optional[dist.Proc
     split = torch.zeros((), dtype=torch.float64, device=device)
     whole = torch.zeros((), dtype=torch.float64, device=device)
     for g in counted:
-        sq = _local(g).double().pow(2).sum()
-        if _is_split(g):
+        sq = local(g).double().pow(2).sum()
+        if is_split(g):
             split += sq
         else:
             whole += sq
@@ -442,5 +430,5 @@ def pipeline_grad_norm(stages: Sequence[DecoderStage], group: Optional[dist.Proc
     if max_norm > 0:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for g in grads:
-            _local(g).mul_(coef.to(g.dtype))
+            local(g).mul_(coef.to(g.dtype))
     return norm

@@ -88,10 +88,7 @@ def _held(model) -> Callable[[torch.Tensor], bool]:
     """Whether this rank holds a tensor of ``model``: all of them, but for a pipelined model's parameters
     of other ranks' stages (freed here)."""
     pipe = pipeline_of(model)
-    if pipe is None:
-        return lambda t: True
-    params = {id(p) for p in model.parameters()}
-    return lambda t: id(t) in pipe.mine or id(t) not in params
+    return (lambda t: True) if pipe is None else pipe.holds
 
 
 def _save_sharded(run: Run, step: int, extra: dict) -> Path:

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
+from verirl.core.dtensors import local
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -189,7 +191,7 @@ class Dist:
         mesh = self.gradient_mesh
         if mesh is None or mesh.size() == 1:
             return
-        grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in params]
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p)) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=mesh.get_group())
         offset = 0
@@ -210,13 +212,6 @@ class Dist:
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``t`` (``t`` itself when it is not a DTensor)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

@@ -184,18 +184,26 @@ def end_evaluation(run: Run, log: RunLog) -> dict[str, float]:
 
 def evaluate_run(run: Run) -> dict[str, float]:
     """val/... metrics of the current model on the run's held-out prompts, split across the ranks
-    (each evaluates its share; the rows are gathered), the same on every rank."""
+    (each evaluates its share; the rows are gathered), the same on every rank. With model parallelism
+    the shares are the decoders' (`Dist.decoders`: every rank of a data-parallel coordinate, or each of
+    its tensor-parallel groups decoding on the plan), so no two decode the same prompts."""
     e, dist = run.eval, run.dist
-    share = -(-len(e.prompts) // dist.dp_world)
-    first = dist.dp_rank * share
     engine = run.eval_engine or run.engine
+    me, shares = dist.decoders(getattr(engine, "split", False))
+    place, places = dist.dp_rank * shares + me, dist.dp_world * shares
+    share = -(-len(e.prompts) // places)
+    first = place * share
+
+    def gather(rows: list) -> list:
+        every = dict(dist.gather((place, rows), world=True)) if places > 1 else {place: rows}
+        return [r for p in sorted(every) for r in every[p]]  # a group's ranks sent the same rows: kept once
+
     # decoding reads whole weights (or, an engine on the tensor-parallel plan, this rank's): no weight collective inside
     with whole_model(run.model), full_weights(run.model, split=getattr(engine, "split", False)):
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,
-                                    seed=e.seed, first_index=first,
-                                    gather=lambda rows: [r for part in dist.gather(rows) for r in part]))
+                                    seed=e.seed, first_index=first, gather=gather))
 
 
 def count_nonfinite(run: Run, metrics: dict) -> str:

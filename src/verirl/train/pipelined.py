@@ -83,6 +83,13 @@ class Pipeline:
         finally:
             self._free()
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether this rank holds ``t``: a parameter of its stages, or any tensor that is not a parameter
+        (buffers: every stage keeps them)."""
+        if not hasattr(self, "_params_ids"):
+            self._params_ids = {id(p) for p in self.model.parameters()}
+        return id(t) in self.mine or id(t) not in self._params_ids
+
     def owns(self, name: str) -> bool:
         p = dict(self.model.named_parameters()).get(name)
         return p is not None and id(p) in self.mine

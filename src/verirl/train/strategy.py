@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from verirl.core.dtensors import local
 from verirl.train.distributed import TP, Dist
 
 
@@ -197,11 +198,6 @@ def memory_metrics(model, optimizer, ref, dist: Dist) -> dict[str, float]:
     name, peak = peak_memory(next(model.parameters()).device)
     states, peak = dist.all_max([state_bytes(model, optimizer, ref) / 2**30, peak], world=True)
     return {"perf/model_states_gb": states, name: peak}
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``t`` (the tensor itself when it is not sharded)."""
-    return t.to_local() if isinstance(t, _dtensor()) else t
 
 
 def full(t):
