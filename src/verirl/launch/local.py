@@ -88,6 +88,9 @@ def run_rank(cfg_dict: dict) -> dict:
     """One rank a verirl launcher started: `train_rank` on the config the driver checked and sent. A stop
     by a signal is answered as `INTERRUPTED` (the exception does not cross processes as it is; the
     launcher raises it again)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # as `verirl train` does: the rank's own lines only
     cfg = load_config_dict(cfg_dict)
     try:
         return train_rank(cfg, join(cfg))

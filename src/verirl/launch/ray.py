@@ -267,9 +267,6 @@ class _Rank:
         self.rank = int(env["RANK"])
         if os.path.isdir(cwd):  # relative paths in the config mean what they meant to the driver
             os.chdir(cwd)
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # as `verirl train` does: the rank's own lines only
         return run_rank(cfg_dict)
 
 

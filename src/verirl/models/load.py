@@ -141,14 +141,18 @@ def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_
             state_dict: Optional[dict] = None) -> None:
     """Write config, safetensors, tokenizer and a generation_config that names every stop id;
     ``state_dict``: the weights to write, when they are not the model's own (a sharded model's,
-    gathered whole).
+    gathered whole); empty: no weights file (a sharded checkpoint's, whose weights are its shards).
 
     Written into a temporary sibling and renamed into place, so a crash never leaves half a model."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    if state_dict is not None and not state_dict:
+        tmp.mkdir(parents=True)
+        model.config.save_pretrained(tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     gen = GenerationConfig(eos_token_id=stop_ids if len(stop_ids) > 1 else stop_ids[0],
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=model.config.bos_token_id)
