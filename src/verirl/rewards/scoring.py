@@ -59,7 +59,7 @@ class Scorer:
                  task_rules: Optional[Mapping[str, Sequence[str]]] = None, workers: int = 0,
                  timeout: float = 10.0, chunk: int = 16, max_memory_mb: int = 0,
                  max_abs_score: float = DEFAULT_MAX_ABS_SCORE, sandbox: bool = False,
-                 hide: Sequence[str] = ()):
+                 hide: Sequence[str] = (), say: bool = True):
         global _told_in_process
         self.rules = [load_rule(v) for v in verifiers]
         if sandbox and not sys.platform.startswith("linux") and workers > 0:
@@ -73,7 +73,7 @@ class Scorer:
         self.pool = RewardPool(workers, timeout, max_memory_mb, self.max_abs_score, spec) if workers > 0 else None
         self.chunk = chunk
         self._warned: set[tuple[str, str]] = set()
-        if self.pool is None and not _told_in_process:
+        if self.pool is None and say and not _told_in_process:  # say: False on all ranks but the first
             _told_in_process = True
             print("reward.workers=0: rules are scored in this process, with no timeout, no memory cap and no "
                   "sandbox (reward.timeout, reward.max_memory_mb and reward.sandbox apply only with workers > 0).",

@@ -340,7 +340,7 @@ def build_scorer(reward, workers: int, hide: tuple[str, ...] = (), say: bool = T
               "environment (docs/sandbox.md).", file=sys.stderr)
     return Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout,
                   max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score,
-                  sandbox=reward.sandbox, hide=hide)
+                  sandbox=reward.sandbox, hide=hide, say=say)
 
 
 @dataclass
