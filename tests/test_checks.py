@@ -121,9 +121,9 @@ CASES = [
      "ref.offload=true with actor.tensor_parallel_size=2: the reference is split like the actor"),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.sequence_parallel_size": 2, "model.path": _gemma2},
      "actor.sequence_parallel_size=2: model_type 'gemma2' has no sequence-parallel attention in verirl"),
-    ("model parallel", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2, "actor.strategy": "ddp",
+    ("model parallel", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2, "actor.strategy": "fsdp2",
                         "actor.max_token_len_per_device": 512, "actor.sequence_parallel_size": 2},
-     "pipeline stages compose with data and tensor parallelism, not with sequence parallelism"),
+     "with 1 data-parallel ranks x actor.sequence_parallel_size=2 and actor.strategy=fsdp2: FSDP2 inside"),
     ("launch", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.offload": "params"},
      "not available with 2 ranks that all hold parts of one model"),
 ]

@@ -164,7 +164,7 @@ MSRL_ROWS = {
     AC + "model": ("decide", []),
     AC + "micro_batch_size": ("translated", ["actor.micro_batch_size", "algo.loss_agg_mode"]),
     # tensor parallelism 4 with MindSpeed-RL's vLLM: verirl's vllm engine takes no tensor-parallel actor yet
-    AC + "tensor_model_parallel_size": ("decide", ["actor.tensor_parallel_size", "trainer.nproc_per_node"]),
+    AC + "tensor_model_parallel_size": ("translated", ["actor.tensor_parallel_size", "trainer.nproc_per_node"]),
     **{AC + k: ("ignored", []) for k in ("pipeline_model_parallel_size", "min_lr",
                                          "finetune", "load", "save", "no_load_optim", "no_load_rng")},
     AC + "lr": ("translated", ["actor.lr"]), AC + "lr_decay_style": ("translated", []),
@@ -278,7 +278,8 @@ def test_mindspeed_notes_spell_out_the_conversions(msrl):
     assert "overridden by actor_config.model" in msrl.row(MT + "model").note
     assert "kernel" in msrl.row(MT + "use_fused_rmsnorm").note
     tp = msrl.row(AC + "tensor_model_parallel_size").note
-    assert "rollout.engine=native" in tp and "trainer.nproc_per_node=4 written" in tp and "16 NPUs" in tp
+    assert "trainer.nproc_per_node=4 written" in tp and "16 NPUs" in tp
+    assert msrl.row(AC + "tensor_model_parallel_size").status == "translated"  # vLLM takes a split actor
     assert msrl.row(AC + "pipeline_model_parallel_size").note == "1: none"
     assert any("rms_norm_eps" in c and "not" not in c[:5] for c in msrl.checks)
     assert "override_config" not in msrl.config.get("model", {})  # flagged, not guessed
@@ -433,10 +434,10 @@ def test_verl_megatron_tensor_parallelism_is_verirls():
     check_model_parallel(cfg)
 
 
-def test_verl_megatron_tensor_parallelism_with_vllm_needs_a_decision():
+def test_verl_megatron_tensor_parallelism_with_vllm_is_translated():
     r = convert("verl", VERL, MEGATRON)  # the example's rollout: vllm, tensor parallel 2
     row = r.row(MG + "tensor_model_parallel_size")
-    assert row.status == "decide" and "rollout.engine=native" in row.note
+    assert row.status == "translated"  # verirl's push assembles each tensor for vLLM from the split actor
     assert (r.get("actor.tensor_parallel_size"), r.get("rollout.engine")) == (2, "vllm")
     assert r.row(R + "tensor_model_parallel_size").note == "the same vLLM setting"
 
@@ -490,19 +491,15 @@ def test_verl_megatron_pipeline_with_tensor_parallelism_is_translated():
     assert (cfg.actor.pipeline_parallel_size, cfg.actor.tensor_parallel_size) == (2, 2)
 
 
-def test_verl_megatron_pipeline_with_context_parallelism_needs_a_decision():
-    """verirl's stages compose with data and tensor parallelism, not Ulysses: both sizes are written as veRL ran
-    them, the pipeline row names the two ways out, and each way passes verirl's checks."""
+def test_verl_megatron_pipeline_with_context_parallelism_is_translated():
+    """verirl's stages compose with Ulysses too (each sequence-parallel rank runs the stages on its slice of
+    every micro-batch): both sizes translated, 2 x 2 = 4 ranks, and the converted config passes verirl's checks."""
     r = convert("verl", VERL, [A + "strategy=megatron", R + "name=sglang", f"{PP}=2", f"+{MG}context_parallel_size=2"])
-    row = r.row(PP)
-    assert row.status == "decide" and "not with sequence parallelism" in row.note
-    assert "actor.pipeline_parallel_size=1" in row.note and "actor.sequence_parallel_size=1" in row.note
-    assert r.get("actor.pipeline_parallel_size") == 2 and r.get("trainer.nproc_per_node") == 4  # 2 x 2
-    assert "= 4 ranks does not divide" in row.note
-    with pytest.raises(ConfigError, match="not with sequence parallelism"):
-        _model_parallel_checked(r)
-    _model_parallel_checked(r, **{"actor.sequence_parallel_size": 1})  # stages over 2 x dp 2
-    _model_parallel_checked(r, **{"actor.pipeline_parallel_size": 1})
+    assert r.row(PP).status == "translated"
+    assert r.get("actor.pipeline_parallel_size") == 2 and r.get("actor.sequence_parallel_size") == 2
+    assert r.get("trainer.nproc_per_node") == 4
+    cfg = _model_parallel_checked(r)
+    assert (cfg.actor.pipeline_parallel_size, cfg.actor.sequence_parallel_size) == (2, 2)
 
 
 def test_verl_pipeline_token_budget_from_the_micro_batch():
@@ -539,7 +536,7 @@ def test_verl_megatron_pipeline_of_the_reference_and_the_rollout():
     different = convert("verl", VERL, [*NATIVE, f"{PP}=2", f"+{ref}=1"]).row(ref)
     assert different.status == "decide" and "computed over 2 stages" in different.note
     vllm = convert("verl", VERL, [A + "strategy=megatron", f"{PP}=2"])  # the example's vLLM rollout
-    assert vllm.row(PP).status == "decide" and "rollout.engine=native" in vllm.row(PP).note
+    assert vllm.row(PP).status == "translated"  # vLLM takes a pipelined actor
     padded = convert("verl", VERL, [*NATIVE, f"{PP}=2", M + "use_remove_padding=false"])
     assert padded.get("actor.use_remove_padding") is True
     assert "one packed row per micro-batch" in padded.row(M + "use_remove_padding").note
@@ -637,9 +634,9 @@ def test_verl_ulysses_is_verirls_sequence_parallelism(where):
     different = convert("verl", VERL, [*native, f"+{key}=4", f"+{ref}=2"]).row(ref)
     assert different.status == "decide" and "actor.sequence_parallel_size=4" in different.note
     assert convert("verl", VERL, [f"+{key}=1"]).row(key).note == "1: none"
-    # the example's vLLM rollout: verirl's vllm engine takes no actor split so
+    # the example's vLLM rollout: verirl's vllm engine takes an actor split so
     vllm = convert("verl", VERL, [f"+{key}=4"])
-    assert vllm.row(key).status == "decide" and "rollout.engine=native" in vllm.row(key).note
+    assert vllm.row(key).status == "translated"
     assert vllm.get("actor.sequence_parallel_size") == 4
 
 
@@ -728,13 +725,13 @@ MS_ONE = [f"{AC}tensor_model_parallel_size=1", f"{GEN}infer_tensor_parallel_size
 
 def test_mindspeed_pipeline_parallelism_is_verirls():
     """pipeline_model_parallel_size is actor.pipeline_parallel_size and num_layer_list (MindSpeed-RL's comma string)
-    actor.pipeline_layers; with the example's tensor parallelism 4 verirl runs tp x pp (one group of 8); its vLLM generation is
-    the one decision."""
+    actor.pipeline_layers; with the example's tensor parallelism 4 verirl runs tp x pp (one group of 8), its vLLM
+    generation too."""
     r = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=14,14"])
     assert (r.get("actor.pipeline_parallel_size"), r.get("actor.pipeline_layers")) == (2, [14, 14])
     assert r.row(LAYER_LIST).status == "translated" and "num_hidden_layers" in r.row(LAYER_LIST).note
-    row = r.row(MS_PP)  # a decision only for the example's vLLM generation
-    assert row.status == "decide" and "does not take an actor laid out so yet" in row.note
+    row = r.row(MS_PP)
+    assert row.status == "translated"
     assert "composes pipeline stages" not in row.note
     assert (r.get("actor.tensor_parallel_size"), r.get("trainer.nproc_per_node")) == (4, 8)  # 4 x 2, one group
     assert "tensor parallelism 4 x pipeline parallelism 2 = 8 ranks" in row.note and "16 NPUs" in row.note
@@ -743,7 +740,7 @@ def test_mindspeed_pipeline_parallelism_is_verirls():
     # the example's micro_batch_size 1 and no dynamic batches: one longest sequence, prompt 8192 + response 4096
     assert r.get("actor.max_token_len_per_device") == 8192 + 4096
     alone = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=[1,3]", *MS_ONE])
-    assert alone.row(MS_PP).status == "decide" and VLLM_ONLY in alone.row(MS_PP).note  # MindSpeed-RL's vLLM
+    assert alone.row(MS_PP).status == "translated"
     assert "composes" not in alone.row(MS_PP).note and alone.get("actor.pipeline_layers") == [1, 3]
     _model_parallel_checked(alone, **{"rollout.engine": "native"})  # the tiny model's 4 layers as 1 + 3
     off = convert("mindspeed-rl", MSRL, [f"+{LAYER_LIST}=14,14"]).row(LAYER_LIST)
@@ -786,16 +783,13 @@ def test_mindspeed_noop_layers_leave_the_stages():
     assert (r.get("actor.pipeline_schedule"), r.get("actor.pipeline_layers")) == ("interleaved_1f1b", [7, 8, 7, 8])
 
 
-VLLM_ONLY = "verirl's vllm engine, which MindSpeed-RL's generation becomes, does not take an actor laid out so yet"
-
-
 def test_mindspeed_ulysses_context_parallelism_is_verirls_sequence_parallelism():
-    """context_parallel_algo's default, ulysses_cp_algo, is verirl's sequence parallelism; the one decision left is
-    MindSpeed-RL's vLLM, which verirl's vllm engine cannot feed an actor split so."""
+    """context_parallel_algo's default, ulysses_cp_algo, is verirl's sequence parallelism, with MindSpeed-RL's vLLM
+    generation too."""
     r = convert("mindspeed-rl", MSRL, [f"+{AC}context_parallel_size=2"])
     row = r.row(AC + "context_parallel_size")
     assert r.get("actor.sequence_parallel_size") == 2 and "actor.sequence_parallel_size" in row.targets
-    assert row.status == "decide" and VLLM_ONLY in row.note and "ring" not in row.note
+    assert row.status == "translated" and "ring" not in row.note
     algo = r.row(MT + "context_parallel_algo")  # MindSpeed-RL's default, not in the file
     assert (algo.origin, algo.value, algo.status) == ("default", "ulysses_cp_algo", "translated")
     assert "Ulysses in both" in algo.note

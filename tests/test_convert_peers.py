@@ -198,14 +198,14 @@ def test_mindspeed_max_packing_token_size_reaches_the_critic_only():
 def test_mindspeed_pipeline_layouts_of_the_peers():
     """DeepSeek-R1 on 256 NPUs: tensor parallel 4 x pipeline parallel 8 with uneven stages (num_layer_list
     7,7,8,8,8,8,8,7); Qwen2.5-7B on tensor parallel 2 x pipeline parallel 2. Both sizes are written as MindSpeed-RL ran
-    them, one group of tp x pp ranks, which verirl runs (the generation on vLLM is the decision left)."""
+    them, one group of tp x pp ranks, which verirl runs, its generation on vLLM too."""
     result = convert("mindspeed-rl", MS_R1)
     assert (result.get("actor.tensor_parallel_size"), result.get("actor.pipeline_parallel_size"),
             result.get("trainer.nproc_per_node")) == (4, 8, 32)
     assert result.get("actor.pipeline_layers") == [7, 7, 8, 8, 8, 8, 8, 7]
     assert result.row("actor_config.num_layer_list").status == "translated"
     pp = result.row("actor_config.pipeline_model_parallel_size")
-    assert pp.status == "decide" and "does not take an actor laid out so yet" in pp.note  # vLLM generation only
+    assert pp.status == "translated"
     assert "composes pipeline stages" not in pp.note
     assert "256 NPUs" in result.row("actor_config.tensor_model_parallel_size").note and "256 NPUs" in pp.note
     assert result.get("actor.strategy") == "ddp"
@@ -233,12 +233,12 @@ def test_mindspeed_ring_context_parallelism_needs_a_decision():
 def test_verl_head_fsdp_ulysses_is_sequence_parallelism():
     """The FSDP scripts (run_qwen3_5_*_fsdp.sh) set the actor's and the reference's
     fsdp_config.ulysses_sequence_parallel_size to one SP_SIZE: verirl's actor.sequence_parallel_size, the
-    reference on the actor's layout; with vLLM, a decision."""
+    reference on the actor's layout; with vLLM too."""
     ulysses = [f"+{A}fsdp_config.ulysses_sequence_parallel_size=2",
                "+actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=2"]
     result = _verl_head(R + "name=vllm", *ulysses)
     assert result.get("actor.sequence_parallel_size") == 2 and result.get("trainer.nproc_per_node") == 2
-    assert result.row(f"{A}fsdp_config.ulysses_sequence_parallel_size").status == "decide"  # vLLM
+    assert result.row(f"{A}fsdp_config.ulysses_sequence_parallel_size").status == "translated"  # vLLM takes it
     assert result.row("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size").status == "ignored"
     native = _verl_head(R + "name=sglang", R + "tensor_model_parallel_size=1", *ulysses)
     assert native.row(f"{A}fsdp_config.ulysses_sequence_parallel_size").status == "translated"

@@ -124,10 +124,19 @@ class MicroBatch:
     labels: torch.Tensor  # (M,) the response tokens
     # each stage's forward of this row runs inside context(): for a packed row, its attention layout
     context: Callable[[], ContextManager] = contextlib.nullcontext
+    # sequence parallelism: this rank holds a slice of the row and predicts some of its labels; the last
+    # stage's log-probs and entropies of them -> the whole row's (`verirl.core.ops.ulysses.gather_tokens`)
+    gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    total: int = 0  # the whole row's labels, when ``labels`` are this rank's share of them
 
     @property
     def tokens(self) -> int:
         return self.input_ids.shape[1]
+
+    @property
+    def outputs(self) -> int:
+        """The labels whose log-probs the last stage returns: the whole row's."""
+        return self.total or self.labels.shape[0]
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,7 @@ class _Pass:
     temperature: float
     chunk: int
     with_entropy: bool
+    width: int  # the last stage's output columns (>= T; a sequence-parallel slice's row has more labels)
 
 
 def supports_pipeline(model) -> tuple[bool, str]:
@@ -243,8 +253,11 @@ class DecoderStage(torch.nn.Module):
             else:
                 lp, ent = head_logprobs(at, head.weight, micro.labels, head.bias, run.temperature, run.chunk,
                                         run.with_entropy)
+        if micro.gather is not None:  # this rank's labels -> the row's, on every rank of the group
+            lp = micro.gather(lp)
+            ent = None if ent is None else micro.gather(ent)
         out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])
-        return F.pad(out.to(_out_dtype(self.dtype)), (0, T - lp.shape[0]))[None]  # (1, 2, T)
+        return F.pad(out.to(_out_dtype(self.dtype)), (0, run.width - lp.shape[0]))[None]  # (1, 2, width)
 
 
 def _out_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -261,25 +274,26 @@ def build_stages(model, rank: int, ranks: int, per_rank: int = 1,
     return [DecoderStage(model, s, total, split[s]) for s in stage_indices(rank, ranks, per_rank)]
 
 
-def _agree(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch], tokens: int, group) -> int:
-    """T, the tokens every micro-batch is padded to: ``tokens``, or the longest row of the pass on any rank
-    of the pipeline; the ranks must hold the same number of micro-batches (else each would wait on the
-    others' transfers forever)."""
+def _agree(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch], tokens: int, group) -> tuple[int, int]:
+    """(T, the tokens every micro-batch is padded to: ``tokens``, or the longest row of the pass on any rank
+    of the pipeline; the last stage's output width, T or more); the ranks must hold the same number of
+    micro-batches (else each would wait on the others' transfers forever)."""
     longest = max(mb.tokens for mb in micro) if micro else 0
     if tokens and longest > tokens:
         i = max(range(len(micro)), key=lambda j: micro[j].tokens)
         raise ConfigError(f"micro-batch {i} of the pipelined pass has {longest} tokens, more than the pass's "
                           f"budget of {tokens}; raise the budget or split the micro-batch.")
-    seen = torch.tensor([max(tokens, longest), len(micro), -len(micro)], device=stages[0].device)
+    outputs = max(mb.outputs for mb in micro) if micro else 0
+    seen = torch.tensor([max(tokens, longest), len(micro), -len(micro), outputs], device=stages[0].device)
     dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
-    T, most, fewest = (int(v) for v in seen.tolist())
+    T, most, fewest, outputs = (int(v) for v in seen.tolist())
     if most != -fewest:
         raise ConfigError(f"the ranks of a pipeline hold {-fewest} to {most} micro-batches of one pass (this rank "
                           f"{len(micro)}); every rank of a pipeline must run the same micro-batches.")
-    return T
+    return T, max(T, outputs)
 
 
-def _schedule(name: str, stages: Sequence[DecoderStage], T: int, m: int, group, loss_fn=None):
+def _schedule(name: str, stages: Sequence[DecoderStage], T: int, m: int, group, loss_fn=None, width: int = 0):
     """A fresh schedule of ``name`` over this rank's ``stages`` for m micro-batches of T tokens (with a
     backward when ``loss_fn`` is given). The shapes between stages are given, so no schedule runs a
     forward to learn them; gradients are not divided by m (each micro-batch's loss carries its share)."""
@@ -290,7 +304,7 @@ def _schedule(name: str, stages: Sequence[DecoderStage], T: int, m: int, group, 
         # requires_grad: the hidden states' gradients travel back (torch derives their shapes from these)
         hidden = torch.empty((1, T, s.hidden_size), dtype=s.dtype, device="meta", requires_grad=loss_fn is not None)
         x = torch.empty((1, T), dtype=torch.long, device="meta") if s.is_first else hidden
-        y = torch.empty((1, 2, T), dtype=_out_dtype(s.dtype), device="meta") if s.is_last else hidden
+        y = torch.empty((1, 2, width or T), dtype=_out_dtype(s.dtype), device="meta") if s.is_last else hidden
         return PipelineStage(s, s.index, s.num_stages, s.device, input_args=x, output_args=y, group=group)
 
     wrapped = [wrap(s) for s in stages]
@@ -330,16 +344,16 @@ def pipeline_backward(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch
     ``tokens`` (0: the longest row of the pass). Returns the m losses, detached, on every rank."""
     per_rank = len(stages)
     check_micro_batches(schedule, dist.get_world_size(group), len(micro), per_rank)
-    T = _agree(stages, micro, tokens, group)
-    run = _Pass(tuple(micro), float(temperature), int(chunk), bool(with_entropy))
+    T, W = _agree(stages, micro, tokens, group)
+    run = _Pass(tuple(micro), float(temperature), int(chunk), bool(with_entropy), W)
     m = len(micro)
 
-    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # out (1, 2, T), target (1,) = [i]
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # out (1, 2, W), target (1,) = [i]
         i = int(target)
-        M = micro[i].labels.shape[0]
+        M = micro[i].outputs
         return loss_fn(out[0, 0, :M], out[0, 1, :M] if with_entropy else None, i)
 
-    sched = _schedule(schedule, stages, T, m, group, loss)
+    sched = _schedule(schedule, stages, T, m, group, loss, W)
     index = torch.arange(m)
     losses: list[torch.Tensor] = []
     sched.step(*_inputs(stages, micro, T), target=index, losses=losses, return_outputs=False, mb=index, run=run)
@@ -358,18 +372,18 @@ def pipeline_logprobs(stages: Sequence[DecoderStage], micro: Sequence[MicroBatch
     per_rank = len(stages)
     name = "interleaved_1f1b" if per_rank > 1 else "gpipe"  # forwards in order: no 1F1B micro-batch bound
     check_micro_batches(name, dist.get_world_size(group), len(micro), per_rank)
-    T = _agree(stages, micro, tokens, group)
-    run = _Pass(tuple(micro), float(temperature), int(chunk), bool(with_entropy))
+    T, W = _agree(stages, micro, tokens, group)
+    run = _Pass(tuple(micro), float(temperature), int(chunk), bool(with_entropy), W)
     m = len(micro)
-    sched = _schedule(name, stages, T, m, group)
+    sched = _schedule(name, stages, T, m, group, width=W)
     index = torch.arange(m)
     merged = sched.step(*_inputs(stages, micro, T), mb=index, run=run)
-    out = torch.zeros((m, 2, T), dtype=_out_dtype(stages[0].dtype), device=stages[0].device)
+    out = torch.zeros((m, 2, W), dtype=_out_dtype(stages[0].dtype), device=stages[0].device)
     if stages[-1].is_last:
         out.copy_(merged)
     out = from_last(out, group)
     return [(out[i, 0, :M], out[i, 1, :M] if with_entropy else None)
-            for i, M in enumerate(mb.labels.shape[0] for mb in micro)]
+            for i, M in enumerate(mb.outputs for mb in micro)]
 
 
 def tied_embedding_group(pipelines: Sequence[Sequence[int]]) -> Optional[dist.ProcessGroup]:

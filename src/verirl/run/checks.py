@@ -370,16 +370,15 @@ def check_pipeline(cfg: Config, config) -> None:
                           f"buffers, no compute). Set it to a few times data.max_prompt_length + "
                           f"rollout.max_new_tokens.")
     stage_layers(config.num_hidden_layers, pp * stages_per_rank(schedule), a.pipeline_layers or None)
-    if a.sequence_parallel_size > 1:
-        raise ConfigError(f"actor.pipeline_parallel_size={pp} with actor.sequence_parallel_size="
-                          f"{a.sequence_parallel_size}: pipeline stages compose with data and tensor parallelism, "
-                          f"not with sequence parallelism, in this version. Use one of the two.")
     from verirl.config.layout import data_parallel_size
 
-    if data_parallel_size(cfg) > 1 and a.strategy == "fsdp2":
-        raise ConfigError(f"actor.pipeline_parallel_size={pp} with {data_parallel_size(cfg)} data-parallel ranks and "
-                          f"actor.strategy=fsdp2: FSDP2 inside pipeline stages is not available in this version. "
-                          f"Use actor.strategy=ddp (each stage replicated over the data-parallel ranks).")
+    sharded = data_parallel_size(cfg) * a.sequence_parallel_size  # the ranks FSDP2 would shard each stage over
+    if sharded > 1 and a.strategy == "fsdp2":
+        over = f"{data_parallel_size(cfg)} data-parallel ranks" + (
+            f" x actor.sequence_parallel_size={a.sequence_parallel_size}" if a.sequence_parallel_size > 1 else "")
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} with {over} and actor.strategy=fsdp2: FSDP2 inside "
+                          f"pipeline stages is not available in this version. Use actor.strategy=ddp (each stage "
+                          f"replicated over those ranks, its gradients summed over them).")
 
 
 def _module_names(path: str, override: dict) -> list[str]:

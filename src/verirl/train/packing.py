@@ -326,12 +326,17 @@ def _packed_attention(model, layout: PackedLayout, split: Optional[tuple] = None
         cfg._attn_implementation_internal = old
 
 
-def packed_context(model, pb: PackedBatch) -> contextlib.ExitStack:
+def packed_context(model, pb: PackedBatch, sp_group=None, shard=None) -> contextlib.ExitStack:
     """What a forward of packed row ``pb`` runs inside, for a caller that runs the model's layers itself (a
-    pipeline stage): its attention layout and the activation dump's positions."""
+    pipeline stage): its attention layout and the activation dump's positions; with ``shard`` (this rank's
+    `split_packed` slice of the row), the attention sequence-parallel over ``sp_group``."""
     stack = contextlib.ExitStack()
-    stack.enter_context(_packed_attention(model, pb.layout))
-    stack.enter_context(response_positions(pb.pred_pos, pb.out_col == 0))
+    if shard is None:
+        stack.enter_context(_packed_attention(model, pb.layout))
+        stack.enter_context(response_positions(pb.pred_pos, pb.out_col == 0))
+    else:
+        stack.enter_context(_packed_attention(model, pb.layout, (sp_group, shard.tokens)))
+        stack.enter_context(response_positions(shard.pred_pos, (pb.out_col == 0)[shard.owned]))
     return stack
 
 

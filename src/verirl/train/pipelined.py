@@ -168,12 +168,27 @@ def push_tensor(model) -> Callable[[torch.Tensor], torch.Tensor]:
     return whole
 
 
-def micro_batches(model, pbs) -> list[MicroBatch]:
-    """The pipelined passes' micro-batches of packed rows ``pbs``, each with its attention layout."""
+def micro_batches(model, pbs, sp_group=None) -> list[MicroBatch]:
+    """The pipelined passes' micro-batches of packed rows ``pbs``, each with its attention layout. With
+    ``sp_group`` (sequence parallelism: each rank of the group runs its own pipeline of the same stages)
+    each is this rank's slice of the row (`split_packed`), its attention Ulysses over the group, and the
+    last stage gathers the row's log-probs from the group's slices."""
     from verirl.train.packing import packed_context
 
-    return [MicroBatch(pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels,
-                       context=lambda pb=pb: packed_context(model, pb)) for pb in pbs]
+    if sp_group is None or dist.get_world_size(sp_group) == 1:
+        return [MicroBatch(pb.input_ids, pb.position_ids, pb.pred_pos, pb.labels,
+                           context=lambda pb=pb: packed_context(model, pb)) for pb in pbs]
+    from verirl.core.ops.ulysses import gather_tokens, split_packed
+
+    rank, size = dist.get_rank(sp_group), dist.get_world_size(sp_group)
+    out = []
+    for pb in pbs:
+        shard = split_packed(pb.input_ids, pb.position_ids, pb.pred_pos, rank, size)
+        out.append(MicroBatch(shard.input_ids, shard.position_ids, shard.pred_pos, pb.labels[shard.owned],
+                              context=lambda pb=pb, shard=shard: packed_context(model, pb, sp_group, shard),
+                              gather=lambda v, shard=shard: gather_tokens(v, shard, sp_group),
+                              total=shard.total_labels))
+    return out
 
 
 def at_least(planned: list[list[int]], count: int, schedule: str = "1f1b", ranks: int = 1) -> list[list[int]]:

@@ -238,8 +238,8 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
             planned = at_least(planned, 1, "interleaved_1f1b", torch.distributed.get_world_size(pipe.group))
         pbs = [layouts.get(rollout, mb, forward.prompt_once) for mb in planned]
         with eval_mode(model), mixed_precision(out.device, forward.compute_dtype):
-            results = pipeline_logprobs(pipe.stages, micro_batches(model, pbs), pipe.group, forward.max_tokens,
-                                        forward.temperature, forward.chunk)
+            results = pipeline_logprobs(pipe.stages, micro_batches(model, pbs, dist.sp_group), pipe.group,
+                                        forward.max_tokens // dist.sp_world, forward.temperature, forward.chunk)
         for mb, pb, (lp, _) in zip(planned, pbs, results):
             logp = scatter(pb, lp)
             out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp.float()
@@ -431,8 +431,9 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
                                      n_tokens, n_seqs, sums, on_policy_out, entropy_out)
 
             with mixed_precision(device, p.forward.compute_dtype):
-                pipeline_backward(pipe.stages, micro_batches(model, pbs), loss_fn, pipe.group, pipe.schedule,
-                                  p.forward.max_tokens, p.forward.temperature, p.forward.chunk, with_entropy=True)
+                pipeline_backward(pipe.stages, micro_batches(model, pbs, dist.sp_group), loss_fn, pipe.group,
+                                  pipe.schedule, p.forward.max_tokens // dist.sp_world, p.forward.temperature,
+                                  p.forward.chunk, with_entropy=True)
             sum_tied_grads(pipe.stages, pipe.tied_group)
             dist.sum_gradients(params)
             shared = from_last(torch.tensor(list(sums.values()), dtype=torch.float64, device=device), pipe.group)

@@ -285,9 +285,8 @@ def packed_words(tp: int, sp: int, pp: int) -> str:
 
 
 def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source: str) -> None:
-    """``key``'s pipeline size, above 1, as actor.pipeline_parallel_size; where the source also splits layers or
-    sequences (``tp``, ``sp`` above 1), which verirl's stages do not compose with yet, the row is a decision that
-    names the two ways out, both sizes written as the source ran them."""
+    """``key``'s pipeline size, above 1, as actor.pipeline_parallel_size; verirl's stages compose with the
+    source's tensor (``tp``) and sequence (``sp``) parallelism, each written as the source ran it."""
     from verirl.models.parallel import TP_FAMILIES
 
     t.put("actor.pipeline_parallel_size", pp, key,
@@ -295,13 +294,8 @@ def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source:
                f"Megatron's schedule is 1F1B, verirl's default actor.pipeline_schedule; verirl train refuses it "
                f"unless config.json's model_type has stages in verirl ({', '.join(TP_FAMILIES)}) and the layers "
                f"split over the stages")
-    if sp == 1:
-        return  # tensor-parallel layers inside pipeline stages: verirl runs tp x pp
-    other = layout_words(1, sp, 1)
-    t.decide(key, f"verirl composes pipeline stages with data and tensor parallelism, not with sequence parallelism, "
-                  f"in this version (verirl train refuses actor.pipeline_parallel_size={pp} with {other}): both are "
-                  f"written as {source} ran them; choose actor.pipeline_parallel_size=1 (every layer on each rank, "
-                  f"the layout {other}) or actor.sequence_parallel_size=1 (stages over {pp} ranks)")
+    # tensor-parallel layers inside pipeline stages, and stages over each sequence-parallel rank's slice:
+    # verirl runs tp x pp and sp x pp
 
 
 def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, vllm_from: str,
@@ -313,14 +307,7 @@ def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequenc
     names the other system, ``vllm_from`` how its engine became vllm ("" or a clause), ``padding_key`` its
     use_remove_padding key, ``pipeline_keys`` and ``strategy_keys`` its pipeline size and strategy keys, ``ran``
     its device count in words ("" when unknown), asked only when the note needs it."""
-    layout = layout_words(tp, sp, pp)
-    if t.out.get("rollout.engine") == "vllm":
-        for key in keys:
-            t.decide(key, f"verirl's vllm engine{vllm_from} does not take an actor laid out so yet (verirl train "
-                          f"refuses {layout} with rollout.engine=vllm): use rollout.engine=native, which decodes with "
-                          f"whole weights on each rank"
-                          + (f" or on the tensor-parallel plan with rollout.tensor_parallel_size={tp}" if tp > 1 else "")
-                          + ", or data parallelism alone (FSDP2) with vLLM")
+    layout = layout_words(tp, sp, pp)  # vLLM takes any of them: the push assembles each tensor for it
     if t.out.get("actor.use_remove_padding") is False:
         t.put("actor.use_remove_padding", True, padding_key,
               note=f"false in {peer}: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "
