@@ -146,7 +146,7 @@ class _Pass:
     temperature: float
     chunk: int
     with_entropy: bool
-    width: int  # the last stage's output columns (>= T; a sequence-parallel slice's row has more labels)
+    width: int = 0  # the last stage's output columns (0: T; a sequence-parallel slice's row has more labels)
 
 
 def supports_pipeline(model) -> tuple[bool, str]:
@@ -257,7 +257,7 @@ class DecoderStage(torch.nn.Module):
             lp = micro.gather(lp)
             ent = None if ent is None else micro.gather(ent)
         out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])
-        return F.pad(out.to(_out_dtype(self.dtype)), (0, run.width - lp.shape[0]))[None]  # (1, 2, width)
+        return F.pad(out.to(_out_dtype(self.dtype)), (0, max(run.width, T) - lp.shape[0]))[None]  # (1, 2, width)
 
 
 def _out_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -79,24 +79,36 @@ class _SplitStepper(_HFStepper):
     group computes its heads and its share of the MLP and of the vocabulary, its KV cache holds its heads
     only, and the logits' vocabulary shares are gathered, so every rank samples the same tokens from the
     same whole logits. The ranks of the group decode the same prompts in step: one collective per layer and
-    token."""
+    token. ``low`` (model.compute_dtype): the decoder's products in it (autocast), the output layer in the
+    weights' dtype, as the trainer's passes compute them."""
 
-    def __init__(self, model):
+    def __init__(self, model, low: Optional[torch.dtype] = None):
         from verirl.models.parallel import head_group
 
         super().__init__(model)
         self.group = head_group(model)
+        self.low = low
 
-    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+    def _logits(self, ids, pos) -> torch.Tensor:
+        """This rank's vocabulary share of the logits at each row's last position, then the whole of them."""
+        device = ids.device
+        with torch.autocast(device.type, dtype=self.low, enabled=self.low is not None):
+            h = self.model.get_decoder()(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True,
+                                         **{self.kw: self.cache}).last_hidden_state[:, -1]
+        head = self.model.get_output_embeddings()
+        with torch.autocast(device.type, enabled=False):
+            logits = head(h.to(head.weight.dtype))
         parts = [torch.empty_like(logits) for _ in range(torch.distributed.get_world_size(self.group))]
         torch.distributed.all_gather(parts, logits.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
     def prefill(self, ids, mask, pos, total: int):
-        return self._whole(super().prefill(ids, mask, pos, total))
+        self.mask = mask
+        return self._logits(ids, pos)
 
     def step(self, tok, pos, start: int):
-        return self._whole(super().step(tok, pos, start))
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
+        return self._logits(tok[:, None], pos[:, None])
 
 
 class _LeanStepper:
@@ -254,7 +266,7 @@ class NativeEngine:
         # the block is copied out of it below, since the trainer uses it with autograd
         with eval_mode(model), torch.inference_mode():
             if self.split:
-                run = _SplitStepper(model)
+                run = _SplitStepper(model, self.compute_dtype)
             elif lean_supported(model):
                 run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype)
             else:
