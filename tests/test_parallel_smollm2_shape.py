@@ -5,15 +5,10 @@ of pp2 (real gloo processes) takes the one-rank step."""
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-SHAPE = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=8, num_key_value_heads=4,
-             intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
-             rms_norm_eps=1e-5, max_position_embeddings=8192, hidden_act="silu", initializer_range=0.02)
 
 # a rule with spread inside every group (random weights answer nothing right): len(response) % 3
 RULE = '''
@@ -24,18 +19,13 @@ def spread(response, **_):
 
 @pytest.fixture(scope="module")
 def shape_dir(tmp_path_factory) -> Path:
-    """The model directory: SmolLM2-135M's shape with 8 / 4 heads, seeded random weights, the tiny tokenizer."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from verirl.models.load import TINY_DIR
+    """The model directory: SmolLM2-135M's shape with 8 / 4 heads, seeded random weights, the tiny tokenizer
+    (the benchmarks' builder, `bench/gpu_check.py`, as `bench/scaling.py --model smollm2-8h` makes it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import gpu_check
 
     out = tmp_path_factory.mktemp("smollm2_8h") / "model"
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**SHAPE, bos_token_id=None, eos_token_id=2, pad_token_id=0)).save_pretrained(out)
-    GenerationConfig(eos_token_id=2, pad_token_id=0).save_pretrained(out)
-    for f in TINY_DIR.iterdir():
-        if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "special_tokens_map.json":
-            shutil.copy(f, out / f.name)
+    gpu_check.build_model_dir(out, dict(gpu_check.SMOLLM2_135M, num_attention_heads=8, num_key_value_heads=4))
     (out.parent / "spread.py").write_text(RULE)
     return out
 

@@ -114,7 +114,10 @@ class RolloutConfig:
     replay_eos: str = setting("length", "engine=replay, text without a stopped field: length (EOS when < "
                                         "max_new_tokens) / always / never")
     # engine=vllm (docs/vllm.md): vLLM's offline engine inside each training process
-    tensor_parallel_size: int = setting(0, "ranks that decode together on a tensor-parallel plan (a vLLM engine's, or the native engine's on the actor's): 0 = actor.tensor_parallel_size (1 with engine hf); 1 = every rank decodes with the whole weights (docs/parallelism.md)", ge=0)
+    tensor_parallel_size: int = setting(0, "ranks that decode together on a tensor-parallel plan (a vLLM engine's, or "
+                                           "the native engine's on the actor's): 0 = actor.tensor_parallel_size (1 "
+                                           "with engine hf); 1 = every rank decodes with the whole weights "
+                                           "(docs/parallelism.md)", ge=0)
     gpu_memory_utilization: float = setting(0.5, "share of the device's memory vLLM may take (weights + KV cache)")
     dtype: Optional[str] = setting(None, "vLLM decodes in: null (model.dtype) / compute (model.compute_dtype, "
                                          "resolved) / float32 / bfloat16 / float16")

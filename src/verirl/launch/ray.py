@@ -209,10 +209,9 @@ def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool, grou
         if hopeless or time.monotonic() >= deadline:
             remove_placement_group(pg)
             has = ("has" if short else f"did not free them within trainer.dist_timeout_s={timeout}s; it has")
-            each = _fmt(bundles(world, bundle, group)[0])
             per = f" (one per tensor-parallel group of {group} ranks, each on one machine)" if group > 1 else ""
             raise ConfigError(
-                f"trainer.launcher=ray: {world} ranks need {world // group} bundles of {each}{per} "
+                f"trainer.launcher=ray: {world} ranks need {world // group} bundles of {_fmt(one)}{per} "
                 f"({_fmt({k: world * v for k, v in bundle.items()})} in all), but the "
                 f"{'Ray cluster' if can_grow else 'local Ray cluster started for this run (this machine)'} {has} "
                 f"{_fmt(_plain(total))} in all ({_fmt(_plain(ray.available_resources()))} free). Lower "
@@ -221,8 +220,7 @@ def _placement_group(cfg: Config, world: int, bundle: dict, can_grow: bool, grou
                 + ("add machines to the cluster (`ray start --address=...` on each)." if can_grow else
                    "start a Ray cluster that has them and set trainer.ray_address to its head (docs/ray.md)."))
         if not told:
-            print(f"verirl: waiting for the Ray cluster to offer {world // group} bundles of "
-                  f"{_fmt(bundles(world, bundle, group)[0])} "
+            print(f"verirl: waiting for the Ray cluster to offer {world // group} bundles of {_fmt(one)} "
                   f"(up to trainer.dist_timeout_s={timeout}s)", file=sys.stderr)
             told = True
 

@@ -55,9 +55,7 @@ class _HFStepper:
 
     def prefill(self, ids, mask, pos, total: int):
         self.mask = mask
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self.kw: self.cache})
-        return out.logits[:, -1]
+        return self._last_logits(ids, pos)
 
     def repeat(self, n: int):
         self.cache.batch_repeat_interleave(n)
@@ -69,7 +67,11 @@ class _HFStepper:
 
     def step(self, tok, pos, start: int):
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos[:, None], use_cache=True,
+        return self._last_logits(tok[:, None], pos[:, None])
+
+    def _last_logits(self, ids, pos) -> torch.Tensor:
+        """The logits at each row's last position of ``ids`` (its cache and mask extended by them)."""
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **{self.kw: self.cache})
         return out.logits[:, -1]
 
@@ -89,7 +91,7 @@ class _SplitStepper(_HFStepper):
         self.group = head_group(model)
         self.low = low
 
-    def _logits(self, ids, pos) -> torch.Tensor:
+    def _last_logits(self, ids, pos) -> torch.Tensor:
         """This rank's vocabulary share of the logits at each row's last position, then the whole of them."""
         device = ids.device
         with torch.autocast(device.type, dtype=self.low, enabled=self.low is not None):
@@ -101,14 +103,6 @@ class _SplitStepper(_HFStepper):
         parts = [torch.empty_like(logits) for _ in range(torch.distributed.get_world_size(self.group))]
         torch.distributed.all_gather(parts, logits.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
-
-    def prefill(self, ids, mask, pos, total: int):
-        self.mask = mask
-        return self._logits(ids, pos)
-
-    def step(self, tok, pos, start: int):
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
-        return self._logits(tok[:, None], pos[:, None])
 
 
 class _LeanStepper:

@@ -56,6 +56,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
+from verirl.core.dtensors import local
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.core.types import Rollout
 
@@ -317,8 +318,7 @@ class VLLMEngine:
                 continue
             seen.add(id(t))
             whole = full(t).detach()
-            local = getattr(t, "_local_tensor", t)  # a DTensor's own shard
-            if whole.numel() and whole.data_ptr() != local.data_ptr():  # assembled for the push
+            if whole.numel() and whole.data_ptr() != local(t).data_ptr():  # assembled for the push
                 self.made_bytes = max(self.made_bytes, whole.numel() * whole.element_size())
             if skip is not None and skip.search(name):
                 self.last_skipped.append(name)

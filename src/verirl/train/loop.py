@@ -189,7 +189,8 @@ def evaluate_run(run: Run) -> dict[str, float]:
     its tensor-parallel groups decoding on the plan), so no two decode the same prompts."""
     e, dist = run.eval, run.dist
     engine = run.eval_engine or run.engine
-    me, shares = dist.decoders(getattr(engine, "split", False))
+    split = getattr(engine, "split", False)  # a tensor-parallel group decodes together on its plan
+    me, shares = dist.decoders(split)
     place, places = dist.dp_rank * shares + me, dist.dp_world * shares
     share = -(-len(e.prompts) // places)
     first = place * share
@@ -199,7 +200,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
         return [r for p in sorted(every) for r in every[p]]  # a group's ranks sent the same rows: kept once
 
     # decoding reads whole weights (or, an engine on the tensor-parallel plan, this rank's): no weight collective inside
-    with whole_model(run.model), full_weights(run.model, split=getattr(engine, "split", False)):
+    with whole_model(run.model), full_weights(run.model, split=split):
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,

@@ -46,6 +46,7 @@ class Pipeline:
         self.owner: dict[str, int] = {}  # parameter name -> the pipeline rank that sends it (first holder)
         self.shapes: dict[str, torch.Size] = {}  # whole
         self.local_shapes: dict[str, torch.Size] = {}  # this rank's share (tensor parallel: its shard)
+        self.names = {id(p): name for name, p in model.named_parameters()}  # every parameter, held or not
         for name, p in model.named_parameters():
             m = _LAYER.search(name)
             stage = stage_of_layer[int(m.group(1))] if m else (0 if "embed_tokens" in name else total - 1)
@@ -86,9 +87,7 @@ class Pipeline:
     def holds(self, t: torch.Tensor) -> bool:
         """Whether this rank holds ``t``: a parameter of its stages, or any tensor that is not a parameter
         (buffers: every stage keeps them)."""
-        if not hasattr(self, "_params_ids"):
-            self._params_ids = {id(p) for p in self.model.parameters()}
-        return id(t) in self.mine or id(t) not in self._params_ids
+        return id(t) in self.mine or id(t) not in self.names
 
     def owns(self, name: str) -> bool:
         p = dict(self.model.named_parameters()).get(name)
@@ -143,22 +142,16 @@ def push_tensor(model) -> Callable[[torch.Tensor], torch.Tensor]:
     parallelism): a pipelined model's parameter first sent over the pipeline by the rank whose stage holds
     it, into a buffer of this rank's share (its tensor-parallel shard), then FSDP2's or tensor parallelism's
     gather (`strategy.full`). A collective: every rank calls it for the same tensors in the same order."""
-    names: dict[int, str] = {}
-
     def whole(t: torch.Tensor) -> torch.Tensor:
         pipe = pipeline_of(model)
-        if pipe is None:
-            return full(t)
-        if not names:
-            names.update({id(p): n for n, p in model.named_parameters()})
-        name = names.get(id(t))
-        if name is None:  # a buffer: every stage holds it
+        name = None if pipe is None else pipe.names.get(id(t))
+        if name is None:  # not pipelined, or a buffer (every stage holds it)
             return full(t)
         local = _storage(t)
-        first = dist.get_global_rank(pipe.group, pipe.owner[name])
-        buf = local.data if dist.get_rank() == first else \
+        src = pipe.owner[name]
+        buf = local.data if dist.get_rank(pipe.group) == src else \
             torch.empty(pipe.local_shapes[name], dtype=local.dtype, device=local.device)
-        dist.broadcast(buf, group=pipe.group, group_src=pipe.owner[name])
+        dist.broadcast(buf, group=pipe.group, group_src=src)
         from torch.distributed.tensor import DTensor
 
         if isinstance(t, DTensor):

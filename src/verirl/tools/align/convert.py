@@ -284,9 +284,9 @@ def packed_words(tp: int, sp: int, pp: int) -> str:
     return ", ".join(PACKED[name] for name, size in (("tensor", tp), ("sequence", sp), ("pipeline", pp)) if size > 1)
 
 
-def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source: str) -> None:
-    """``key``'s pipeline size, above 1, as actor.pipeline_parallel_size; verirl's stages compose with the
-    source's tensor (``tp``) and sequence (``sp``) parallelism, each written as the source ran it."""
+def pipeline_stages(t: Translation, key: str, pp: int) -> None:
+    """``key``'s pipeline size, above 1, as actor.pipeline_parallel_size (verirl's stages compose with the
+    source's tensor and sequence parallelism, each written as the source ran it)."""
     from verirl.models.parallel import TP_FAMILIES
 
     t.put("actor.pipeline_parallel_size", pp, key,
@@ -294,20 +294,17 @@ def pipeline_stages(t: Translation, key: str, pp: int, tp: int, sp: int, source:
                f"Megatron's schedule is 1F1B, verirl's default actor.pipeline_schedule; verirl train refuses it "
                f"unless config.json's model_type has stages in verirl ({', '.join(TP_FAMILIES)}) and the layers "
                f"split over the stages")
-    # tensor-parallel layers inside pipeline stages, and stages over each sequence-parallel rank's slice:
-    # verirl runs tp x pp and sp x pp
 
 
-def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, vllm_from: str,
-                        padding_key: str, pipeline_keys: Sequence[str], strategy_keys: Sequence[str],
+def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, padding_key: str, pipeline_keys: Sequence[str], strategy_keys: Sequence[str],
                         ran: Callable[[], str]) -> None:
     """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
-    rest of the converted config: a rollout engine that takes it, packed sequences, a number of ranks it divides,
+    rest of the converted config (any rollout engine takes it): packed sequences, a number of ranks it divides,
     and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes. ``peer``
-    names the other system, ``vllm_from`` how its engine became vllm ("" or a clause), ``padding_key`` its
-    use_remove_padding key, ``pipeline_keys`` and ``strategy_keys`` its pipeline size and strategy keys, ``ran``
-    its device count in words ("" when unknown), asked only when the note needs it."""
-    layout = layout_words(tp, sp, pp)  # vLLM takes any of them: the push assembles each tensor for it
+    names the other system, ``padding_key`` its use_remove_padding key, ``pipeline_keys`` and ``strategy_keys``
+    its pipeline size and strategy keys, ``ran`` its device count in words ("" when unknown), asked only when
+    the note needs it."""
+    layout = layout_words(tp, sp, pp)
     if t.out.get("actor.use_remove_padding") is False:
         t.put("actor.use_remove_padding", True, padding_key,
               note=f"false in {peer}: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "

@@ -672,7 +672,7 @@ def _layout(t: Translation) -> None:
     pp_key = _actor_key(t, "pipeline_model_parallel_size")
     pp = _size(t, pp_key)
     if pp > 1:
-        pipeline_stages(t, pp_key, pp, tp, sp, "MindSpeed-RL")
+        pipeline_stages(t, pp_key, pp)
         for key in (MT + "use_distributed_optimizer", AC + "use_distributed_optimizer"):
             if t.get(key, False):
                 t.ignore(key, "Megatron's sharded optimizer state: with pipeline stages verirl replicates each "
@@ -682,7 +682,7 @@ def _layout(t: Translation) -> None:
     _stages(t, pp)
     if tp * sp * pp > 1:
         model_parallel_fits(t, tp, sp, pp, [k for k, v in ((tp_key, tp), (sp_key, sp), (pp_key, pp)) if v > 1],
-                            "MindSpeed-RL", ", which MindSpeed-RL's generation becomes,", RL + "use_remove_padding",
+                            "MindSpeed-RL", RL + "use_remove_padding",
                             [_actor_key(t, "pipeline_model_parallel_size")], [],
                             lambda: (f"MindSpeed-RL's actor had {t.get(RL + 'actor_resource.num_npus')} NPUs"
                                      if t.get(RL + "actor_resource.num_npus", None) else ""))

@@ -978,7 +978,7 @@ def _layout(t: Translation) -> None:
         tp, pp, (sp, keys) = 1, 1, _ulysses_layout(t)
     _rollout_layout(t, tp)
     if tp * sp * pp > 1:
-        model_parallel_fits(t, tp, sp, pp, keys, "veRL", "", M + "use_remove_padding", [MG + "pipeline_model_parallel_size"],
+        model_parallel_fits(t, tp, sp, pp, keys, "veRL", M + "use_remove_padding", [MG + "pipeline_model_parallel_size"],
                             [A + "strategy"] if t.given(A + "strategy") else [],
                             lambda: f"veRL's run had n_gpus_per_node x nnodes = "
                                     f"{int(t.get('trainer.n_gpus_per_node')) * int(t.get('trainer.nnodes'))} GPUs")
@@ -1002,7 +1002,7 @@ def _megatron_layout(t: Translation) -> tuple[int, int, int, list[str]]:
     else:
         t.ignore(cp_key, "1: none")
     if pp > 1:
-        pipeline_stages(t, pp_key, pp, tp, cp, "veRL")
+        pipeline_stages(t, pp_key, pp)
         t.note(pp_key, "without a layer-split override (override_transformer_config) Megatron splits the layers "
                        "evenly over the stages, as verirl's default actor.pipeline_layers []")
     else:
