@@ -108,9 +108,6 @@ CASES = [
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.pipeline_parallel_size": 2,
                         "actor.max_token_len_per_device": 512, "actor.pipeline_schedule": "zb"},
      "actor.pipeline_schedule='zb' is not a known name; known: 1f1b, gpipe, interleaved_1f1b"),
-    ("model parallel", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2,
-                        "actor.max_token_len_per_device": 512},
-     "FSDP2 inside pipeline stages is not available in this version. Use actor.strategy=ddp"),
     ("model parallel", {"rollout.tensor_parallel_size": 2},
      "rollout.tensor_parallel_size=2 with rollout.engine=native: this engine decodes with the whole weights on every "
      "rank (1) or on the actor's tensor-parallel plan (actor.tensor_parallel_size=1). Set rollout.tensor_parallel_size=1."),
@@ -121,9 +118,6 @@ CASES = [
      "ref.offload=true with actor.tensor_parallel_size=2: the reference is split like the actor"),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.sequence_parallel_size": 2, "model.path": _gemma2},
      "actor.sequence_parallel_size=2: model_type 'gemma2' has no sequence-parallel attention in verirl"),
-    ("model parallel", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2, "actor.strategy": "fsdp2",
-                        "actor.max_token_len_per_device": 512, "actor.sequence_parallel_size": 2},
-     "with 1 data-parallel ranks x actor.sequence_parallel_size=2 and actor.strategy=fsdp2: FSDP2 inside"),
     ("launch", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.offload": "params"},
      "not available with 2 ranks that all hold parts of one model"),
 ]

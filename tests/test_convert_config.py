@@ -464,20 +464,19 @@ def _model_parallel_checked(result, **changes):
 
 def test_verl_megatron_pipeline_parallelism_is_verirls():
     """Megatron's pipeline stages are verirl's: the size, 1F1B (both defaults), the token budget the stages pad every
-    micro-batch to (use_dynamic_bsz's), ddp (FSDP2 inside stages is refused), one group of ranks."""
+    micro-batch to (use_dynamic_bsz's), FSDP2 inside the stages over any data-parallel ranks, one group of ranks."""
     r = convert("verl", VERL, [*NATIVE, f"{PP}=2"])
     row = r.row(PP)
     assert row.status == "translated" and r.get("actor.pipeline_parallel_size") == 2
     assert "Megatron's schedule is 1F1B" in row.note and "llama, qwen2, qwen3, mistral" in row.note
     assert r.get("actor.pipeline_schedule") is None and r.get("actor.pipeline_layers") is None  # 1f1b, even split
     assert r.get("actor.max_token_len_per_device") == 24576  # the example's ppo_max_token_len_per_gpu
-    assert r.get("actor.strategy") == "ddp" and "FSDP2 inside pipeline stages" in r.row(A + "strategy").note
+    assert r.get("actor.strategy") == "fsdp2" and "pipeline parallelism are translated" in r.row(A + "strategy").note
     assert r.get("trainer.nproc_per_node") == 2 and "pipeline parallelism 2 does not divide" in row.note
     cfg = _model_parallel_checked(r)
-    assert (cfg.actor.pipeline_parallel_size, cfg.actor.strategy) == (2, "ddp")
-    _model_parallel_checked(r, **{"trainer.nproc_per_node": 4})  # 2 data-parallel ranks x 2 stages, replicated
-    with pytest.raises(ConfigError, match="FSDP2 inside pipeline stages"):
-        _model_parallel_checked(r, **{"trainer.nproc_per_node": 4, "actor.strategy": "fsdp2"})
+    assert (cfg.actor.pipeline_parallel_size, cfg.actor.strategy) == (2, "fsdp2")
+    cfg = _model_parallel_checked(r, **{"trainer.nproc_per_node": 4})  # 2 data-parallel ranks x 2 stages, sharded
+    assert (cfg.actor.pipeline_parallel_size, cfg.actor.strategy) == (2, "fsdp2")
 
 
 def test_verl_megatron_pipeline_with_tensor_parallelism_is_translated():
@@ -507,7 +506,7 @@ def test_verl_pipeline_token_budget_from_the_micro_batch():
     micro-batch's sequences of the longest length."""
     r = convert("verl", VERL, [*NATIVE, f"{PP}=2", A + "use_dynamic_bsz=false", A + "ppo_micro_batch_size_per_gpu=2"])
     assert r.get("actor.max_token_len_per_device") == 2 * (8192 + 4096)
-    assert r.row(PP).targets == ["actor.pipeline_parallel_size", "actor.max_token_len_per_device", "actor.strategy",
+    assert r.row(PP).targets == ["actor.pipeline_parallel_size", "actor.max_token_len_per_device",
                                  "trainer.nproc_per_node"]
     note = r.row(A + "ppo_micro_batch_size_per_gpu").note
     assert "2 sequences x the longest, prompt 8192 + response 4096 = 24576 tokens written" in note
@@ -569,7 +568,7 @@ def test_converted_pipeline_yaml_runs_on_its_own_ranks(tmp_path):
     assert f"pipeline_parallel_size: 2  # <- {PP}" in text
     assert f"pipeline_schedule: interleaved_1f1b  # <- {VPP}" in text
     cfg = load_config(str(out))
-    assert (cfg.actor.pipeline_parallel_size, cfg.trainer.nproc_per_node, cfg.actor.strategy) == (2, 2, "ddp")
+    assert (cfg.actor.pipeline_parallel_size, cfg.trainer.nproc_per_node, cfg.actor.strategy) == (2, 2, "fsdp2")
     assert data_parallel_size(cfg) == 1
 
 
@@ -735,8 +734,8 @@ def test_mindspeed_pipeline_parallelism_is_verirls():
     assert "composes pipeline stages" not in row.note
     assert (r.get("actor.tensor_parallel_size"), r.get("trainer.nproc_per_node")) == (4, 8)  # 4 x 2, one group
     assert "tensor parallelism 4 x pipeline parallelism 2 = 8 ranks" in row.note and "16 NPUs" in row.note
-    assert r.get("actor.strategy") == "ddp"
-    assert "replicates each stage's" in r.row(MT + "use_distributed_optimizer").note
+    assert r.get("actor.strategy") is None  # the default, fsdp2: each stage sharded over the data-parallel ranks
+    assert "shards each stage's parameters" in r.row(MT + "use_distributed_optimizer").note
     # the example's micro_batch_size 1 and no dynamic batches: one longest sequence, prompt 8192 + response 4096
     assert r.get("actor.max_token_len_per_device") == 8192 + 4096
     alone = convert("mindspeed-rl", MSRL, [f"{MS_PP}=2", f"+{LAYER_LIST}=[1,3]", *MS_ONE])

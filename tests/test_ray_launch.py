@@ -137,14 +137,17 @@ def test_two_ray_ranks_train_three_steps_and_stop_their_cluster(tmp_path, ray_en
 
 
 @pytest.mark.slow
-def test_two_ray_ranks_evaluate_before_during_and_after_training_and_end(tmp_path, ray_env):
-    """Held-out evaluation gathers across the ranks: every rank takes the same decisions about it, also
+def test_two_ray_ranks_split_by_tensor_parallelism_evaluate_before_during_and_after_training(tmp_path, ray_env):
+    """tp2 under Ray (the group one bundle, on one machine; decoding on the tensor-parallel plan):
+    held-out evaluation gathers across the ranks, every rank takes the same decisions about it, also
     after the last step, where only rank 0 keeps the log."""
     run = tmp_path / "r"
     done = _train([f"trainer.run_dir={run}", "trainer.total_steps=2", *RAY, *BASE, "eval.before_train=true",
-                   "eval.every=1", "eval.at_end=true", "eval.size=8", "eval.n=2", "trainer.dist_timeout_s=30"],
-                  ray_env, timeout=180)
+                   "eval.every=1", "eval.at_end=true", "eval.size=8", "eval.n=2", "trainer.dist_timeout_s=30",
+                   "actor.tensor_parallel_size=2"], ray_env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "verirl: 2 ranks on 1 machine: " in done.stderr and "ranks 0, 1 (tensor-parallel group 0, each of 2 ranks)" \
+        in done.stderr, done.stderr[-3000:]
     rows = _rows(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2] and all("val/greedy_acc" in r for r in rows)
     assert json.loads((run / "summary.json").read_text())["eval_end"]["val/greedy_acc"] == rows[-1]["val/greedy_acc"]
@@ -286,7 +289,7 @@ def test_a_tensor_parallel_group_is_one_bundle_and_its_ranks_are_consecutive_on_
     bundle between machines), actors 0-1 in bundle 0 and 2-3 in bundle 1; wherever Ray puts the bundles,
     each tensor-parallel group (ranks 0-1, 2-3: the mesh's innermost dimension) is on one machine."""
     from verirl.config import load_config
-    from verirl.launch.ray import bundles, rank_envs, rank_order, ranks_per_bundle
+    from verirl.launch.ray import bundles, placement, rank_envs, rank_order, ranks_per_bundle
 
     cfg = load_config(None, ["trainer.nproc_per_node=4", "actor.tensor_parallel_size=2"])
     group = ranks_per_bundle(cfg)
@@ -302,6 +305,9 @@ def test_a_tensor_parallel_group_is_one_bundle_and_its_ranks_are_consecutive_on_
     envs = rank_envs(where, rank_order(where, here="a"), {"CPU": 3.0, "GPU": 1.0}, 29500, {})
     node_of = {int(e["RANK"]): w["node"] for e, w in zip(envs, where)}
     assert node_of == {0: "a", 1: "a", 2: "b", 3: "b"}  # groups (0, 1) and (2, 3) each on one machine
+    assert placement(where, envs, group) == (
+        "verirl: 4 ranks on 2 machines: 10.0.0.97 ranks 0, 1 (tensor-parallel group 0, each of 2 ranks); "
+        "10.0.0.98 ranks 2, 3 (tensor-parallel group 1, each of 2 ranks)")
 
 
 def test_importing_verirl_does_not_import_ray():

@@ -242,6 +242,30 @@ def test_the_dp2_tp2_checkpoint_resumes_on_tp2_pp2(tmp_path, uninterrupted, dp2_
 
 
 @pytest.mark.slow
+def test_a_dp4_checkpoint_resumes_on_pp2_dp2_with_fsdp2_inside_the_stages(tmp_path, uninterrupted):
+    """dp4 (FSDP2 over 4 ranks) saves; pp2 x dp2 continues, each stage FSDP2-sharded over its two
+    data-parallel ranks, each rank taking its stage's rows from the dp4 pieces that overlap them: step 3
+    within 1e-4 of the uninterrupted run; its own checkpoint holds each stage's tensors in two row pieces."""
+    run = tmp_path / "run"
+    assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=2", "trainer.nproc_per_node=4"]) == 0
+    assert json.loads((_step(run, 2) / "state.json").read_text())["layout"]["dp"] == 4
+    assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=3", "trainer.nproc_per_node=4",
+                         "actor.pipeline_parallel_size=2", "actor.strategy=fsdp2"]) == 0
+    a, b = _metrics(uninterrupted), _metrics(run)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    _close(a[2], b[2])
+    ckpt = _step(run, 3)
+    assert json.loads((ckpt / "state.json").read_text())["layout"] == {"world": 4, "dp": 2, "tp": 1, "sp": 1, "pp": 2}
+    assert check_checkpoint(ckpt) == (None, True)
+    pieces = _pieces(ckpt)
+    first = [e for e in pieces[0].values() if e["name"].endswith(".layers.0.mlp.up_proj.weight") and e["part"] == "weight"]
+    (up,) = first  # rank 0 (dp 0, stage 0) holds the first half of its rows, rank 2 (dp 1, stage 0) the rest
+    assert up["offset"][0] == 0 and 2 * up["size"][0] == up["shape"][0], up
+    assert any(e["name"] == up["name"] and e["offset"][0] == up["size"][0] for e in pieces[2].values())
+    assert not any(".layers.0." in e["name"] for r in (1, 3) for e in pieces[r].values())  # stage 1's ranks
+
+
+@pytest.mark.slow
 def test_export_of_the_dp2_tp2_checkpoint_equals_the_one_rank_export(tmp_path, uninterrupted, dp2_tp2):
     """`verirl export` of the sharded checkpoint: Hugging Face safetensors that transformers loads, the same
     tensors as the one-rank run's export of its step 2 (within 1e-4 of the largest weight: two steps at lr 7e-5, another layout sums in another order; measured 8e-5), and

@@ -54,6 +54,7 @@ def launch(cfg: Config) -> dict:
         pg = _placement_group(cfg, world, bundle, can_grow=not started, group=group)
         actors = _start_actors(pg, world, bundle, group)
         envs, where = _assign_ranks(actors, bundle, cfg.trainer.dist_timeout_s)
+        print(placement(where, envs, group), file=sys.stderr)
         return _run(actors, envs, where, to_dict(cfg))
     finally:
         _kill(actors)
@@ -308,6 +309,22 @@ def rank_order(where: list[dict], here: str) -> list[int]:
         if w["node"] not in nodes:
             nodes.append(w["node"])
     return sorted(range(len(where)), key=lambda i: (nodes.index(where[i]["node"]), i))
+
+
+def placement(where: list[dict], envs: list[dict], group: int) -> str:
+    """One line: the ranks on each machine (by its address, rank 0's first) and, with tensor parallelism
+    (``group`` ranks per group), the tensor-parallel groups each machine holds whole."""
+    on: dict[str, list[int]] = {}
+    for w, env in sorted(zip(where, envs), key=lambda we: int(we[1]["RANK"])):
+        on.setdefault(w["ip"], []).append(int(env["RANK"]))
+    parts = []
+    for ip, ranks in on.items():
+        groups = sorted({r // group for r in ranks})
+        parts.append(f"{ip} ranks {', '.join(map(str, ranks))}" + (
+            f" (tensor-parallel group{'s' * (len(groups) > 1)} {', '.join(map(str, groups))}, each of {group} ranks)"
+            if group > 1 else ""))
+    machines = len(on)
+    return f"verirl: {len(envs)} ranks on {machines} machine{'s' * (machines != 1)}: {'; '.join(parts)}"
 
 
 def rank_envs(where: list[dict], order: list[int], bundle: dict, port: int, passed: dict) -> list[dict]:

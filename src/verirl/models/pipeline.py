@@ -187,18 +187,20 @@ class DecoderStage(torch.nn.Module):
         self.config = model.config
         self._decoder = _child_name(model, decoder)  # "model" in transformers' causal LMs
         self._head = _child_name(model, head)  # "lm_head"
+        # a tied output layer shares the embedding's weight; across ranks each end stage holds its own copy,
+        # under both modules' names (as the model does: one parameter to any wrapper of the stage, FSDP2's)
+        self.tied = head.weight is decoder.embed_tokens.weight
+        ends = self.tied and (self.is_first or self.is_last)
         part = torch.nn.Module()
-        if self.is_first:
+        if self.is_first or ends:
             part.embed_tokens = decoder.embed_tokens
         part.layers = torch.nn.ModuleDict({str(i): decoder.layers[i] for i in layers})
         if self.is_last:
             part.norm = decoder.norm
         part.rotary_emb = decoder.rotary_emb
         setattr(self, self._decoder, part)
-        if self.is_last:
+        if self.is_last or ends:
             setattr(self, self._head, head)
-        # a tied output layer shares the embedding's weight; across ranks each stage holds its own copy
-        self.tied = head.weight is decoder.embed_tokens.weight
         self.hidden_size = decoder.embed_tokens.weight.shape[1]
         self.dtype = decoder.embed_tokens.weight.dtype
 
@@ -213,6 +215,10 @@ class DecoderStage(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        """The decoder layers this stage holds, in order."""
+        return list(getattr(self, self._decoder).layers.values())
 
     @property
     def tied_weight(self) -> Optional[torch.nn.Parameter]:
@@ -256,8 +262,8 @@ class DecoderStage(torch.nn.Module):
         if micro.gather is not None:  # this rank's labels -> the row's, on every rank of the group
             lp = micro.gather(lp)
             ent = None if ent is None else micro.gather(ent)
-        out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])
-        return F.pad(out.to(_out_dtype(self.dtype)), (0, max(run.width, T) - lp.shape[0]))[None]  # (1, 2, width)
+        out = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)])[None]
+        return F.pad(out.to(_out_dtype(self.dtype)), (0, max(run.width, T) - lp.shape[0]))  # (1, 2, width), not a view
 
 
 def _out_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -418,28 +424,26 @@ def sum_tied_grads(stages: Sequence[DecoderStage], group: Optional[dist.ProcessG
 
 
 def pipeline_grad_norm(stages: Sequence[DecoderStage], group: Optional[dist.ProcessGroup] = None,
-                       max_norm: float = 0.0, tp_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """The norm of the whole model's gradient, over the stages of every rank of the pipeline of ``group``
-    (None: the world), a tied embedding counted once (call it after `sum_tied_grads`); a gradient split
-    over the tensor-parallel group ``tp_group`` (its squares summed over it), the others whole on every
-    rank of it. When ``max_norm`` > 0 every stage's gradients are scaled by min(1, max_norm / (norm +
-    1e-6)), as ``torch.nn.utils.clip_grad_norm_`` does over one model."""
+                       max_norm: float = 0.0) -> torch.Tensor:
+    """The norm of the whole model's gradient over every rank (each rank's stages, in the pipelines of
+    ``group``, None: the world), a tied embedding counted once (call it after `sum_tied_grads`). Each
+    rank's squares are divided by the number of ranks that hold the same piece of that gradient: a plain
+    gradient is whole on every rank of its stage (the world over the pipeline's ranks), a split one (tensor
+    parallel, FSDP2 over the data-parallel ranks, or both) is one of its mesh's pieces. When ``max_norm``
+    > 0 every stage's gradients are scaled by min(1, max_norm / (norm + 1e-6)), as
+    ``torch.nn.utils.clip_grad_norm_`` does over one model."""
     grads = [p.grad for s in stages for p in s.parameters() if p.grad is not None]
     counted = [p.grad for s in stages for p in s.parameters()
                if p.grad is not None and not (s.is_last and not s.is_first and p is s.tied_weight)]
-    device = stages[0].device
-    split = torch.zeros((), dtype=torch.float64, device=device)
-    whole = torch.zeros((), dtype=torch.float64, device=device)
+    per_stage = dist.get_world_size() // dist.get_world_size(group)  # the ranks at one pipeline coordinate
+    total = torch.zeros((), dtype=torch.float64, device=stages[0].device)
     for g in counted:
-        sq = local(g).double().pow(2).sum()
+        pieces = 1
         if is_split(g):
-            split += sq
-        else:
-            whole += sq
-    if tp_group is not None:
-        dist.all_reduce(split, group=tp_group)
-    total = split + whole
-    dist.all_reduce(total, group=group)
+            for size, placement in zip(g.device_mesh.shape, g.placements):
+                pieces *= 1 if placement.is_replicate() else size
+        total += local(g).double().pow(2).sum() / (per_stage // pieces)
+    dist.all_reduce(total)
     norm = total.sqrt().float()
     if max_norm > 0:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)

@@ -351,7 +351,7 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
 
 def check_pipeline(cfg: Config, config) -> None:
     """actor.pipeline_parallel_size > 1: a schedule verirl runs, a token budget to pad every micro-batch to,
-    stages that split the model's layers, and the layouts pipelining composes with here."""
+    and stages that split the model's layers."""
     from verirl.models.parallel import TP_FAMILIES
     from verirl.models.pipeline import SCHEDULES, stage_layers, stages_per_rank
 
@@ -370,15 +370,6 @@ def check_pipeline(cfg: Config, config) -> None:
                           f"buffers, no compute). Set it to a few times data.max_prompt_length + "
                           f"rollout.max_new_tokens.")
     stage_layers(config.num_hidden_layers, pp * stages_per_rank(schedule), a.pipeline_layers or None)
-    from verirl.config.layout import data_parallel_size
-
-    sharded = data_parallel_size(cfg) * a.sequence_parallel_size  # the ranks FSDP2 would shard each stage over
-    if sharded > 1 and a.strategy == "fsdp2":
-        over = f"{data_parallel_size(cfg)} data-parallel ranks" + (
-            f" x actor.sequence_parallel_size={a.sequence_parallel_size}" if a.sequence_parallel_size > 1 else "")
-        raise ConfigError(f"actor.pipeline_parallel_size={pp} with {over} and actor.strategy=fsdp2: FSDP2 inside "
-                          f"pipeline stages is not available in this version. Use actor.strategy=ddp (each stage "
-                          f"replicated over those ranks, its gradients summed over them).")
 
 
 def _module_names(path: str, override: dict) -> list[str]:

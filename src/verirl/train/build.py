@@ -148,17 +148,22 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
         for model in (lm.model, ref) if ref is not None else (lm.model,):
             tensor_parallel(model, dist.mesh[TP])
-    if dist.gradient_mesh is not None and dist.gradient_mesh.size() > 1 and cfg.actor.strategy == "fsdp2":
-        device = next(lm.model.parameters()).device
+    sharded = dist.gradient_mesh is not None and dist.gradient_mesh.size() > 1 and cfg.actor.strategy == "fsdp2"
+    device = next(lm.model.parameters()).device
+    if sharded and dist.pp_world == 1:
         shard(lm.model, dist.gradient_mesh, device, offload_params=cfg.actor.offload == "params")
         if ref is not None:
             shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
-    elif ref is not None and cfg.ref.offload:
+    elif ref is not None and cfg.ref.offload and not sharded:
         ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
-    if dist.pp_world > 1:  # this rank keeps its stages' parameters, the reference's too
+    if dist.pp_world > 1:  # this rank keeps its stages' parameters, the reference's too (FSDP2 inside them)
         tied = tied_group(dist)
         for model in (lm.model, ref) if ref is not None else (lm.model,):
-            pipeline(model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
+            pipe = pipeline(model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
+            if sharded:
+                actor = model is lm.model
+                pipe.shard(dist.gradient_mesh, device, cfg.actor.offload == "params" if actor else cfg.ref.offload,
+                           trainable=actor)
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward

@@ -147,12 +147,15 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
         _restore_sharded(ckpt, world, model, optimizer, scheduler)
         return
     weights = load_weights(ckpt)
+    held = _held(model)
+    own = model.state_dict(keep_vars=True)
+    weights = {k: v for k, v in weights.items() if k not in own or held(own[k])}  # pipelined: this rank's stages
     try:
-        with whole_model(model):  # a pipelined model: every parameter loaded, those of other stages freed after
-            missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
+        missing, unexpected = model.load_state_dict(shard_state_dict(model, weights), strict=False)
     except RuntimeError as e:  # shapes that differ
         raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {reason(e)}. Was the "
                               f"checkpoint saved from another model.path?") from e
+    missing = [k for k in missing if held(own[k])]
     tied = {k for k in missing if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from verirl.core.errors import ConfigError
 from verirl.models.pipeline import MicroBatch, build_stages, stage_layers, stages_per_rank, tied_embedding_group
-from verirl.train.distributed import TP, Dist
-from verirl.train.strategy import full, shard_like
+from verirl.train.distributed import Dist
+from verirl.train.strategy import fsdp_units, full, reshard_stages, shard_like, shard_stages
 
 _PIPELINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its Pipeline
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -36,7 +36,6 @@ class Pipeline:
 
     def __init__(self, model, dist_: Dist, schedule: str, layers: Optional[Sequence[int]], tied_group):
         self.model, self.schedule, self.group, self.tied_group = model, schedule, dist_.pp_group, tied_group
-        self.tp_group = dist_.mesh.get_group(TP) if dist_.tp_world > 1 else None  # the stages' layers split over it
         pp, per_rank = dist_.pp_world, stages_per_rank(schedule)
         total = pp * per_rank
         self.stages = build_stages(model, dist_.pp_rank, pp, per_rank, layers)
@@ -46,23 +45,40 @@ class Pipeline:
         self.owner: dict[str, int] = {}  # parameter name -> the pipeline rank that sends it (first holder)
         self.shapes: dict[str, torch.Size] = {}  # whole
         self.local_shapes: dict[str, torch.Size] = {}  # this rank's share (tensor parallel: its shard)
-        self.names = {id(p): name for name, p in model.named_parameters()}  # every parameter, held or not
+        self.held: set[str] = set()  # the parameters of this rank's stages
         for name, p in model.named_parameters():
             m = _LAYER.search(name)
             stage = stage_of_layer[int(m.group(1))] if m else (0 if "embed_tokens" in name else total - 1)
             self.owner[name] = stage % pp
             self.shapes[name] = p.shape
             self.local_shapes[name] = _storage(p).shape
-        self.mine = mine
+            if id(p) in mine:
+                self.held.add(name)
+        self.sharded = False  # FSDP2 inside the stages (`shard`)
+        self._index()
         self._free()
         _PIPELINES[model] = self
+
+    def _index(self) -> None:
+        """The parameter objects as the model holds them now (FSDP2 makes new ones): every one's name, and
+        the ones this rank holds."""
+        params = list(self.model.named_parameters())
+        self.names = {id(p): name for name, p in params}  # every parameter, held or not
+        self.mine = {id(p) for name, p in params if name in self.held}
+
+    def shard(self, mesh, device: torch.device, offload_params: bool = False, trainable: bool = True) -> None:
+        """FSDP2 inside this rank's stages, over ``mesh`` (the data-parallel ranks at this pipeline
+        coordinate: `verirl.train.strategy.shard_stages`)."""
+        shard_stages(self.stages, mesh, device, offload_params, trainable)
+        self.sharded = True
+        self._index()
 
     def _params(self):
         return [(name, p) for name, p in self.model.named_parameters()]
 
     def _free(self) -> None:
-        for _, p in self._params():
-            if id(p) not in self.mine:
+        for name, p in self._params():
+            if name not in self.held:
                 t = _storage(p)
                 t.data = t.data.new_empty(0)
                 p.requires_grad_(False)
@@ -71,18 +87,27 @@ class Pipeline:
     @contextlib.contextmanager
     def whole(self) -> Iterator[None]:
         """Every parameter of the model on this rank inside the block (tensor parallel: this rank's shard of
-        each): each freed one made again and sent by the pipeline rank whose stage holds it (one broadcast
-        per parameter over the pipeline, whose ranks share this rank's tensor-parallel coordinate), freed
-        again after."""
-        for name, p in self._params():
-            t = _storage(p)
-            if id(p) not in self.mine:
-                t.data = t.data.new_empty(self.local_shapes[name])
-            dist.broadcast(t.data, group=self.group, group_src=self.owner[name])
+        each), to read (its values are not written back): FSDP2's stages gathered over their data-parallel
+        ranks, each freed parameter made again and sent by the pipeline rank whose stage holds it (one
+        broadcast per parameter over the pipeline, whose ranks share this rank's tensor-parallel
+        coordinate), all freed again after."""
+        for unit in [u for s in self.stages for u in fsdp_units(s)] if self.sharded else []:
+            unit.unshard()  # the stages' units stay whole through forwards (`shard_stages`)
         try:
+            for name, p in self._params():
+                t = _storage(p)
+                if name not in self.held:
+                    t.data = t.data.new_empty(self.local_shapes[name])
+                dist.broadcast(t.data, group=self.group, group_src=self.owner[name])
             yield
         finally:
+            self.reshard()
             self._free()
+
+    def reshard(self) -> None:
+        """FSDP2 inside the stages: their gathered weights freed (after a forward-only pass)."""
+        if self.sharded:
+            reshard_stages(self.stages)
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether this rank holds ``t``: a parameter of its stages, or any tensor that is not a parameter
@@ -90,8 +115,7 @@ class Pipeline:
         return id(t) in self.mine or id(t) not in self.names
 
     def owns(self, name: str) -> bool:
-        p = dict(self.model.named_parameters()).get(name)
-        return p is not None and id(p) in self.mine
+        return name in self.held
 
 
 def _storage(p: torch.Tensor) -> torch.Tensor:
@@ -149,8 +173,13 @@ def push_tensor(model) -> Callable[[torch.Tensor], torch.Tensor]:
             return full(t)
         local = _storage(t)
         src = pipe.owner[name]
-        buf = local.data if dist.get_rank(pipe.group) == src else \
-            torch.empty(pipe.local_shapes[name], dtype=local.dtype, device=local.device)
+        sends = dist.get_rank(pipe.group) == src
+        if pipe.sharded:  # FSDP2 shards over the stage's data-parallel ranks: gathered whole, then sent whole
+            buf = full(t).detach().contiguous() if sends else \
+                torch.empty(pipe.shapes[name], dtype=local.dtype, device=local.device)
+            dist.broadcast(buf, group=pipe.group, group_src=src)
+            return buf
+        buf = local.data if sends else torch.empty(pipe.local_shapes[name], dtype=local.dtype, device=local.device)
         dist.broadcast(buf, group=pipe.group, group_src=src)
         from torch.distributed.tensor import DTensor
 

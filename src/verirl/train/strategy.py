@@ -41,7 +41,7 @@ def _dtensor():
     return DTensor
 
 
-def _units(model) -> list:
+def fsdp_units(model) -> list:
     """The FSDP2 units of ``model`` (each sharded layer, then the root); empty when it is not sharded."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -60,21 +60,46 @@ def shard(model, mesh, device: torch.device, offload_params: bool = False, train
     accelerators the parameters compute in bf16 and the gradients reduce in fp32; ``offload_params``
     keeps the shards on the host (where the device is not the host already). ``trainable=False``
     (the reference): parameters only."""
+    _fully_shard(model, model.get_decoder().layers, mesh, device, offload_params, trainable)
+    return model
+
+
+def shard_stages(stages, mesh, device: torch.device, offload_params: bool = False, trainable: bool = True) -> None:
+    """`shard` for the pipeline stages this rank holds (`verirl.models.pipeline.DecoderStage`): FSDP2 over
+    each stage's decoder layers, then the stage, whose embedding, final norm and output layer are its
+    root's. The layers stay gathered from a pass's first micro-batch to its end (as torchtitan does under
+    pipelining): one all-gather per unit per pass and one reduce-scatter per step (at the schedule's
+    end), however many micro-batches each data-parallel rank runs; `reshard_stages` frees them after a
+    forward-only pass. Each stage's root is set up at once (FSDP2 would otherwise take the first module
+    whose forward runs as its root: a decoder layer, when decoding with the whole model comes first)."""
+    for stage in stages:
+        _fully_shard(stage, stage.decoder_layers(), mesh, device, offload_params, trainable, reshard_layers=False)
+        stage._get_fsdp_state()._lazy_init()
+
+
+def _fully_shard(root, layers, mesh, device: torch.device, offload_params: bool, trainable: bool,
+                 reshard_layers: bool = True) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     accelerator = device.type != "cpu"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if accelerator and next(model.parameters()).dtype == torch.float32 else MixedPrecisionPolicy()
+        if accelerator and next(root.parameters()).dtype == torch.float32 else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_params and accelerator else OffloadPolicy()
-    for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    for unit in _units(model):
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_layers)
+    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for unit in fsdp_units(root):
         unit.set_gradient_divide_factor(1.0)  # a sum, not a mean: see the module docstring
         unit.set_force_sum_reduction_for_comms(True)
     if not trainable:
-        model.requires_grad_(False)
-    return model
+        root.requires_grad_(False)
+
+
+def reshard_stages(stages) -> None:
+    """Free the gathered weights of FSDP2-sharded stages (`shard_stages`) after a pass."""
+    for stage in stages:
+        for unit in fsdp_units(stage):
+            unit.reshard()
 
 
 @contextlib.contextmanager
@@ -82,7 +107,7 @@ def full_weights(model, split: bool = False) -> Iterator[None]:
     """Every parameter of ``model`` whole, as a plain tensor, inside the block (for decoding, which
     reads weights outside module forwards): one all-gather per unit before, none inside, reshard
     after. A no-op for a model that is not sharded."""
-    units = _units(model)
+    units = fsdp_units(model)
     for unit in units:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)

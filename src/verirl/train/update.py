@@ -240,6 +240,7 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
         with eval_mode(model), mixed_precision(out.device, forward.compute_dtype):
             results = pipeline_logprobs(pipe.stages, micro_batches(model, pbs, dist.sp_group), pipe.group,
                                         forward.max_tokens // dist.sp_world, forward.temperature, forward.chunk)
+        pipe.reshard()
         for mb, pb, (lp, _) in zip(planned, pbs, results):
             logp = scatter(pb, lp)
             out[torch.as_tensor(mb, device=out.device), :logp.shape[1]] = logp.float()
@@ -435,10 +436,11 @@ def _pipelined_update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateP
                                   pipe.schedule, p.forward.max_tokens // dist.sp_world, p.forward.temperature,
                                   p.forward.chunk, with_entropy=True)
             sum_tied_grads(pipe.stages, pipe.tied_group)
-            dist.sum_gradients(params)
+            if not pipe.sharded:  # FSDP2 inside the stages reduce-scattered them at the schedule's end
+                dist.sum_gradients(params)
             shared = from_last(torch.tensor(list(sums.values()), dtype=torch.float64, device=device), pipe.group)
             sums = dict(zip(sums, dist.all_sum(shared.tolist())))
-            gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip, pipe.tp_group)
+            gn = pipeline_grad_norm(pipe.stages, pipe.group, p.grad_clip)
             nonfinite += not _optimizer_step(optimizer, scheduler, gn, sums, stats)
     for out in (on_policy_out, entropy_out):  # filled on the last stage
         if out is not None:

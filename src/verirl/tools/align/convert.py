@@ -296,21 +296,20 @@ def pipeline_stages(t: Translation, key: str, pp: int) -> None:
                f"split over the stages")
 
 
-def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, padding_key: str, pipeline_keys: Sequence[str], strategy_keys: Sequence[str],
-                        ran: Callable[[], str]) -> None:
+def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequence[str], peer: str, padding_key: str,
+                        pipeline_keys: Sequence[str], ran: Callable[[], str]) -> None:
     """What actor.tensor_parallel_size x actor.sequence_parallel_size x actor.pipeline_parallel_size > 1 needs of the
     rest of the converted config (any rollout engine takes it): packed sequences, a number of ranks it divides,
-    and for pipeline stages a token budget and replicated data parallelism; ``keys`` wrote the sizes. ``peer``
-    names the other system, ``padding_key`` its use_remove_padding key, ``pipeline_keys`` and ``strategy_keys``
-    its pipeline size and strategy keys, ``ran`` its device count in words ("" when unknown), asked only when
-    the note needs it."""
+    and for pipeline stages a token budget; ``keys`` wrote the sizes. ``peer`` names the other system,
+    ``padding_key`` its use_remove_padding key, ``pipeline_keys`` its pipeline size key, ``ran`` its device
+    count in words ("" when unknown), asked only when the note needs it."""
     layout = layout_words(tp, sp, pp)
     if t.out.get("actor.use_remove_padding") is False:
         t.put("actor.use_remove_padding", True, padding_key,
               note=f"false in {peer}: verirl runs {layout} on the packed passes ({packed_words(tp, sp, pp)}), so true "
                    f"is written (packing changes no result)")
     if pp > 1:
-        fit_pipeline(t, pipeline_keys, strategy_keys)
+        fit_pipeline(t, pipeline_keys)
     world = int(t.out.get("trainer.nproc_per_node", 1)) * int(t.out.get("trainer.nnodes", 1))
     group = tp * sp * pp
     if world % group:
@@ -322,11 +321,10 @@ def model_parallel_fits(t: Translation, tp: int, sp: int, pp: int, keys: Sequenc
                    + f"; set trainer.nproc_per_node / nnodes for this machine, a multiple of {group} ranks in all")
 
 
-def fit_pipeline(t: Translation, keys: Sequence[str], strategy_keys: Sequence[str] = ()) -> None:
+def fit_pipeline(t: Translation, keys: Sequence[str]) -> None:
     """What actor.pipeline_parallel_size > 1 (written from ``keys``) needs of the rest of the converted config: a
     token budget, which every micro-batch is padded to between stages (the micro-batch size's sequences of the
-    longest length where the source gave none), and replicated data parallelism (actor.strategy=ddp, from
-    ``strategy_keys`` too), since FSDP2 inside stages is not available."""
+    longest length where the source gave none)."""
     from verirl.config import Config
 
     cfg = Config()
@@ -345,10 +343,6 @@ def fit_pipeline(t: Translation, keys: Sequence[str], strategy_keys: Sequence[st
                    f"{response}{share} = {budget} tokens written, micro-batches of at least {micro} sequence"
                    f"{'' if micro == 1 else 's'}; verirl's gradient accumulation is exact, so how a mini-batch is "
                    f"cut changes no gradient (docs/algorithms.md); a larger budget packs more per micro-batch")
-    t.put("actor.strategy", "ddp", *keys, *strategy_keys,
-          note="FSDP2 inside pipeline stages is not available in verirl yet (verirl train refuses fsdp2 with pipeline "
-               "stages over more than one data-parallel rank): ddp, each stage replicated over the data-parallel "
-               "ranks, the optimizer state of its layers on each (memory, not maths)")
 
 
 # ---------------------------------------------------------------- reading the source

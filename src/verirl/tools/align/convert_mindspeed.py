@@ -675,15 +675,16 @@ def _layout(t: Translation) -> None:
         pipeline_stages(t, pp_key, pp)
         for key in (MT + "use_distributed_optimizer", AC + "use_distributed_optimizer"):
             if t.get(key, False):
-                t.ignore(key, "Megatron's sharded optimizer state: with pipeline stages verirl replicates each "
-                              "stage's over the data-parallel ranks (actor.strategy=ddp): memory, not maths")
+                t.ignore(key, "Megatron's optimizer state sharded over the data-parallel ranks: verirl's default, "
+                              "actor.strategy=fsdp2, shards each stage's parameters, gradients and optimizer state "
+                              "over them")
     else:
         t.ignore(pp_key, "1: none")
     _stages(t, pp)
     if tp * sp * pp > 1:
         model_parallel_fits(t, tp, sp, pp, [k for k, v in ((tp_key, tp), (sp_key, sp), (pp_key, pp)) if v > 1],
                             "MindSpeed-RL", RL + "use_remove_padding",
-                            [_actor_key(t, "pipeline_model_parallel_size")], [],
+                            [_actor_key(t, "pipeline_model_parallel_size")],
                             lambda: (f"MindSpeed-RL's actor had {t.get(RL + 'actor_resource.num_npus')} NPUs"
                                      if t.get(RL + "actor_resource.num_npus", None) else ""))
 

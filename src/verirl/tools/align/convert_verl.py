@@ -979,7 +979,6 @@ def _layout(t: Translation) -> None:
     _rollout_layout(t, tp)
     if tp * sp * pp > 1:
         model_parallel_fits(t, tp, sp, pp, keys, "veRL", M + "use_remove_padding", [MG + "pipeline_model_parallel_size"],
-                            [A + "strategy"] if t.given(A + "strategy") else [],
                             lambda: f"veRL's run had n_gpus_per_node x nnodes = "
                                     f"{int(t.get('trainer.n_gpus_per_node')) * int(t.get('trainer.nnodes'))} GPUs")
 
@@ -1237,7 +1236,7 @@ def _trainer(t: Translation) -> None:
         t.put("trainer.dist_timeout_s", int(t.get("actor_rollout_ref.nccl_timeout")), "actor_rollout_ref.nccl_timeout",
               note="seconds before a stuck collective ends the run")
     strategy = t.get(A + "strategy")
-    if t.given(A + "strategy") and t.out.get("actor.pipeline_parallel_size", 1) == 1:
+    if t.given(A + "strategy"):
         t.put("actor.strategy", "fsdp2", A + "strategy",
               note="verirl shards by data parallelism with FSDP2" + (
                   "; Megatron's tensor, context and pipeline parallelism are translated (actor.tensor_parallel_size, "

@@ -405,7 +405,10 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
         // (tp if split else 1)
     rollout_params = params if split else total * b + (params if shards > 1 else 0)
-    update = params + grads + optimizer + reference + activations + output_layer
+    # FSDP2 inside pipeline stages keeps each stage's layers gathered through a pass and its gradients whole
+    # until the schedule's end: the stage's whole parameters and gradients instead of their shards
+    gathered = 2 * (held * b // tp) - params - grads if layout.pipeline_parallel > 1 and shards > tp else 0
+    update = params + grads + optimizer + reference + activations + output_layer + gathered
     rollout = rollout_params + optimizer + reference + kv_cache
     where = " x ".join(part for part in (
         f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
@@ -431,7 +434,9 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         "rollout_params": ("this rank's split parameters (the native engine decodes on the tensor-parallel plan)"
                            if split else "the full parameters, gathered for generation, + the shard" if shards > 1
                            else "the parameters"),
-        "update_phase": "params + grads + optimizer + reference + activations + output layer",
+        "update_phase": "params + grads + optimizer + reference + activations + output layer" + (
+            f" + the stages' whole parameters and gradients during a pass ({human_bytes(gathered)} beyond their "
+            f"shards: FSDP2 inside pipeline stages gathers once per pass)" if gathered else ""),
         "rollout_phase": "full params + optimizer + reference + KV cache (gradients are freed after each update)",
         "shards": where or "not sharded" + (" (actor.strategy=ddp: a full replica per rank)"
                                             if layout.world_size > 1 else " (one rank)"),
