@@ -4,7 +4,8 @@ and the whole model where the rest of a run needs it.
 
 Each rank of a pipeline keeps the parameters of its stages and frees the others (their tensors
 emptied, ``requires_grad`` off, so the optimizer holds its stages' state only). A tied embedding is
-held by the first and the last stage. Decoding with the whole weights, a checkpoint and its resume
+held by the first and the last stage. Under ``actor.strategy=fsdp2`` with data-parallel ranks the
+stages are FSDP2-sharded over them (`Pipeline.shard`). Decoding with the whole weights, a checkpoint and its resume
 take the whole model for the block (`whole_model`): each freed parameter is made again and sent by
 the rank whose stage holds it, and freed after.
 

@@ -5,8 +5,9 @@ that differ between the layouts: full weights for decoding, full state dicts for
   sums the gradients over the mesh's data-parallel group once per mini-batch.
 * ``fsdp2``: torch's FSDP2 (`fully_shard`) on each decoder layer and then on the root, for the
   actor and (parameters only) the reference, over the mesh's data-parallel dimension
-  (``dist.mesh["dp"]``). Parameters, gradients and optimizer state are DTensors sharded over it; each module's forward all-gathers its weights and each backward
-  reduce-scatters the gradients, SUMMED (the losses are already divided by the global token or
+  (``dist.mesh["dp"]``); with pipeline stages, on each of this rank's stages instead (`shard_stages`).
+  Parameters, gradients and optimizer state are DTensors sharded over it; each module's forward
+  all-gathers its weights and each backward reduce-scatters the gradients, SUMMED (the losses are already divided by the global token or
   sequence counts, so the sum is the one-rank gradient; gloo has no pre-multiplied sum, so the sum
   is forced for every backend).
 
