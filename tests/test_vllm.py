@@ -63,22 +63,23 @@ def test_three_grpo_steps_match_the_trainers_logprobs(one_rank):
 NOTHING_ASSEMBLED = {"rollout/push_max_abs_diff": 0.0, "perf/push_peak_gb": 0.0}
 
 
-@pytest.mark.parametrize("strategy,tp,split", [("ddp", 1, ""), ("fsdp2", 1, ""), ("fsdp2", 2, ""),
-                                               ("fsdp2", 1, "actor.tensor_parallel_size=2"),
-                                               ("fsdp2", 2, "actor.tensor_parallel_size=2"),
-                                               ("ddp", 1, "actor.pipeline_parallel_size=2")])
-def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy, tp, split):
+@pytest.mark.parametrize("strategy,tp,split,ranks", [("ddp", 1, "", 2), ("fsdp2", 1, "", 2), ("fsdp2", 2, "", 2),
+                                                     ("fsdp2", 1, "actor.tensor_parallel_size=2", 2),
+                                                     ("fsdp2", 2, "actor.tensor_parallel_size=2", 2),
+                                                     ("fsdp2", 1, "actor.pipeline_parallel_size=2", 4)])
+def test_two_ranks_each_generate_with_their_engine(tmp_path, one_rank, strategy, tp, split, ranks):
     """trainer.nproc_per_node=2: each rank (tp=1), or the pair as one tensor-parallel engine (tp=2),
     runs vLLM inside the launcher's gloo process group (distributed_executor_backend=external_launcher).
     Every step vLLM's log-probs are the trainer's (max over both ranks), and the rollouts are exactly the
     one-process run's (the per-request seeds do not depend on the rank). The actor FSDP2-sharded, split
-    by tensor parallelism or cut into pipeline stages: each tensor is assembled for the push one at a
-    time, so a push's extra memory is the largest tensor (the embedding table)."""
+    by tensor parallelism, or cut into pipeline stages (dp2 x pp2 on 4 ranks, FSDP2 inside each stage):
+    each tensor is assembled for the push one at a time, so a push's extra memory is the largest tensor
+    (the embedding table)."""
     from verirl.models.load import load_model
 
     run = tmp_path / "run"
     extra = [split, "actor.max_token_len_per_device=256"] if split else []
-    rows = _train(run, "trainer.nproc_per_node=2", f"actor.strategy={strategy}", "trainer.dist_timeout_s=300",
+    rows = _train(run, f"trainer.nproc_per_node={ranks}", f"actor.strategy={strategy}", "trainer.dist_timeout_s=300",
                   f"rollout.tensor_parallel_size={tp}", "trainer.dump_rollouts=true", *extra, steps=2)
     largest = max(p.numel() * p.element_size() for p in load_model("tiny", device="cpu").model.parameters())
     for r in rows:
