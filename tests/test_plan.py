@@ -175,6 +175,20 @@ def test_token_budgets_and_the_off_policy_passes():
     assert "token budget per forward" in render(plan) and "off-policy" in render(plan)
 
 
+def test_sequence_parallel_packs_the_budget_sp_times_and_gpipe_keeps_every_micro_batch():
+    """sp2 packs each rank's budget twice over per micro-batch (half the micro-batches of one rank at the same
+    budget); GPipe runs every forward before the first backward, so a stage keeps all m micro-batches'
+    activations where 1F1B keeps p."""
+    budget = ["actor.max_token_len_per_device=640", "data.prompts_per_step=8", "actor.mini_batch_prompts=8"]
+    one, sp = _plan(*budget, cores=8), _plan(*budget, "trainer.nproc_per_node=2", "actor.sequence_parallel_size=2",
+                                              cores=8)
+    assert one.layout.micro_batches_per_mini_batch == 16  # 64 sequences of at most 160 tokens, 4 per 640
+    assert sp.layout.micro_batches_per_mini_batch == 8 and sp.memory.tokens_per_forward == 640
+    pp = ["trainer.nproc_per_node=2", "actor.pipeline_parallel_size=2"]
+    f1b, gpipe = (_plan(*budget, *pp, f"actor.pipeline_schedule={s}", cores=8).memory for s in ("1f1b", "gpipe"))
+    assert gpipe.activations == pytest.approx(f1b.activations * 16 / 2, rel=1e-6)  # m = 16 micro-batches in flight against p = 2
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["data.prompts_per_step=6", "actor.mini_batch_prompts=6", "trainer.nproc_per_node=4"],
      r"data.prompts_per_step=6 is not divisible by the world size 4 \(trainer.nproc_per_node=4 x "

@@ -281,6 +281,7 @@ def make_layout(cfg: Config) -> Layout:
     replica = (sp if rollout_tp > 1 else tp * sp) * pp  # ranks decoding shares of one dp's prompts
     decoded = _ceil(per_rank, replica)
     per_call = decoded if rollout.micro_batch_size <= 0 else min(decoded, max(1, rollout.micro_batch_size // n))
+    budget = actor.max_token_len_per_device * sp  # a sequence-parallel group packs each rank's budget sp times over
     return Layout(
         world_size=world, nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, launcher=t.launcher,
         strategy=actor.strategy if world > 1 else "none", group_size=n,
@@ -291,17 +292,25 @@ def make_layout(cfg: Config) -> Layout:
         mini_batch_prompts_per_rank=mb_per_rank, mini_batch_sequences_per_rank=mb_per_rank * n,
         max_sequence_length=longest, micro_batch_size=actor.micro_batch_size,
         token_budget=actor.max_token_len_per_device,
-        micro_batches_per_mini_batch=_micro_batches(mb_per_rank * n, actor.micro_batch_size,
-                                                    actor.max_token_len_per_device, longest),
+        micro_batches_per_mini_batch=_micro_batches(mb_per_rank * n, actor.micro_batch_size, budget, longest),
         old_log_prob_pass=not on_policy,
         old_log_prob_micro_batches=0 if on_policy else _micro_batches(
-            per_rank * n, actor.micro_batch_size, actor.max_token_len_per_device, longest),
+            per_rank * n, actor.micro_batch_size, budget, longest),
         reference_pass=ref, ref_token_budget=ref_budget if ref else 0,
-        ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget, longest) if ref else 0,
+        ref_micro_batches=_micro_batches(per_rank * n, actor.micro_batch_size, ref_budget * sp, longest) if ref else 0,
         generate_calls_per_rank=_ceil(decoded, per_call), sequences_per_generate_call=per_call * n,
         tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout_tp,
         sequence_parallel=sp, pipeline_parallel=pp, pipeline_schedule=actor.pipeline_schedule,
         pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest))
+
+
+def pipeline_micro_batches(actor, pp: int, sequences: int, longest: int) -> int:
+    """Micro-batches of a pipelined pass over ``sequences``: the planned ones, at least one per stage."""
+    from verirl.models.pipeline import stages_per_rank
+
+    budget = actor.max_token_len_per_device * actor.sequence_parallel_size
+    return max(_micro_batches(sequences, actor.micro_batch_size, budget, longest),
+               pp * stages_per_rank(actor.pipeline_schedule))
 
 
 def _bubble(actor, pp: int, sequences: int, longest: int) -> float:
@@ -311,8 +320,7 @@ def _bubble(actor, pp: int, sequences: int, longest: int) -> float:
         return 0.0
     from verirl.models.pipeline import bubble_fraction, stages_per_rank
 
-    m = max(_micro_batches(sequences, actor.micro_batch_size, actor.max_token_len_per_device, longest),
-            pp * stages_per_rank(actor.pipeline_schedule))
+    m = pipeline_micro_batches(actor, pp, sequences, longest)
     per_rank = stages_per_rank(actor.pipeline_schedule)
     return bubble_fraction(actor.pipeline_schedule, pp, m, per_rank) if actor.pipeline_schedule in (
         "1f1b", "gpipe", "interleaved_1f1b") else 0.0
@@ -391,10 +399,17 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         tokens = layout.token_budget
     else:
         tokens = min(layout.micro_batch_size, layout.mini_batch_sequences_per_rank) * layout.max_sequence_length
+        tokens = _ceil(tokens, layout.sequence_parallel)  # each rank of a sequence-parallel group holds its share
     kv_width = shape.kv_heads * shape.head_dim
     per_token_layer = 8 * shape.hidden + (4 * kv_width + 4 * shape.active_intermediate) / tp  # heads, MLP split
     layers_held = shape.layers * held / max(total, 1) if layout.pipeline_parallel > 1 else shape.layers
-    in_flight = layout.pipeline_parallel if layout.pipeline_parallel > 1 else 1  # 1F1B: up to p micro-batches stored
+    # micro-batches whose activations a stage keeps at once: 1F1B up to p, GPipe every one (all forwards first)
+    in_flight = 1
+    if layout.pipeline_parallel > 1:
+        in_flight = layout.pipeline_parallel
+        if layout.pipeline_schedule == "gpipe":
+            in_flight = pipeline_micro_batches(cfg.actor, layout.pipeline_parallel,
+                                               layout.mini_batch_sequences_per_rank, layout.max_sequence_length)
     activations = int(tokens * layers_held * per_token_layer * b * in_flight)
     from verirl.core.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
 
