@@ -30,14 +30,14 @@ from verirl.config.load import (RECIPES, describe, flatten, load_config, load_co
                                 to_yaml, upgrade_dict)
 from verirl.config.reference import markdown_reference
 from verirl.config.schema import (ActivationDumpConfig, ActorConfig, AlgoConfig, Config, DataConfig, EvalConfig,
-                                  FilterGroupsConfig, LogConfig, ModelConfig, OverlongBufferConfig,
+                                  FilterGroupsConfig, LogConfig, ModelConfig, MultiTurnConfig, OverlongBufferConfig,
                                   PreprocessConfig, RefConfig, RewardConfig, RolloutConfig, RolloutCorrectionConfig,
                                   SFTConfig, TrainerConfig, scale_rewards)
 from verirl.config.values import validate
 from verirl.core.errors import ConfigError
 
 __all__ = ["ActivationDumpConfig", "ActorConfig", "AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig",
-           "FilterGroupsConfig", "LogConfig", "ModelConfig", "OverlongBufferConfig", "PreprocessConfig", "RECIPES",
+           "FilterGroupsConfig", "LogConfig", "ModelConfig", "MultiTurnConfig", "OverlongBufferConfig", "PreprocessConfig", "RECIPES",
            "RefConfig", "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "SFTConfig", "TrainerConfig",
            "describe", "flatten", "load_config", "load_config_dict", "markdown_reference", "recipe_file",
            "scale_rewards", "to_dict", "to_yaml", "upgrade_dict", "validate"]

@@ -95,6 +95,39 @@ class ModelConfig:
                                                   "reproduced")
 
 
+MULTI_TURN_REWARDS = Registry("rollout.multi_turn.reward", {
+    "sum": "the rules' score of the final answer plus every reward the environment returned",
+    "last": "the rules' score of the final answer plus the environment's last reward"})
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = setting(False, "multi-turn rollouts: the model calls tools or talks to an environment, reads the "
+                                  "result and goes on (docs/agents.md)")
+    max_turns: int = setting(4, "assistant turns per episode at most (veRL's max_assistant_turns)", gt=0)
+    max_env_turns: int = setting(0, "observations (tool results or environment messages) per episode at most; "
+                                    "0 = max_turns (veRL's max_user_turns)", ge=0)
+    max_tool_response_tokens: int = setting(256, "an observation is cut to this many tokens (its template "
+                                                 "markup not counted)", gt=0)
+    max_tool_response_chars: int = setting(0, "an observation's text is cut to this many characters first; 0 = "
+                                              "no character limit (veRL's max_tool_response_length counts "
+                                              "characters)", ge=0)
+    max_total_tokens: int = setting(0, "response tokens per episode in all (sampled and observations); 0 = "
+                                       "rollout.max_new_tokens", ge=0)
+    max_tokens_per_turn: int = setting(0, "sampled tokens per assistant turn; 0 = rollout.max_new_tokens", ge=0)
+    tools: list[str] = setting([], "tools the model may call: built-in names (calculator, python), "
+                                   "file.py:function, module:function, or a veRL tool config YAML")
+    environment: str = setting("", "an environment instead of (or with) tools: file.py:Class or module:Class, "
+                                   "with reset(prompt) and step(turn) (docs/agents.md)")
+    parser: str = setting("auto", "how tool calls are read from a turn: auto (by the chat template), hermes "
+                                  "(<tool_call>{json}</tool_call>: Qwen2.5, Qwen3), llama3 (a JSON object), "
+                                  "answer (no tools: the turn is the answer)")
+    reward: str = setting("sum", "what the environment's rewards add to the answer's score",
+                          choices=MULTI_TURN_REWARDS)
+    tool_timeout_s: float = setting(10.0, "a tool call's wall-clock deadline, seconds", gt=0)
+    tool_workers: int = setting(2, "processes that run tool calls while the other samples decode", gt=0)
+
+
 @dataclass
 class RolloutConfig:
     engine: str = setting("native", "native (own KV-cache sampler) / hf (transformers generate) / replay (from a dump) "
@@ -129,6 +162,8 @@ class RolloutConfig:
     enforce_eager: bool = setting(True, "no CUDA graphs (faster start, less memory; graphs are faster per token)")
     free_cache_engine: bool = setting(True, "vLLM sleeps (frees its KV cache) while the actor trains, where the "
                                       "backend can")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools and environments, token "
+                                                           "in / token out (docs/agents.md)")
 
 
 @dataclass
