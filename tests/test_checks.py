@@ -120,6 +120,12 @@ CASES = [
      "actor.sequence_parallel_size=2: model_type 'gemma2' has no sequence-parallel attention in verirl"),
     ("launch", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.offload": "params"},
      "not available with 2 ranks that all hold parts of one model"),
+    ("multi-turn", {"rollout.multi_turn.enable": True}, "neither rollout.multi_turn.tools nor"),
+    ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
+                    "rollout.engine": "replay"}, "replaying multi-turn episodes is not built yet"),
+    ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
+                    "rollout.multi_turn.max_total_tokens": 4096},
+     "rollout.multi_turn.max_total_tokens=4096 is over rollout.max_new_tokens"),
 ]
 
 

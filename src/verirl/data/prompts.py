@@ -1,7 +1,7 @@
 """Templating prompts into token ids, and the seeded, resumable prompt order."""
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -16,15 +16,17 @@ SHUFFLES = Registry("data.shuffle", {"verl": "torch RandomSampler's order, as ve
 
 
 def encode_prompts(prompts: Sequence[Prompt], tokenizer, max_length: int, source: str = "data",
-                   too_long: str = "error") -> list[Prompt]:
-    """Fill ``p.ids`` with the chat-templated prompt (generation prompt appended).
+                   too_long: str = "error", tools: Optional[list] = None) -> list[Prompt]:
+    """Fill ``p.ids`` with the chat-templated prompt (generation prompt appended; ``tools``: the tool
+    schemas the template declares, for multi-turn rollouts).
 
     A prompt longer than ``max_length`` tokens is an error naming the row, or, with
     ``too_long="filter"``, left out of the returned list."""
     TOO_LONG.check(too_long)
     kept = []
+    extra = {"tools": tools} if tools else {}
     for i, p in enumerate(prompts):
-        ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, **extra)
         if hasattr(ids, "input_ids") or isinstance(ids, dict):
             ids = ids["input_ids"]
         if len(ids) > max_length:

@@ -30,11 +30,15 @@ class HFEngine:
         """Nothing to release: the model is the trainer's."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
-                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
+                 prompt_index: Optional[Sequence[int]] = None, sample_index: Optional[Sequence[int]] = None,
+                 offset: Optional[Sequence[int]] = None) -> Rollout:
+        """``sample_index`` / ``offset`` (a multi-turn episode's rows): mixed into the generator's seed only;
+        this engine samples from torch's global generator, so its rows are not keyed one by one."""
         device = next(self.model.parameters()).device
         if params.seed is not None:
             first = 0 if prompt_index is None or not len(prompt_index) else int(prompt_index[0])
-            torch.manual_seed(stream_seed(params.seed, first))  # generate() samples from the global generator
+            later = (sum(offset) if offset else 0) + (sum(sample_index) if sample_index else 0)
+            torch.manual_seed(stream_seed(params.seed + later, first))  # generate() samples from the global generator
         ids, mask = left_pad(prompt_ids, self.pad_id, device)
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         greedy = params.temperature <= 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -197,11 +197,17 @@ class _KeyedUniforms:
 
     BLOCK = 64  # token positions per evaluation
 
-    def __init__(self, seed: int, prompt_index: Sequence[int], n: int, horizon: int, device):
+    def __init__(self, seed: int, prompt_index: Sequence[int], n: int, horizon: int, device,
+                 sample_index: Optional[Sequence[int]] = None, offset: Optional[Sequence[int]] = None):
         g = torch.as_tensor(list(prompt_index), dtype=torch.long, device=device)
         self.seed, self.horizon = seed, horizon
         self.prompt = g.repeat_interleave(n)[:, None]  # (N, 1) global prompt position of each row
         self.sample = torch.arange(n, device=device).repeat(len(g))[:, None]  # (N, 1) index in its group
+        if sample_index is not None:  # rows given one by one (n = 1): each row's own sample index
+            self.sample = torch.as_tensor(list(sample_index), dtype=torch.long, device=device)[:, None]
+        # (N, 1) the response position of each row's first new token (a multi-turn episode's later turns)
+        self.offset = torch.zeros_like(self.prompt) if offset is None else \
+            torch.as_tensor(list(offset), dtype=torch.long, device=device)[:, None]
         self.start, self.table = 0, None  # table: (N, BLOCK) uniforms of positions start..start+BLOCK-1
 
     def at(self, rows: torch.Tensor, t: int) -> torch.Tensor:
@@ -209,7 +215,7 @@ class _KeyedUniforms:
         if self.table is None or not self.start <= t < self.start + self.BLOCK:
             self.start = t
             pos = torch.arange(t, min(t + self.BLOCK, self.horizon), device=self.prompt.device)[None]
-            self.table = keyed_uniforms(self.seed, self.prompt, self.sample, pos)
+            self.table = keyed_uniforms(self.seed, self.prompt, self.sample, pos + self.offset)
         return self.table[rows, t - self.start]
 
 
@@ -223,6 +229,16 @@ def _check_prompt_index(prompt_index, count: int) -> list[int]:
         raise ValueError(f"prompt_index entry {bad[0]} is outside [0, 2^32); pass each prompt's position "
                          f"in the step's global batch")
     return index
+
+
+def _check_rows(sample_index, offset, n: int, count: int) -> None:
+    for name, v in (("sample_index", sample_index), ("offset", offset)):
+        if v is None:
+            continue
+        if n != 1:
+            raise ValueError(f"{name} gives each row's key: call generate with n=1 (got n={n})")
+        if len(v) != count:
+            raise ValueError(f"{name} has {len(v)} entries for {count} prompts; pass one per prompt")
 
 
 class NativeEngine:
@@ -245,14 +261,22 @@ class NativeEngine:
         """Nothing to release: the model is the trainer's."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
-                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
+                 prompt_index: Optional[Sequence[int]] = None, sample_index: Optional[Sequence[int]] = None,
+                 offset: Optional[Sequence[int]] = None,
+                 on_stop: Optional[Callable[[int, list[int]], None]] = None) -> Rollout:
+        """``sample_index`` and ``offset`` (with n = 1, one entry per prompt): each row's sample index in its
+        group and the response position its first new token has (a later turn of a multi-turn episode),
+        so the sampling key of each token is (seed, global prompt position, sample, response position).
+        ``on_stop(row, tokens)``: called as each row samples a stop token, with its tokens (the stop
+        included), while the other rows go on decoding (a multi-turn rollout starts its tools there)."""
         model = self.model
         device = next(model.parameters()).device
         index = _check_prompt_index(prompt_index, len(prompt_ids))
+        _check_rows(sample_index, offset, n, len(prompt_ids))
         R = params.max_new_tokens
         keyed = None  # None: unseeded, the uniforms come from torch's global generator
         if params.seed is not None and params.temperature > 0:
-            keyed = _KeyedUniforms(params.seed, index, n, R, device)
+            keyed = _KeyedUniforms(params.seed, index, n, R, device, sample_index, offset)
         ids, mask = left_pad(prompt_ids, self.pad_id, device)  # (B, P)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         # inference mode, not only no_grad: no version counters or view records on the ~150 small
@@ -289,7 +313,13 @@ class NativeEngine:
                     logps[active, t] = torch.where(running, lp, 0.0)
                 tok = torch.where(running, tok, torch.full_like(tok, self.pad_id))  # finished rows: pad
                 tokens[active, t] = tok
-                running &= ~torch.isin(tok, stops)
+                if on_stop is None:
+                    running &= ~torch.isin(tok, stops)
+                else:
+                    was = running.clone()
+                    running &= ~torch.isin(tok, stops)
+                    for row in active[was & ~running].tolist():
+                        on_stop(row, tokens[row, :t + 1].tolist())
                 if t == R - 1:
                     break
                 n_run = int(running.sum())

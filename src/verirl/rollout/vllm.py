@@ -70,10 +70,12 @@ PUSH_TOLERANCE = 1e-6  # the largest |engine - trainer| a push may leave, times 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
 
 
-def request_seed(seed: int, prompt_position: int, sample: int) -> int:
+def request_seed(seed: int, prompt_position: int, sample: int, offset: int = 0) -> int:
     """The vLLM request seed of sample ``sample`` of the prompt at global position ``prompt_position``
-    (63 bits of a hash of the three): independent of batching, ranks and chunking."""
-    h = hashlib.blake2b(f"verirl-vllm:{int(seed)}:{int(prompt_position)}:{int(sample)}".encode(), digest_size=8)
+    (63 bits of a hash of the three): independent of batching, ranks and chunking. ``offset``: the response
+    position a multi-turn episode's later turn starts at (0: the first turn, the single-turn seed)."""
+    key = f"verirl-vllm:{int(seed)}:{int(prompt_position)}:{int(sample)}" + (f":{int(offset)}" if offset else "")
+    h = hashlib.blake2b(key.encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
 
 
@@ -408,12 +410,21 @@ class VLLMEngine:
             logprobs=0, detokenize=False, skip_special_tokens=False)
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
-                 prompt_index: Optional[Sequence[int]] = None) -> Rollout:
+                 prompt_index: Optional[Sequence[int]] = None, sample_index: Optional[Sequence[int]] = None,
+                 offset: Optional[Sequence[int]] = None) -> Rollout:
+        """``sample_index`` / ``offset`` (n = 1, one per prompt): each row's sample index and the response
+        position it starts at (a multi-turn episode's later turns), in its request seed."""
         from vllm.inputs import TokensPrompt
 
-        from verirl.rollout.native import _check_prompt_index
+        from verirl.rollout.native import _check_prompt_index, _check_rows
 
         index = _check_prompt_index(prompt_index, len(prompt_ids))
+        _check_rows(sample_index, offset, n, len(prompt_ids))
+        if (sample_index is not None or offset is not None) and self.tp > 1:
+            raise ValueError("rows keyed one by one (a multi-turn rollout) with a tensor-parallel vLLM engine are "
+                             "not supported: set rollout.tensor_parallel_size=1")
+        rows = list(sample_index) if sample_index is not None else None
+        starts = list(offset) if offset is not None else [0] * len(prompt_ids)
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
@@ -422,10 +433,11 @@ class VLLMEngine:
         if self.tp > 1:  # one engine for the group: every rank of it submits the group's prompts, in rank order
             every, index, first = self._group_prompts(mine, list(index), n, params)
         prompts, sampling = [], []
-        for p, g in zip((p for part in every for p in part), index):
+        for i, (p, g) in enumerate(zip((p for part in every for p in part), index)):
             for j in range(n):
                 prompts.append(TokensPrompt(prompt_token_ids=p))
-                seed = None if params.seed is None else request_seed(params.seed, g, j)
+                seed = None if params.seed is None else request_seed(
+                    params.seed, g, j if rows is None else rows[i], 0 if rows is None else starts[i])
                 sampling.append(self._sampling(params, seed))
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
         outputs = outputs[first * n:(first + len(mine)) * n]  # this rank's rows

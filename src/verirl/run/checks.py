@@ -383,6 +383,34 @@ def _module_names(path: str, override: dict) -> list[str]:
     return [name for name, _ in model.named_modules() if name]
 
 
+def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """rollout.multi_turn: an engine that decodes episodes turn by turn, limits that fit the response
+    budget, and something to talk to."""
+    mt, r = cfg.rollout.multi_turn, cfg.rollout
+    if not mt.enable:
+        return
+    if r.engine == "replay":
+        raise ConfigError("rollout.multi_turn.enable=true with rollout.engine=replay: replaying multi-turn episodes is "
+                          "not built yet (a dump's episodes would be trained without running their tools again). Use "
+                          "rollout.engine=native or vllm.")
+    if r.engine == "vllm" and rollout_tensor_parallel(cfg) > 1:
+        raise ConfigError(f"rollout.multi_turn.enable=true with rollout.engine=vllm at rollout.tensor_parallel_size="
+                          f"{rollout_tensor_parallel(cfg)}: a tensor-parallel vLLM engine takes its group's prompts "
+                          f"together, and a multi-turn turn is keyed row by row. Set rollout.tensor_parallel_size=1 "
+                          f"(each rank decodes with its own engine).")
+    for key in ("max_total_tokens", "max_tokens_per_turn"):
+        v = getattr(mt, key)
+        if v > r.max_new_tokens:
+            raise ConfigError(f"rollout.multi_turn.{key}={v} is over rollout.max_new_tokens={r.max_new_tokens}: a "
+                              f"multi-turn episode's response (every turn and observation after the prompt) is at "
+                              f"most rollout.max_new_tokens tokens, which the log-prob passes and the update are "
+                              f"laid out for. Raise rollout.max_new_tokens to {v}, or lower {key}.")
+    if not mt.tools and not mt.environment:
+        raise ConfigError("rollout.multi_turn.enable=true but neither rollout.multi_turn.tools nor "
+                          "rollout.multi_turn.environment is set: the model would have nothing to call. Give tools "
+                          "(e.g. rollout.multi_turn.tools=[calculator]) or an environment (file.py:Class).")
+
+
 RULES: list[Rule] = [
     *(_value_rule(fn) for fn in VALUE_RULES),
     Rule("layout", lambda cfg, ask: check_layout(cfg, ask.devices), False),  # first: it spells the arithmetic out
@@ -391,6 +419,7 @@ RULES: list[Rule] = [
                                                       ask.paths), False),
     Rule("algorithm names", check_algorithms, False),
     Rule("launch", check_launch, False),
+    Rule("multi-turn", check_multi_turn, False),
     Rule("trackers", check_trackers, True),
     Rule("engine", check_engine, True),
     Rule("launcher", check_launcher, True),

@@ -18,7 +18,7 @@ import torch
 
 from verirl.core.algo import ADVANTAGE_ESTIMATORS, CLIP_DEFAULTS, PolicyLossParams
 from verirl.config import Config, scale_rewards
-from verirl.data import PromptSampler
+from verirl.data import PromptSampler, encode_prompts
 from verirl.data.dataset import data_loading_options, load_data, load_prompts
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
@@ -26,6 +26,8 @@ from verirl.models.device import compute_dtype, resolve_device
 from verirl.config.layout import reward_workers_per_rank, rollout_tensor_parallel, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
+from verirl.rollout.multiturn import MultiTurn, TurnLimits
+from verirl.rollout.render import TurnRenderer
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
@@ -72,6 +74,8 @@ class Run:
     pad_id: int
     engine: Engine
     eval_engine: Optional[Engine] = None  # the held-out evaluation's, when not the rollout's (`evaluation_engine`)
+    multi_turn: Optional[MultiTurn] = None  # rollout.multi_turn.enable: episodes with tools on ``engine``
+    environments: Optional[object] = None  # the tools' and environments' factory (`verirl.envs`): closed at the end
     optimizer: torch.optim.Optimizer
     scheduler: object
     optimizer_settings: OptimizerSettings
@@ -125,7 +129,11 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
            say: Callable[[str], None]) -> Run:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
+    envs = environments(cfg, lm.tokenizer, hide=(cfg.trainer.run_dir,))
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
+    if envs is not None and envs.schemas:  # the template declares the tools in every prompt
+        train, val = (encode_prompts(p, lm.tokenizer, cfg.data.max_prompt_length, f"data {what}", cfg.data.too_long,
+                                     tools=envs.schemas) for p, what in ((train, "train"), (val, "val")))
     eval_prompts = val
     if cfg.eval.data:
         eval_prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(cfg.data, too_long="filter")).prompts
@@ -177,6 +185,7 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     t = cfg.trainer
     return Run(cfg=cfg, dist=dist, model=lm.model, ref=ref, tokenizer=lm.tokenizer, stop_ids=stop_ids,
                pad_id=lm.pad_id, engine=engine, eval_engine=eval_engine, optimizer=optimizer, scheduler=scheduler,
+               multi_turn=multi_turn(cfg, engine, lm.tokenizer, envs, stop_ids, lm.pad_id), environments=envs,
                optimizer_settings=adamw, train=train, sampler=PromptSampler(len(train), cfg.data.seed, order),
                step=step_settings(cfg, lm.model, dist.dp_world, t.peak_flops or device_peak_flops(cfg, lm.model, dist)),
                eval=evaluation, scorer=scorer, run_dir=run_dir, lock=lock,
@@ -184,6 +193,34 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                total_steps=t.total_steps,
                checkpoints=CheckpointPolicy(t.save_freq, t.keep_checkpoints, load_checkpoint(resume) if resume else None),
                nonfinite=NonfiniteCount(t.max_nonfinite_steps), device=device_name(resolve_device(cfg.model.device)))
+
+
+def environments(cfg: Config, tokenizer, hide: tuple[str, ...] = ()):
+    """rollout.multi_turn's tools and environment (`verirl.envs.build_environments`), or None when off."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return None
+    from verirl.envs import build_environments
+
+    return build_environments(list(mt.tools), mt.environment, mt.parser, getattr(tokenizer, "chat_template", "") or "",
+                              mt.tool_timeout_s, mt.tool_workers, mt.max_tool_response_chars, cfg.reward.sandbox)
+
+
+def turn_limits(cfg: Config) -> TurnLimits:
+    """An episode's bounds from rollout.multi_turn, its zeros resolved."""
+    mt, longest = cfg.rollout.multi_turn, cfg.rollout.max_new_tokens
+    return TurnLimits(max_turns=mt.max_turns, max_env_turns=mt.max_env_turns or mt.max_turns,
+                      max_total_tokens=mt.max_total_tokens or longest,
+                      max_tokens_per_turn=mt.max_tokens_per_turn or longest,
+                      max_observation_tokens=mt.max_tool_response_tokens)
+
+
+def multi_turn(cfg: Config, engine: Engine, tokenizer, envs, stop_ids: list[int], pad_id: int) -> Optional[MultiTurn]:
+    """The multi-turn loop on the rollout engine, or None for single-turn rollouts."""
+    if envs is None:
+        return None
+    return MultiTurn(engine, tokenizer, TurnRenderer(tokenizer, envs.schemas), envs.new, turn_limits(cfg), stop_ids,
+                     pad_id, workers=cfg.rollout.multi_turn.tool_workers)
 
 
 def log_settings(cfg: Config) -> LogSettings:
@@ -296,7 +333,7 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
                                      scale=scale_rewards(algo), epsilon=algo.adv_epsilon),
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
         shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
-        flops=flop_model(model), peak_flops=peak)
+        flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward)
 
 
 def flop_model(model) -> Optional[FlopModel]:

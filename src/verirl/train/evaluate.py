@@ -87,7 +87,7 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = True, seed: int = 0,
              batch_prompts: int = 64,
              ks: Optional[Sequence[int]] = None, progress: Optional[Callable[[int], None]] = None,
-             first_index: int = 0, gather: Optional[Callable[[list], list]] = None) -> dict:
+             first_index: int = 0, gather: Optional[Callable[[list], list]] = None, multi_turn=None) -> dict:
     """Decode each prompt greedily once (``greedy``) and sample it ``n`` times at ``temperature``,
     ``top_p`` and ``top_k`` (0 = off) with the given engine; score every response with ``scorer``
     (the training rules, weights and routing).
@@ -103,7 +103,10 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
     Split across ranks: each rank passes its share of the prompts, ``first_index`` (its share's
     position in the whole list, for the sampling keys) and ``gather`` (every rank's per-prompt rows,
     in order); the metrics are then those of the whole list, the same on every rank and the same
-    as one process evaluating it alone."""
+    as one process evaluating it alone.
+
+    ``multi_turn`` (a `verirl.rollout.multiturn.MultiTurn` on ``engine``): each sample is an episode with
+    the run's tools or environment, and its last turn is what is scored."""
     if n < 0 or (n == 0 and not greedy):
         raise ValueError(f"evaluate needs n > 0 samples or greedy decoding; got n={n}, greedy={greedy}")
     ks = sorted({k for k in (ks or [1, 2, 4, 8, 16, 32, 64]) if k <= n} | ({1, n} if n else set()))
@@ -112,12 +115,19 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
         chunk = prompts[b:b + batch_prompts]
         ids = [p.ids for p in chunk]
         texts: list[str] = []
-        if greedy:
-            texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
-        if n:
-            texts += decode_responses(tokenizer, engine.generate(
-                ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed),
-                prompt_index=range(first_index + b, first_index + b + len(chunk))))
+        at = list(range(first_index + b, first_index + b + len(chunk)))
+        if multi_turn is not None:
+            if greedy:
+                texts += multi_turn.generate(chunk, 1, SamplingParams(max_new_tokens, 0.0), at).answers
+            if n:
+                texts += multi_turn.generate(chunk, n, SamplingParams(max_new_tokens, temperature, top_p, top_k,
+                                                                      seed=seed), at).answers
+        else:
+            if greedy:
+                texts += decode_responses(tokenizer, engine.generate(ids, 1, SamplingParams(max_new_tokens, 0.0)))
+            if n:
+                texts += decode_responses(tokenizer, engine.generate(
+                    ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed), prompt_index=at))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         g = len(chunk) if greedy else 0
         result, verdicts, answers = _score(scorer, texts, [{**p.extra, "label": p.label, "task": p.task}

@@ -77,6 +77,8 @@ def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> di
         watch.stop()
         log.close()
         run.scorer.close()
+        if run.environments is not None:
+            run.environments.close()  # the tools' worker processes
         run.lock.release()
         run.engine.close()  # vLLM: before the process group goes (it tears down its groups)
         distributed.close(run.dist)
@@ -204,7 +206,8 @@ def evaluate_run(run: Run) -> dict[str, float]:
         return val_metrics(evaluate(engine, run.tokenizer, e.prompts[first:first + share], run.scorer, n=e.n,
                                     max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                     top_k=e.top_k, greedy=e.greedy,
-                                    seed=e.seed, first_index=first, gather=gather))
+                                    seed=e.seed, first_index=first, gather=gather,
+                                    multi_turn=run.multi_turn if run.eval_engine is None else None))
 
 
 def count_nonfinite(run: Run, metrics: dict) -> str:

@@ -19,7 +19,7 @@ one rollout per step. Rewards are outcome rewards (one scalar per response).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -85,6 +85,7 @@ class StepBatch:
     rewards: Callable[[], ShapedRewards]  # waits for the scoring workers (at once when they are done)
     weight_version: int  # the policy updates the sampling weights include
     stats: dict[str, float]  # filter/* of a filtered step
+    episodes: list[dict] = field(default_factory=list)  # (N,) multi-turn: what each episode did (`episode_info`)
 
     @property
     def per_response(self) -> list[Prompt]:
@@ -114,12 +115,21 @@ def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch
     batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]  # the same on every rank
     mine = settings.positions(dist.dp_rank, dist.dp_world)  # this rank's whole groups
     prompts = [batch_prompts[i] for i in mine]
-    rollout, texts = generate(run, prompts, mine, settings.sampling_at(step), timer)
+    rollout, texts, episodes = generate(run, prompts, mine, settings.sampling_at(step), timer)
     with timer("reward"):  # scoring runs in the reward workers during the log-prob passes
         scores = score(run, texts, [reward_fields(p) for p in prompts for _ in range(settings.group_size)])
     return StepBatch(step, settings, prompts, rollout, texts,
-                     lambda: shape_rewards(settings.shaping, scores(), rollout, settings.group_size,
-                                           run.scorer.weights), weight_version, {})
+                     lambda: shape_rewards(settings.shaping, with_env_rewards(scores(), episodes), rollout,
+                                           settings.group_size, run.scorer.weights), weight_version, {}, episodes)
+
+
+def with_env_rewards(raw: RewardResult, episodes: list[dict]) -> RewardResult:
+    """A multi-turn step's rewards: the rules' score of each final answer plus what its environment
+    returned (rollout.multi_turn.reward: their sum or the last), logged as the rule ``env``."""
+    if not episodes:
+        return raw
+    env = [e["env_reward"] for e in episodes]
+    return RewardResult([t + r for t, r in zip(raw.totals, env)], {**raw.per_rule, "env": env}, raw.errors)
 
 
 def score(run: Run, texts: list[str], fields: list[dict]) -> Callable[[], RewardResult]:
@@ -185,7 +195,24 @@ def update_metrics(run: Run, batch: StepBatch, trained: Trained) -> dict[str, fl
     stats.update(logprob_check(rollout, trained.trainer_logp, dist))
     stats.update(mismatch_metrics(rollout, trained.trainer_logp, batch.settings.update.correction, dist))
     stats.update(batch.stats)
+    stats.update(episode_metrics(batch.episodes, rollout, dist))
     return stats
+
+
+def episode_metrics(episodes: list[dict], rollout: Rollout, dist: Dist) -> dict[str, float]:
+    """A multi-turn step's turns and tool counts over the global batch: ``turns/mean`` and ``/max``,
+    ``tools/calls_mean`` (per episode), ``tools/errors``, ``tools/parse_errors``, ``tools/timeouts``
+    (counts), and the tokens the model sampled against all response tokens (observations included)."""
+    if not episodes:
+        return {}
+    c = lambda key: float(sum(e["counts"].get(key, 0.0) for e in episodes))  # noqa: E731
+    turns, n, calls, errors, parse, timeouts, model, total = dist.all_sum([
+        float(sum(e["turns"] for e in episodes)), float(len(episodes)), c("tool_calls"), c("tool_errors"),
+        c("parse_errors"), c("tool_timeouts"), float(rollout.loss_lengths.sum()), float(rollout.response_lengths.sum())])
+    return {"turns/mean": turns / max(n, 1.0), "turns/max": dist.all_max([float(max(e["turns"] for e in episodes))])[0],
+            "tools/calls_mean": calls / max(n, 1.0), "tools/errors": errors, "tools/parse_errors": parse,
+            "tools/timeouts": timeouts, "response_length/model_tokens": model / max(n, 1.0),
+            "response_length/total": total / max(n, 1.0)}
 
 
 def response_stats(batch: StepBatch, trained: Trained) -> ResponseStats:
@@ -203,12 +230,14 @@ def step_records(run: Run, batch: StepBatch, trained: Trained) -> list[dict]:
     if not batch.settings.dump_rollouts:
         return []
     records = rollout_records(batch.step, run.tokenizer, batch.per_response, batch.texts, batch.rollout,
-                              trained.rewards.logged)
+                              trained.rewards.logged, batch.episodes)
     return in_batch_order(run.dist.gather(records), batch.settings, run.dist.dp_world) if records else []
 
 
-def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, timer: Timer) -> tuple[Rollout, list[str]]:
-    """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), and their text.
+def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling,
+             timer: Timer) -> tuple[Rollout, list[str], list[dict]]:
+    """``rollout.n`` responses to each prompt (at ``positions`` of the global batch), the text the rules
+    score (a multi-turn episode's last turn) and, for multi-turn rollouts, what each episode did.
     The ranks of a tensor-parallel group hold the same prompts: each decodes a contiguous share of their
     groups with the whole weights, and the shares are exchanged, so every rank of the group holds all
     of them in order (sampling is keyed by global position: the same tokens as one rank decoding all)."""
@@ -216,16 +245,41 @@ def generate(run: Run, prompts: list[Prompt], positions: list[int], sampling, ti
     split = getattr(run.engine, "split", False)  # a tensor-parallel group decodes its share together
     me, shares = dist.decoders(split)
     share = slice(len(prompts) * me // shares, len(prompts) * (me + 1) // shares) if shares > 1 else slice(None)
+    episodes: list[dict] = []
     with timer("rollout"), decoding_weights(run):  # whole weights, no collective inside
-        mine = generate_chunked(run.engine, [p.ids for p in prompts[share]], settings.group_size, sampling,
-                                settings.generate_batch, run.pad_id, positions[share]) if prompts[share] else None
-        texts = decode_responses(run.tokenizer, mine) if mine is not None else []
+        if run.multi_turn is not None:
+            mine, texts, episodes = multi_turn(run, prompts[share], positions[share], sampling, timer)
+        else:
+            mine = generate_chunked(run.engine, [p.ids for p in prompts[share]], settings.group_size, sampling,
+                                    settings.generate_batch, run.pad_id, positions[share]) if prompts[share] else None
+            texts = decode_responses(run.tokenizer, mine) if mine is not None else []
     if shares == 1:
-        return mine, texts
+        return mine, texts, episodes
     device = next(run.model.parameters()).device
-    parts = [p for p in dist.decoders_gather((_on(mine, "cpu"), texts) if mine is not None else None, split)
+    parts = [p for p in dist.decoders_gather((_on(mine, "cpu"), texts, episodes) if mine is not None else None, split)
              if p is not None]
-    return _on(concat_rollouts([r for r, _ in parts], run.pad_id), device), [t for _, part in parts for t in part]
+    return (_on(concat_rollouts([r for r, _, _ in parts], run.pad_id), device), [t for _, part, _ in parts for t in part],
+            [e for _, _, part in parts for e in part])
+
+
+def multi_turn(run: Run, prompts: list[Prompt], positions: list[int], sampling,
+               timer: Timer) -> tuple[Optional[Rollout], list[str], list[dict]]:
+    """Multi-turn episodes of ``prompts`` (`verirl.rollout.multiturn`): the rollout, each episode's last
+    turn (what the rules score) and what each episode did (`episode_info`)."""
+    if not prompts:
+        return None, [], []
+    out = run.multi_turn.generate(prompts, run.step.group_size, sampling, positions)
+    timer.add("tools", run.multi_turn.last_tool_seconds)
+    device = next(run.model.parameters()).device
+    env = out.env_rewards(run.step.env_reward)
+    return _on(out.rollout, device), out.answers, [episode_info(e, r) for e, r in zip(out.episodes, env)]
+
+
+def episode_info(e, env_reward: float) -> dict:
+    """What one episode did, as plain values: its turns, tool counts, environment reward, and its token
+    segments with their roles (rollouts.jsonl keeps them)."""
+    return {"turns": e.turns, "env_turns": e.env_turns, "env_reward": float(env_reward),
+            "counts": {k: float(v) for k, v in e.counts.items()}, "segments": [list(s) for s in e.segments]}
 
 
 def _on(r: Rollout, device) -> Rollout:
@@ -241,6 +295,7 @@ class Group:
     rollout: Rollout  # its rollout.n rows, compact (`take_rows`)
     texts: list[str]
     rewards: ShapedRewards
+    episodes: list[dict]  # multi-turn: what each episode did (empty otherwise)
 
 
 def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch:
@@ -264,10 +319,11 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
     while True:
         batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]
         prompts = [batch_prompts[i] for i in mine]
-        rollout, texts = generate(run, prompts, mine, settings.sampling_at(step, b), timer)
+        rollout, texts, episodes = generate(run, prompts, mine, settings.sampling_at(step, b), timer)
         with timer("reward"):
             fields = [reward_fields(p) for p in prompts for _ in range(n)]
-            rewards = shape_rewards(settings.shaping, score(run, texts, fields)(), rollout, n, run.scorer.weights)
+            rewards = shape_rewards(settings.shaping, with_env_rewards(score(run, texts, fields)(), episodes), rollout,
+                                    n, run.scorer.weights)
         errors += rewards.logged.errors
         metric = rewards.for_advantages if f.metric == "reward" else \
             [0.0 if v is None else v for v in rewards.logged.per_rule[f.metric]]
@@ -277,7 +333,8 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
             informative += [(b, pos) for pos, g in part if g]
         for j, pos in enumerate(mine):
             held[(b, pos)] = Group(prompts[j], take_rows(rollout, list(range(j * n, (j + 1) * n))),
-                                   texts[j * n:(j + 1) * n], rewards.rows(j * n, (j + 1) * n))
+                                   texts[j * n:(j + 1) * n], rewards.rows(j * n, (j + 1) * n),
+                                   episodes[j * n:(j + 1) * n])
         b += 1
         if len(informative) >= settings.prompts_per_step or (f.max_gen_batches and b >= f.max_gen_batches):
             break
@@ -301,7 +358,7 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
     stats = {"filter/gen_batches": float(b), "filter/informative_groups": float(len(informative)),
              "filter/kept_groups": float(groups), "filter/shortfall": float(settings.prompts_per_step - groups)}
     return StepBatch(step, step_settings, [g.prompt for g in parts], joined, [t for g in parts for t in g.texts],
-                     lambda: kept, weight_version, stats)
+                     lambda: kept, weight_version, stats, [e for g in parts for e in g.episodes])
 
 
 def take_rows(r: Rollout, rows: list[int]) -> Rollout:
@@ -458,13 +515,29 @@ def reward_fields(p: Prompt) -> dict:
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,
-                    rewards: RewardResult) -> list[dict]:
+                    rewards: RewardResult, episodes: Optional[list[dict]] = None) -> list[dict]:
     """One RUN_DIR/rollouts.jsonl record per response: prompt, response, label, each rule's score, and
     the token ids (``prompt_ids``, ``response_ids``: what `rollout.engine=replay` replays exactly;
-    decoded text does not always re-encode to the same ids)."""
+    decoded text does not always re-encode to the same ids). A multi-turn episode's record also has
+    ``segments`` (``[role, tokens]`` runs of ``response_ids``: ``assistant`` sampled and trained on,
+    ``observation`` rendered from a tool or the environment), ``turns`` (each segment's text with its
+    role), ``tool_counts`` and the episode's own ``prompt_ids`` (an environment's first observation
+    included); ``response`` is then the last turn, the text the rules scored."""
     lengths = rollout.response_lengths.tolist()
-    return [{"step": step, "prompt": tokenizer.decode(p.ids), "response": text, "label": p.label, "task": p.task,
-             "scores": {rule: scores[i] for rule, scores in rewards.per_rule.items()},
-             "reward": rewards.totals[i], "response_length": lengths[i], "stopped": bool(rollout.stopped[i]),
-             "prompt_ids": list(p.ids), "response_ids": rollout.response_ids[i, :lengths[i]].tolist()}
-            for i, (p, text) in enumerate(zip(per_response, texts))]
+    out = []
+    for i, (p, text) in enumerate(zip(per_response, texts)):
+        record = {"step": step, "prompt": tokenizer.decode(p.ids), "response": text, "label": p.label, "task": p.task,
+                  "scores": {rule: scores[i] for rule, scores in rewards.per_rule.items()},
+                  "reward": rewards.totals[i], "response_length": lengths[i], "stopped": bool(rollout.stopped[i]),
+                  "prompt_ids": list(p.ids), "response_ids": rollout.response_ids[i, :lengths[i]].tolist()}
+        if episodes:
+            e, ids = episodes[i], record["response_ids"]
+            prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
+            turns, at = [], 0
+            for role, k in e["segments"]:
+                turns.append({"role": role, "text": tokenizer.decode(ids[at:at + k])})
+                at += k
+            record.update({"prompt_ids": prompt, "prompt": tokenizer.decode(prompt), "segments": e["segments"],
+                           "turns": turns, "tool_counts": e["counts"], "env_reward": e["env_reward"]})
+        out.append(record)
+    return out

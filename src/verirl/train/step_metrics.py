@@ -109,6 +109,10 @@ class Timer:
             if self.watchdog is not None:
                 self.watchdog.leave()
 
+    def add(self, name: str, seconds: float) -> None:
+        """Seconds measured elsewhere (the tools' time, spent beside the rollout's decoding) under ``timing/name``."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def metrics(self, names: tuple[str, ...] = ()) -> dict[str, float]:
         out = {f"timing/{k}": 0.0 for k in names}
         out.update({f"timing/{k}": v for k, v in self.seconds.items()})

@@ -1,0 +1,250 @@
+"""Multi-turn rollouts: the model calls tools or talks to an environment, reads the result and goes on.
+
+Each sample is an episode, one token sequence from the prompt to the end (token in, token out):
+
+    prompt | turn 1 (sampled, loss mask 1) | observation 1 + next header (loss mask 0) | turn 2 | ...
+
+The sampled tokens are kept as the engine sampled them; an observation is the tool's or the
+environment's message rendered as the chat template renders it after that turn
+(`verirl.rollout.render`). Nothing sampled is decoded and encoded again, so the tokens trained on
+are the tokens sampled, whatever the tokenizer does with their text.
+
+The loop is batched by turns: every episode still going decodes its next turn in one engine call;
+as each stops (on the native engine, the moment it samples its stop token, while the others still
+decode) its environment step starts in a thread pool (tools that run code run in processes of their
+own), and the next call starts once every step of the turn is back. An episode ends when its
+environment says so (a turn with no tool call is the answer), at ``max_turns`` assistant turns or
+``max_env_turns`` observations, when a turn is cut at its token limit, or when the next observation
+would pass ``max_total_tokens``. Sampling is keyed by (seed, global prompt position, sample,
+response position), so an episode does not depend on what else is decoded with it, its batch or the
+number of ranks. Each turn re-reads the episode's whole prefix (vLLM's prefix caching keeps that
+cheap; the native engine prefills it again).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional, Protocol, Sequence
+
+import torch
+
+from verirl.core.types import Prompt, Rollout
+from verirl.rollout.base import SamplingParams, left_pad
+from verirl.rollout.render import TurnRenderer, encode
+
+COUNTS = ("tool_calls", "tool_errors", "parse_errors", "tool_timeouts", "tool_seconds")
+
+
+class EnvironmentLike(Protocol):
+    """What the loop asks of an environment (`verirl.envs.Environment`): one per episode."""
+
+    def reset(self, prompt: Prompt) -> Optional[list[dict]]: ...
+
+    def step(self, turn: str): ...  # -> verirl.envs.EnvStep (observation, reward, done, counts)
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """An episode's bounds (rollout.multi_turn.*, resolved)."""
+    max_turns: int  # assistant turns
+    max_env_turns: int  # observations
+    max_total_tokens: int  # response tokens in all, sampled and observed
+    max_tokens_per_turn: int  # sampled tokens per turn
+    max_observation_tokens: int  # tokens of one observation message's content
+
+
+@dataclass
+class Episode:
+    """One sample's episode as it grows."""
+    prompt: Prompt
+    position: int  # the prompt's position in the step's global batch
+    sample: int  # the sample's index in its group
+    env: EnvironmentLike
+    prompt_ids: list[int]
+    messages: list[dict]  # the conversation as text: the prompt's messages, turns and observations
+    tokens: list[int] = field(default_factory=list)  # response tokens, sampled and observed
+    mask: list[int] = field(default_factory=list)  # 1 on sampled tokens
+    logps: list[float] = field(default_factory=list)  # the engine's log-prob of each sampled token (0 elsewhere)
+    segments: list[list] = field(default_factory=list)  # [role, tokens] runs: assistant / observation
+    turns: int = 0
+    env_turns: int = 0
+    rewards: list[float] = field(default_factory=list)  # the environment's, turn by turn
+    counts: Counter = field(default_factory=Counter)
+    answer: str = ""  # the last assistant turn's text: what the reward rules score
+    stopped: bool = False  # ended on a stop token (not cut at a token limit)
+    done: bool = False
+
+    def add(self, ids: Sequence[int], sampled: bool, logps: Optional[Sequence[float]] = None) -> None:
+        self.tokens += list(ids)
+        self.mask += [1 if sampled else 0] * len(ids)
+        self.logps += list(logps) if logps is not None else [0.0] * len(ids)
+        role = "assistant" if sampled else "observation"
+        if self.segments and self.segments[-1][0] == role:
+            self.segments[-1][1] += len(ids)
+        else:
+            self.segments.append([role, len(ids)])
+
+
+@dataclass
+class Episodes:
+    """A multi-turn rollout: the training record, the answers to score, and what each episode did."""
+    rollout: Rollout
+    answers: list[str]  # (N,) each episode's last assistant turn, decoded
+    episodes: list[Episode]
+
+    def env_rewards(self, how: str) -> list[float]:
+        """(N,) what the environment's rewards add to each answer's score: their sum, or the last one."""
+        if how == "last":
+            return [e.rewards[-1] if e.rewards else 0.0 for e in self.episodes]
+        return [float(sum(e.rewards)) for e in self.episodes]
+
+
+def cut_observation(tokenizer, messages: list[dict], max_tokens: int) -> list[dict]:
+    """Each message's content cut to ``max_tokens`` tokens (an observation is not sampled: its text may be
+    encoded and cut freely), marked where it was cut."""
+    out = []
+    for m in messages:
+        content = str(m.get("content", ""))
+        ids = encode(tokenizer, content)
+        if len(ids) > max_tokens:
+            content = tokenizer.decode(ids[:max_tokens]) + " ...(cut)"
+        out.append({**m, "content": content})
+    return out
+
+
+class MultiTurn:
+    """Runs episodes on an engine. ``new_env``: a fresh environment per episode; ``workers``: threads that
+    run environment steps while the engine decodes."""
+
+    def __init__(self, engine, tokenizer, renderer: TurnRenderer, new_env: Callable[[], EnvironmentLike],
+                 limits: TurnLimits, stop_ids: Sequence[int], pad_id: int, workers: int = 2):
+        self.engine, self.tokenizer, self.renderer, self.new_env = engine, tokenizer, renderer, new_env
+        self.limits, self.stop_ids, self.pad_id = limits, set(int(i) for i in stop_ids), pad_id
+        self.workers = max(1, workers)
+        self.stop_text = {i: tokenizer.decode([i]) for i in self.stop_ids}
+        self.last_tool_seconds = 0.0  # the tools' wall-clock time in the last call, summed over episodes
+        self.last_hidden_seconds = 0.0  # of that, what ran while the engine was still decoding
+
+    def generate(self, prompts: Sequence[Prompt], n: int, params: SamplingParams,
+                 positions: Optional[Sequence[int]] = None) -> Episodes:
+        """``n`` episodes per prompt (at ``positions`` of the step's global batch), contiguous per prompt."""
+        positions = list(range(len(prompts))) if positions is None else list(positions)
+        episodes = []
+        for p, g in zip(prompts, positions):
+            for j in range(n):
+                env = self.new_env()
+                first = env.reset(p)
+                messages = list(p.messages)
+                ids = list(p.ids)
+                if first:
+                    first = cut_observation(self.tokenizer, list(first), self.limits.max_observation_tokens)
+                    messages += first
+                    ids = self.renderer.prompt_ids(messages)
+                episodes.append(Episode(p, g, j, env, ids, messages))
+        self.last_tool_seconds = self.last_hidden_seconds = 0.0
+        self._logps = True  # every engine call returned its sampled tokens' log-probs
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="verirl-env") as pool:
+                while any(not e.done for e in episodes):
+                    self._turn([e for e in episodes if not e.done], params, pool)
+        finally:
+            for e in episodes:
+                e.env.close()
+        return Episodes(self._rollout(episodes), [e.answer for e in episodes], episodes)
+
+    def _turn(self, live: list[Episode], params: SamplingParams, pool: ThreadPoolExecutor) -> None:
+        """One assistant turn of every live episode, each environment step started as its turn stops."""
+        L = self.limits
+        budgets = [min(L.max_tokens_per_turn, L.max_total_tokens - len(e.tokens)) for e in live]
+        pending: dict[int, Future] = {}
+        decoding = [True]
+
+        def step(i: int, text: str):
+            t0 = time.monotonic()
+            out = live[i].env.step(text)
+            spent = time.monotonic() - t0
+            return out, spent, decoding[0]
+
+        def stopped(row: int, toks: list[int]) -> None:
+            if len(toks) <= budgets[row] and row not in pending:
+                pending[row] = pool.submit(step, row, self._text(toks))
+
+        kw = {"on_stop": stopped} if _takes(self.engine, "on_stop") else {}
+        r = self.engine.generate([e.prompt_ids + e.tokens for e in live], 1,
+                                 replace(params, max_new_tokens=max(budgets)),
+                                 prompt_index=[e.position for e in live], sample_index=[e.sample for e in live],
+                                 offset=[len(e.tokens) for e in live], **kw)
+        decoding[0] = False
+        self._logps &= r.sample_logprobs is not None
+        lengths = r.response_mask.sum(-1).tolist()
+        for i, e in enumerate(live):
+            toks = r.response_ids[i, :min(int(lengths[i]), budgets[i])].tolist()
+            logps = None if r.sample_logprobs is None else r.sample_logprobs[i, :len(toks)].tolist()
+            e.add(toks, True, logps)
+            e.turns += 1
+            e.answer = self._text(toks)
+            if not toks or toks[-1] not in self.stop_ids:  # cut at its token limit: the episode ends there
+                e.done, e.stopped = True, False
+                pending.pop(i, None)
+                continue
+            if i not in pending:
+                pending[i] = pool.submit(step, i, e.answer)
+        for i in sorted(pending):
+            self._observe(live[i], *pending[i].result())
+
+    def _observe(self, e: Episode, out, spent: float, while_decoding: bool) -> None:
+        """The environment's answer to ``e``'s last turn: its reward, and its observation appended."""
+        L = self.limits
+        self.last_tool_seconds += spent
+        self.last_hidden_seconds += spent if while_decoding else 0.0
+        e.counts.update({k: v for k, v in (out.counts or {}).items() if k in COUNTS})
+        if out.reward is not None:
+            e.rewards.append(float(out.reward))
+        e.stopped = True
+        turn = {"role": "assistant", "content": e.answer}
+        if out.done or not out.observation or e.turns >= L.max_turns or e.env_turns >= L.max_env_turns:
+            e.done = True
+            return
+        obs = cut_observation(self.tokenizer, list(out.observation), L.max_observation_tokens)
+        last = e.tokens[-1]
+        ids = self.renderer.observation_ids(e.messages, obs, self.stop_text.get(last, ""))
+        if len(e.tokens) + len(ids) >= L.max_total_tokens:  # no room for the observation and a turn after it
+            e.done, e.stopped = True, False
+            return
+        e.add(ids, False)
+        e.messages += [turn, *obs]
+        e.env_turns += 1
+
+    def _text(self, toks: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(toks), skip_special_tokens=True)
+
+    def _rollout(self, episodes: list[Episode]) -> Rollout:
+        """The episodes as a training rollout: prompts left-padded, responses right-padded, the loss mask on
+        the sampled tokens, the engine's log-probs where it gave them."""
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], self.pad_id)
+        R = max(1, max(len(e.tokens) for e in episodes))
+        N = len(episodes)
+        ids = torch.full((N, R), self.pad_id, dtype=torch.long)
+        mask, loss = torch.zeros((N, R), dtype=torch.long), torch.zeros((N, R), dtype=torch.long)
+        logps = torch.zeros((N, R), dtype=torch.float32)
+        for i, e in enumerate(episodes):
+            k = len(e.tokens)
+            ids[i, :k] = torch.as_tensor(e.tokens, dtype=torch.long)
+            mask[i, :k] = 1
+            loss[i, :k] = torch.as_tensor(e.mask, dtype=torch.long)
+            logps[i, :k] = torch.as_tensor(e.logps, dtype=torch.float32)
+        stopped = torch.as_tensor([e.stopped for e in episodes], dtype=torch.bool)
+        return Rollout(prompt_ids, prompt_mask, ids, mask, loss, stopped, logps if self._logps else None)
+
+
+def _takes(engine, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
