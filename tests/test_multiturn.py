@@ -187,3 +187,22 @@ def test_the_update_takes_its_statistics_over_the_sampled_tokens_only(tiny, prom
     assert stats["actor/kl"] == pytest.approx(want_kl, rel=1e-4, abs=1e-7)
     whole = float((ent * r.response_mask).sum() / r.response_mask.sum())
     assert abs(whole - want_ent) > 1e-3  # the observations would have changed it
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_kept_kv_cache_gives_the_episode_a_fresh_prefill_gives(tiny, prompts, temperature):
+    """The native engine keeps each episode's cache across turns and prefills only the observations; the
+    same episodes with every turn's whole prefix prefilled again are the same, token for token."""
+    sampling = SamplingParams(max_new_tokens=40, temperature=temperature, seed=5)
+    engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    kept = MultiTurn(engine, tiny.tokenizer, TurnRenderer(tiny.tokenizer), Counter, LIMITS, tiny.stop_ids,
+                     tiny.pad_id)
+    fresh = MultiTurn(engine, tiny.tokenizer, TurnRenderer(tiny.tokenizer), Counter, LIMITS, tiny.stop_ids,
+                      tiny.pad_id, continued=False)
+    a, b = kept.generate(prompts, 4, sampling), fresh.generate(prompts, 4, sampling)
+    assert kept.last_prefilled > 0 and fresh.last_prefilled == 0
+    assert sum(e.turns for e in a.episodes) > len(a.episodes)  # later turns were decoded from the kept cache
+    assert [e.tokens for e in a.episodes] == [e.tokens for e in b.episodes]
+    assert [e.mask for e in a.episodes] == [e.mask for e in b.episodes]
+    if temperature > 0:
+        torch.testing.assert_close(a.rollout.sample_logprobs, b.rollout.sample_logprobs, atol=1e-4, rtol=0)

@@ -17,8 +17,9 @@ environment says so (a turn with no tool call is the answer), at ``max_turns`` a
 ``max_env_turns`` observations, when a turn is cut at its token limit, or when the next observation
 would pass ``max_total_tokens``. Sampling is keyed by (seed, global prompt position, sample,
 response position), so an episode does not depend on what else is decoded with it, its batch or the
-number of ranks. Each turn re-reads the episode's whole prefix (vLLM's prefix caching keeps that
-cheap; the native engine prefills it again).
+number of ranks. The native engine keeps each episode's KV cache across turns and prefills only the
+tokens a turn appends (`verirl.rollout.native.Session`); other engines read the episode's whole prefix
+each turn (vLLM's prefix caching keeps that cheap).
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class Episode:
     answer: str = ""  # the last assistant turn's text: what the reward rules score
     stopped: bool = False  # ended on a stop token (not cut at a token limit)
     done: bool = False
+    observed: int = 0  # tokens up to the end of the last sampled turn (what follows: the observation appended)
 
     def add(self, ids: Sequence[int], sampled: bool, logps: Optional[Sequence[float]] = None) -> None:
         self.tokens += list(ids)
@@ -121,10 +123,14 @@ class MultiTurn:
     run environment steps while the engine decodes."""
 
     def __init__(self, engine, tokenizer, renderer: TurnRenderer, new_env: Callable[[], EnvironmentLike],
-                 limits: TurnLimits, stop_ids: Sequence[int], pad_id: int, workers: int = 2):
+                 limits: TurnLimits, stop_ids: Sequence[int], pad_id: int, workers: int = 2, continued: bool = True):
         self.engine, self.tokenizer, self.renderer, self.new_env = engine, tokenizer, renderer, new_env
         self.limits, self.stop_ids, self.pad_id = limits, set(int(i) for i in stop_ids), pad_id
         self.workers = max(1, workers)
+        # continued: an engine that can keep each episode's KV cache across turns does (`open_session`), and
+        # prefills only what each turn appends; else every turn prefills the episode's whole prefix
+        self.continued = continued
+        self.last_prefilled = 0  # tokens the last call prefilled (with a kept cache)
         self.stop_text = {i: tokenizer.decode([i]) for i in self.stop_ids}
         self.last_tool_seconds = 0.0  # the tools' wall-clock time in the last call, summed over episodes
         self.last_hidden_seconds = 0.0  # of that, what ran while the engine was still decoding
@@ -147,16 +153,27 @@ class MultiTurn:
                 episodes.append(Episode(p, g, j, env, ids, messages))
         self.last_tool_seconds = self.last_hidden_seconds = 0.0
         self._logps = True  # every engine call returned its sampled tokens' log-probs
+        opened = getattr(self.engine, "open_session", None) if self.continued else None
+        session = opened([e.prompt_ids for e in episodes], self.limits.max_total_tokens) if opened else None
+        self.last_prefilled = 0
         try:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="verirl-env") as pool:
-                while any(not e.done for e in episodes):
-                    self._turn([e for e in episodes if not e.done], params, pool)
+                live = episodes
+                while live:
+                    self._turn(live, params, pool, session)
+                    going = [i for i, e in enumerate(live) if not e.done]
+                    if session is not None and going:
+                        session.keep(going)
+                        session.extend([live[i].tokens[live[i].observed:] for i in going])
+                    live = [live[i] for i in going]
+            if session is not None:
+                self.last_prefilled = sum(session.prefilled)
         finally:
             for e in episodes:
                 e.env.close()
         return Episodes(self._rollout(episodes), [e.answer for e in episodes], episodes)
 
-    def _turn(self, live: list[Episode], params: SamplingParams, pool: ThreadPoolExecutor) -> None:
+    def _turn(self, live: list[Episode], params: SamplingParams, pool: ThreadPoolExecutor, session=None) -> None:
         """One assistant turn of every live episode, each environment step started as its turn stops."""
         L = self.limits
         budgets = [min(L.max_tokens_per_turn, L.max_total_tokens - len(e.tokens)) for e in live]
@@ -173,11 +190,14 @@ class MultiTurn:
             if len(toks) <= budgets[row] and row not in pending:
                 pending[row] = pool.submit(step, row, self._text(toks))
 
-        kw = {"on_stop": stopped} if _takes(self.engine, "on_stop") else {}
-        r = self.engine.generate([e.prompt_ids + e.tokens for e in live], 1,
-                                 replace(params, max_new_tokens=max(budgets)),
-                                 prompt_index=[e.position for e in live], sample_index=[e.sample for e in live],
-                                 offset=[len(e.tokens) for e in live], **kw)
+        keys = dict(prompt_index=[e.position for e in live], sample_index=[e.sample for e in live],
+                    offset=[len(e.tokens) for e in live])
+        turn = replace(params, max_new_tokens=max(budgets))
+        if session is not None:  # the cache kept from the last turn: nothing prefilled again
+            r = session.turn(turn, on_stop=stopped, **keys)
+        else:
+            kw = {"on_stop": stopped} if _takes(self.engine, "on_stop") else {}
+            r = self.engine.generate([e.prompt_ids + e.tokens for e in live], 1, turn, **keys, **kw)
         decoding[0] = False
         self._logps &= r.sample_logprobs is not None
         lengths = r.response_mask.sum(-1).tolist()
@@ -185,6 +205,7 @@ class MultiTurn:
             toks = r.response_ids[i, :min(int(lengths[i]), budgets[i])].tolist()
             logps = None if r.sample_logprobs is None else r.sample_logprobs[i, :len(toks)].tolist()
             e.add(toks, True, logps)
+            e.observed = len(e.tokens)
             e.turns += 1
             e.answer = self._text(toks)
             if not toks or toks[-1] not in self.stop_ids:  # cut at its token limit: the episode ends there

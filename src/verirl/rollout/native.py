@@ -253,6 +253,14 @@ class NativeEngine:
         self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
 
+    def open_session(self, prompt_ids: Sequence[Sequence[int]], horizon: int) -> Optional["Session"]:
+        """Episodes that keep their KV cache across turns (`Session`), ``horizon`` response tokens each at
+        most; None where this engine cannot keep one (a model outside the lean decoder's families, a
+        tensor-parallel group decoding on its plan): the caller prefills each turn again."""
+        if self.split or not lean_supported(self.model):
+            return None
+        return Session(self, prompt_ids, horizon)
+
     @torch.no_grad()
     def sync_weights(self, model) -> None:
         """Nothing to do: this engine reads the live model."""
@@ -339,3 +347,123 @@ class NativeEngine:
             rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
         return rollout
 
+
+
+class Session:
+    """Episodes that keep their KV cache across turns (`NativeEngine.open_session`): the prompts are
+    prefilled once, each `turn` decodes the live rows until each stops, and `extend` prefills only the
+    tokens appended after a turn (an observation and the next header). One rectangular cache holds every
+    row: a turn writes one column per decoding step for all rows (a row that stopped steps on a pad, its
+    column masked), an extension writes a block as wide as the longest row's tokens, each row's tokens at
+    the block's right end and its left part masked, so that the block's last position is every row's last
+    token. Positions count each row's real tokens, so the model sees what a fresh prefill of the same
+    sequence shows it; the cache grows when a turn or a block needs more columns."""
+
+    GROW = 256  # columns added at a time
+
+    def __init__(self, engine: "NativeEngine", prompt_ids: Sequence[Sequence[int]], horizon: int):
+        self.engine, self.model = engine, engine.model
+        self.device = next(self.model.parameters()).device
+        ids, mask = left_pad(prompt_ids, engine.pad_id, self.device)
+        B, P = ids.shape
+        self.dec = LeanDecoder(self.model, engine.compute_dtype)
+        self.pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1] + 1  # (B,) each row's next position
+        self.horizon = P + horizon  # positions the rotary table covers (prompt + response budget)
+        with eval_mode(self.model), torch.inference_mode():
+            self.dec.alloc(B, max(self.horizon, P + self.GROW), self.dec.embed)
+            self.bias = self.dec.embed.new_full((B, self.dec.k[0].shape[2]), float("-inf"))
+            self.bias[:, :P].masked_fill_(mask.bool(), 0.0)
+            causal = torch.ones((P, P), dtype=torch.bool, device=self.device).tril()
+            m = causal[None] & mask.bool()[:, None, :]
+            m |= torch.eye(P, dtype=torch.bool, device=self.device)[None]
+            full = self.dec.embed.new_zeros(m.shape).masked_fill_(~m, float("-inf"))
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            self.logits = self.dec.forward(ids, pos, 0, full[:, None, None])  # (B, V) after each row's last token
+        self.col = P  # the next column to write
+        self.prefilled = [B * P]  # tokens through the model at each prefill or extension (the benchmark's count)
+
+    def _room(self, columns: int) -> None:
+        have = self.dec.k[0].shape[2]
+        if self.col + columns <= have:
+            return
+        extra = max(self.GROW, self.col + columns - have)
+        self.dec.k = [torch.cat([t, t.new_zeros(t.shape[:2] + (extra, t.shape[3]))], 2) for t in self.dec.k]
+        self.dec.v = [torch.cat([t, t.new_zeros(t.shape[:2] + (extra, t.shape[3]))], 2) for t in self.dec.v]
+        self.bias = torch.cat([self.bias, self.bias.new_full((self.bias.shape[0], extra), float("-inf"))], 1)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows (in this order) go on."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
+        self.dec.select(idx)
+        self.bias, self.pos, self.logits = self.bias[idx], self.pos[idx], self.logits[idx]
+
+    def turn(self, params: SamplingParams, prompt_index: Sequence[int], sample_index: Sequence[int],
+             offset: Sequence[int], on_stop: Optional[Callable[[int, list[int]], None]] = None) -> Rollout:
+        """Each row's next turn, up to ``params.max_new_tokens``; keyed like `NativeEngine.generate`."""
+        R, B = params.max_new_tokens, self.logits.shape[0]
+        keyed = None
+        if params.seed is not None and params.temperature > 0:
+            keyed = _KeyedUniforms(params.seed, prompt_index, 1, R, self.device, sample_index, offset)
+        stops = torch.as_tensor(self.engine.stop_ids, device=self.device)
+        pad = self.engine.pad_id
+        with eval_mode(self.model), torch.inference_mode():
+            self._room(R)
+            rows = torch.arange(B, device=self.device)
+            tokens = torch.full((B, R), pad, dtype=torch.long, device=self.device)
+            sampled = params.temperature > 0
+            logps = torch.zeros((B, R), dtype=torch.float32, device=self.device) if sampled else None
+            running = torch.ones(B, dtype=torch.bool, device=self.device)
+            logits = self.logits
+            for t in range(R):
+                u = None if keyed is None else keyed.at(rows, t)
+                if logps is None:
+                    tok = sample_next(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
+                else:
+                    tok, lp = sample_and_score(logits, params.temperature, params.top_k, params.top_p, uniforms=u)
+                    logps[:, t] = torch.where(running, lp, 0.0)
+                tok = torch.where(running, tok, torch.full_like(tok, pad))
+                tokens[:, t] = tok
+                self.bias[:, self.col] = torch.where(running, 0.0, float("-inf"))  # a stopped row's column: masked
+                was = running.clone()
+                running &= ~torch.isin(tok, stops)
+                if on_stop is not None:
+                    for row in (was & ~running).nonzero().squeeze(-1).tolist():
+                        on_stop(row, tokens[row, :t + 1].tolist())
+                # every sampled token goes into the cache, the stop included: the next turn follows it
+                logits = self.dec.forward(tok[:, None], torch.where(was, self.pos, 0)[:, None], self.col,
+                                          self.bias[:, None, None, None, :self.col + 1])
+                self.logits = torch.where(was[:, None], logits, self.logits)
+                self.pos = self.pos + was.long()
+                self.col += 1
+                if not bool(running.any()):
+                    break
+            tokens, logps = tokens.clone(), None if logps is None else logps.clone()
+        rollout = build_rollout(torch.zeros((B, 0), dtype=torch.long), torch.zeros((B, 0), dtype=torch.long),
+                                tokens.cpu(), self.engine.stop_ids, pad)
+        if logps is not None:
+            rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]].cpu() * rollout.response_mask
+        return rollout
+
+    def extend(self, appended: Sequence[Sequence[int]]) -> None:
+        """Prefill each row's ``appended`` tokens (every row has some: a row without is removed first)."""
+        B = len(appended)
+        T = max(len(a) for a in appended)
+        with eval_mode(self.model), torch.inference_mode():
+            self._room(T)
+            ids = torch.full((B, T), self.engine.pad_id, dtype=torch.long, device=self.device)
+            real = torch.zeros((B, T), dtype=torch.bool, device=self.device)
+            for i, a in enumerate(appended):
+                if a:
+                    ids[i, T - len(a):] = torch.as_tensor(list(a), dtype=torch.long, device=self.device)
+                    real[i, T - len(a):] = True
+            pos = self.pos[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
+            c = self.col
+            self.bias[:, c:c + T] = torch.where(real, 0.0, float("-inf"))
+            causal = torch.ones((T, T), dtype=torch.bool, device=self.device).tril()
+            block = (causal[None] & real[:, None, :]) | torch.eye(T, dtype=torch.bool, device=self.device)[None]
+            mask = torch.cat([self.bias[:, None, :c].expand(B, T, c),
+                              self.dec.embed.new_zeros((B, T, T)).masked_fill_(~block, float("-inf"))], -1)
+            self.logits = self.dec.forward(ids, pos, c, mask[:, None, None])
+            self.pos = self.pos + real.long().sum(-1)
+            self.col += T
+        self.prefilled.append(B * T)
