@@ -200,7 +200,7 @@ def test_the_kept_kv_cache_gives_the_episode_a_fresh_prefill_gives(tiny, prompts
     fresh = MultiTurn(engine, tiny.tokenizer, TurnRenderer(tiny.tokenizer), Counter, LIMITS, tiny.stop_ids,
                       tiny.pad_id, continued=False)
     a, b = kept.generate(prompts, 4, sampling), fresh.generate(prompts, 4, sampling)
-    assert kept.last_prefilled > 0 and fresh.last_prefilled == 0
+    assert 0 < kept.last_prefilled < fresh.last_prefilled / 2
     assert sum(e.turns for e in a.episodes) > len(a.episodes)  # later turns were decoded from the kept cache
     assert [e.tokens for e in a.episodes] == [e.tokens for e in b.episodes]
     assert [e.mask for e in a.episodes] == [e.mask for e in b.episodes]

@@ -130,7 +130,7 @@ class MultiTurn:
         # continued: an engine that can keep each episode's KV cache across turns does (`open_session`), and
         # prefills only what each turn appends; else every turn prefills the episode's whole prefix
         self.continued = continued
-        self.last_prefilled = 0  # tokens the last call prefilled (with a kept cache)
+        self.last_prefilled = 0  # tokens the last call prefilled: prompts, then each turn's prefix or appended part
         self.stop_text = {i: tokenizer.decode([i]) for i in self.stop_ids}
         self.last_tool_seconds = 0.0  # the tools' wall-clock time in the last call, summed over episodes
         self.last_hidden_seconds = 0.0  # of that, what ran while the engine was still decoding
@@ -178,13 +178,13 @@ class MultiTurn:
         L = self.limits
         budgets = [min(L.max_tokens_per_turn, L.max_total_tokens - len(e.tokens)) for e in live]
         pending: dict[int, Future] = {}
-        decoding = [True]
+        decoded = [float("inf")]  # when the engine's call returned
 
         def step(i: int, text: str):
             t0 = time.monotonic()
             out = live[i].env.step(text)
-            spent = time.monotonic() - t0
-            return out, spent, decoding[0]
+            t1 = time.monotonic()
+            return out, t0, t1
 
         def stopped(row: int, toks: list[int]) -> None:
             if len(toks) <= budgets[row] and row not in pending:
@@ -196,9 +196,10 @@ class MultiTurn:
         if session is not None:  # the cache kept from the last turn: nothing prefilled again
             r = session.turn(turn, on_stop=stopped, **keys)
         else:
+            self.last_prefilled += sum(len(e.prompt_ids) + len(e.tokens) for e in live)
             kw = {"on_stop": stopped} if _takes(self.engine, "on_stop") else {}
             r = self.engine.generate([e.prompt_ids + e.tokens for e in live], 1, turn, **keys, **kw)
-        decoding[0] = False
+        decoded[0] = time.monotonic()
         self._logps &= r.sample_logprobs is not None
         lengths = r.response_mask.sum(-1).tolist()
         for i, e in enumerate(live):
@@ -215,13 +216,14 @@ class MultiTurn:
             if i not in pending:
                 pending[i] = pool.submit(step, i, e.answer)
         for i in sorted(pending):
-            self._observe(live[i], *pending[i].result())
+            out, t0, t1 = pending[i].result()
+            self.last_tool_seconds += t1 - t0
+            self.last_hidden_seconds += max(0.0, min(t1, decoded[0]) - t0)  # the part that ran beside decoding
+            self._observe(live[i], out)
 
-    def _observe(self, e: Episode, out, spent: float, while_decoding: bool) -> None:
+    def _observe(self, e: Episode, out) -> None:
         """The environment's answer to ``e``'s last turn: its reward, and its observation appended."""
         L = self.limits
-        self.last_tool_seconds += spent
-        self.last_hidden_seconds += spent if while_decoding else 0.0
         e.counts.update({k: v for k, v in (out.counts or {}).items() if k in COUNTS})
         if out.reward is not None:
             e.rewards.append(float(out.reward))
