@@ -154,9 +154,16 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", "--val-size", dest="size", type=int, default=200,
                    help="with --data arith: held-out problems (default 200)")
     p.add_argument("--json", default="", help="write the results here as JSON ('-' = standard output)")
+    p.add_argument("--tools", default="", help="comma-separated tools the model may call: multi-turn episodes, the "
+                                               "last turn scored (calculator, python, file.py:function, a veRL tool "
+                                               "config; docs/agents.md); default none: single-turn")
+    p.add_argument("--environment", default="", help="an environment (file.py:Class) to talk to, multi-turn")
+    p.add_argument("--max-turns", type=int, default=4, help="assistant turns per episode with --tools/--environment")
     for action in p._actions:  # the config key each flag sets, as `verirl train` would name it
         if action.dest in EVAL_KEYS:
             action.help = f"{action.help} [{EVAL_KEYS[action.dest]}]"
+        elif action.dest in EVAL_MULTI_TURN:
+            action.help = f"{action.help} [{EVAL_MULTI_TURN[action.dest]}]"
 
 
 @functools.lru_cache(maxsize=1)
@@ -333,7 +340,7 @@ def _eval(args) -> int:
             check(cfg, run_dir=False)  # the checks of `verirl train`, but for the run directory eval writes none
             parts = build_eval(cfg, limit=args.limit)
         except UserError as e:
-            raise _in_flags(e, EVAL_KEYS) from None
+            raise _in_flags(e, {**EVAL_KEYS, **EVAL_MULTI_TURN}) from None
         lm, prompts, scorer, engine = parts.lm, parts.prompts, parts.scorer, parts.engine
         try:
             what = f"{len(prompts)} prompts ({'' if args.no_greedy else 'greedy + '}{args.n} samples each)"
@@ -341,15 +348,18 @@ def _eval(args) -> int:
                 e = cfg.eval
                 res = evaluate(engine, lm.tokenizer, prompts, scorer, n=e.n, max_new_tokens=cfg.rollout.max_new_tokens,
                                temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, greedy=e.greedy,
-                               seed=cfg.trainer.seed,
+                               seed=cfg.trainer.seed, multi_turn=parts.multi_turn,
                                progress=_eval_progress(console, status, len(prompts)))
         finally:
             scorer.close()
+            if parts.environments is not None:
+                parts.environments.close()
     except UserError as e:
         return _user_error("eval", e)
     res.update({"model": args.model, "data": args.data, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k,
-                "max_new_tokens": args.max_new_tokens, "verifiers": cfg.reward.verifiers})
+                "max_new_tokens": args.max_new_tokens, "verifiers": cfg.reward.verifiers,
+                "tools": [t for t in args.tools.split(",") if t], "environment": args.environment})
     keys = [k for k in res["overall"] if k != "prompts"]
     t = Table(title=f"verirl eval: {args.model} on {args.data}, n={args.n}, T={args.temperature}")
     t.add_column("subset")
@@ -378,16 +388,29 @@ EVAL_KEYS = {"model": "model.path", "data": "eval.data", "size": "eval.size", "n
              "seed": "trainer.seed"}
 
 
+EVAL_MULTI_TURN = {"tools": "rollout.multi_turn.tools", "environment": "rollout.multi_turn.environment",
+                   "max_turns": "rollout.multi_turn.max_turns"}
+
+
 def eval_config(args):
     """The config `verirl eval`'s flags describe: the model in float32 on the default device, the built-in
-    task's held-out split for --data arith, the rules at equal weights."""
+    task's held-out split for --data arith (or another built-in task's name), the rules at equal weights;
+    with --tools or --environment, multi-turn episodes."""
     from verirl.config import load_config_dict
+    from verirl.data.tasks import TASKS
 
     values: dict = {}
     for dest, key in EVAL_KEYS.items():
         section, name = key.split(".")
         values.setdefault(section, {})[name] = getattr(args, dest)
-    values["eval"]["data"] = "" if args.data == "arith" else args.data
+    builtin = args.data in TASKS  # a built-in task by name: its held-out split
+    values["eval"]["data"] = "" if builtin else args.data
+    if builtin:
+        values["data"]["task"] = args.data
+    tools = [t for t in args.tools.split(",") if t]
+    if tools or args.environment:
+        values["rollout"]["multi_turn"] = {"enable": True, "tools": tools, "environment": args.environment,
+                                           "max_turns": args.max_turns}
     values["eval"]["greedy"] = not args.no_greedy
     values["reward"]["verifiers"] = [r for r in args.verifiers.split(",") if r]
     values["reward"].update(weights=[1.0] * len(values["reward"]["verifiers"]), tasks={})

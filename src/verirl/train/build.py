@@ -392,6 +392,8 @@ class EvalParts:
     prompts: list[Prompt]
     scorer: Scorer
     engine: Engine
+    multi_turn: Optional[MultiTurn] = None  # with tools or an environment: episodes on ``engine``
+    environments: Optional[object] = None  # their factory (close it)
 
 
 def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
@@ -405,11 +407,15 @@ def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
 
     data, reward, rollout = cfg.data, cfg.reward, cfg.rollout
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
+    envs = environments(cfg, lm.tokenizer)
+    tools = envs.schemas if envs is not None else None
     if cfg.eval.data:
         prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(data, too_long="filter")).prompts
+        if tools:
+            prompts = encode_prompts(prompts, lm.tokenizer, data.max_prompt_length, cfg.eval.data, "filter", tools)
     else:
         _, val = TASKS[data.task](data.seed, 0, cfg.eval.size)
-        prompts = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", "filter")
+        prompts = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", "filter", tools)
     if limit:
         prompts = prompts[:limit]
     if not prompts:
@@ -420,4 +426,6 @@ def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
         options = vllm_options(rollout, lm, cfg.model.dtype, dict(cfg.model.override_config), 256,
                                data.max_prompt_length + rollout.max_new_tokens, cfg.trainer.seed,
                                rollout.tensor_parallel_size or 1)
-    return EvalParts(lm, prompts, scorer, build_engine(rollout.engine, lm.model, lm.pad_id, lm.stop_ids, **options))
+    engine = build_engine(rollout.engine, lm.model, lm.pad_id, lm.stop_ids, **options)
+    return EvalParts(lm, prompts, scorer, engine, multi_turn(cfg, engine, lm.tokenizer, envs, lm.stop_ids, lm.pad_id),
+                     envs)
