@@ -58,7 +58,7 @@ class Rule(NamedTuple):
 LAYERS = [
     ("core", ("verirl.core",)),
     ("config", ("verirl.config",)),
-    ("rooms", ("verirl.models", "verirl.data", "verirl.rollout", "verirl.rewards", "verirl.sandbox")),
+    ("rooms", ("verirl.models", "verirl.data", "verirl.rollout", "verirl.rewards", "verirl.sandbox", "verirl.envs")),
     ("run", ("verirl.run",)),
     ("train", ("verirl.train",)),
     ("launch", ("verirl.launch",)),
