@@ -363,7 +363,10 @@ _child = 0
 def _stop(signum, frame) -> None:
     """SIGTERM (the caller's deadline, or its death): end the sandbox from outside it."""
     if _child:
-        os.kill(_child, signal.SIGKILL)
+        try:
+            os.kill(_child, signal.SIGKILL)
+        except ProcessLookupError:  # already gone (the pool kills the tree first): nothing to stop
+            pass
     else:
         os._exit(128 + signum)
 
