@@ -271,3 +271,30 @@ def _takes(engine, name: str) -> bool:
         return name in inspect.signature(engine.generate).parameters
     except (TypeError, ValueError):
         return False
+
+
+class ReplayedEpisodes:
+    """`MultiTurn`'s interface over a multi-turn dump (`rollout.engine=replay`): each step's episodes are the
+    dump's, token for token and mask for mask, with the answers, tool counts and environment rewards it
+    recorded; no tool or environment runs."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last_tool_seconds = self.last_hidden_seconds = 0.0
+        self.last_prefilled = 0
+
+    def generate(self, prompts: Sequence[Prompt], n: int, params: SamplingParams,
+                 positions: Optional[Sequence[int]] = None) -> Episodes:
+        positions = list(range(len(prompts))) if positions is None else list(positions)
+        rollout, records = self.engine.episodes([p.ids for p in prompts], n, params, positions)
+        episodes = []
+        for i, rec in enumerate(records):
+            p = prompts[i // n]
+            e = Episode(p, positions[i // n], i % n, None, rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist(),
+                        list(p.messages), segments=[list(s) for s in rec["segments"]], turns=rec["turns"],
+                        counts=Counter(rec["counts"]), answer=rec["answer"], stopped=bool(rollout.stopped[i]),
+                        done=True)
+            e.env_turns = sum(1 for role, _ in e.segments if role == "observation")
+            e.rewards = [rec["env_reward"]]
+            episodes.append(e)
+        return Episodes(rollout, [e.answer for e in episodes], episodes)

@@ -50,6 +50,7 @@ class DumpLine:
     label: str
     task: str
     stopped: Optional[bool]
+    episode: Optional[dict] = None  # a multi-turn episode's record: segments, turns, tool_counts, env_reward
 
 
 def _first(row: dict, keys: Sequence[str], default=None):
@@ -89,8 +90,26 @@ def read_dump(path: str) -> dict[int, list[DumpLine]]:
             steps.setdefault(int(step), []).append(DumpLine(
                 where, int(step), row.get("prompt_ids"), str(prompt), row.get("response_ids"), str(response),
                 str(_first(row, ("label", "gts", "answer"), "")), str(_first(row, ("task", "data_source"), "default")),
-                None if stopped is None else bool(stopped)))
+                None if stopped is None else bool(stopped), _episode(row, where)))
     return steps
+
+
+def _episode(row: dict, where: str) -> Optional[dict]:
+    """A multi-turn record's episode fields, checked: ``segments`` are [role, tokens] runs that cover
+    ``response_ids`` exactly."""
+    if "segments" not in row:
+        return None
+    segments, ids = row["segments"], row.get("response_ids")
+    ok = isinstance(segments, list) and all(
+        isinstance(s, list) and len(s) == 2 and s[0] in ("assistant", "observation") and isinstance(s[1], int)
+        and s[1] > 0 for s in segments)
+    if not ok or ids is None or sum(s[1] for s in segments) != len(ids):
+        raise DataError(f"{where}: a multi-turn record's segments must be [role, tokens] runs (role assistant or "
+                        f"observation) covering its response_ids exactly; this one has segments={str(segments)[:120]} "
+                        f"for {len(ids or [])} response ids. Replay a rollouts.jsonl that verirl wrote.")
+    return {"segments": [list(x) for x in segments], "turns": sum(1 for x in segments if x[0] == "assistant"),
+            "counts": dict(row.get("tool_counts") or {}), "env_reward": float(row.get("env_reward", 0.0)),
+            "answer": str(row.get("response", ""))}
 
 
 def dump_prompts(steps: dict[int, list[DumpLine]], n: int, tokenizer) -> list[Prompt]:
@@ -181,6 +200,43 @@ class ReplayEngine:
                             f"{line.step} ({sorted(decoded)[0][:80]!r}). Use the same data and order (and with the "
                             f"built-in task the same eval.size) as the dumped run, or rollout.replay_prompts=dump to "
                             f"take the dump's prompts.")
+
+    def episodes(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 prompt_index: Sequence[int]) -> tuple[Rollout, list[dict]]:
+        """A multi-turn dump's episodes for these prompts: the rollout with each episode's loss mask from its
+        segments (1 on the assistant's, 0 on the observations' tokens) and each episode's record
+        (`DumpLine.episode`). Nothing is run again: the tools' answers are the dump's."""
+        lines = self.steps.get(params.step)
+        if lines is None:
+            raise DataError(f"rollout.replay_path='{self.path}' has no responses for step {params.step}. Lower "
+                            f"trainer.total_steps, or resume no further.")
+        rows_p, chosen = [], []
+        for ids, g in zip(prompt_ids, prompt_index):
+            group = lines[g * n:(g + 1) * n]
+            if len(group) < n or any(line.episode is None for line in group):
+                raise DataError(f"rollout.replay_path='{self.path}': step {params.step} prompt {g}: no multi-turn "
+                                f"records for its {n} samples (a multi-turn replay needs the rollouts.jsonl of a "
+                                f"multi-turn run: records with segments).")
+            for line in group:
+                rows_p.append(list(line.prompt_ids if line.prompt_ids is not None else ids))
+                chosen.append(line)
+        p_ids, p_mask = left_pad(rows_p, self.pad_id, self.device)
+        width = max(1, max(len(x.response_ids) for x in chosen))
+        N = len(chosen)
+        tokens = torch.full((N, width), self.pad_id, dtype=torch.long)
+        mask, loss = torch.zeros((N, width), dtype=torch.long), torch.zeros((N, width), dtype=torch.long)
+        for i, line in enumerate(chosen):
+            k = len(line.response_ids)
+            tokens[i, :k] = torch.as_tensor(line.response_ids, dtype=torch.long)
+            mask[i, :k] = 1
+            at = 0
+            for role, length in line.episode["segments"]:
+                loss[i, at:at + length] = 1 if role == "assistant" else 0
+                at += length
+        stopped = torch.tensor([bool(line.stopped) for line in chosen])
+        rollout = Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), loss.to(self.device),
+                          stopped.to(self.device))
+        return rollout, [line.episode for line in chosen]
 
     def _response(self, line: DumpLine, max_new_tokens: int) -> list[int]:
         """The response's ids, at most ``max_new_tokens`` and up to its first stop token, with the EOS a

@@ -389,10 +389,6 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
     mt, r = cfg.rollout.multi_turn, cfg.rollout
     if not mt.enable:
         return
-    if r.engine == "replay":
-        raise ConfigError("rollout.multi_turn.enable=true with rollout.engine=replay: replaying multi-turn episodes is "
-                          "not built yet (a dump's episodes would be trained without running their tools again). Use "
-                          "rollout.engine=native or vllm.")
     if r.engine == "vllm" and rollout_tensor_parallel(cfg) > 1:
         raise ConfigError(f"rollout.multi_turn.enable=true with rollout.engine=vllm at rollout.tensor_parallel_size="
                           f"{rollout_tensor_parallel(cfg)}: a tensor-parallel vLLM engine takes its group's prompts "
@@ -405,7 +401,7 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
                               f"multi-turn episode's response (every turn and observation after the prompt) is at "
                               f"most rollout.max_new_tokens tokens, which the log-prob passes and the update are "
                               f"laid out for. Raise rollout.max_new_tokens to {v}, or lower {key}.")
-    if not mt.tools and not mt.environment:
+    if not mt.tools and not mt.environment and r.engine != "replay":  # a replay runs no tool
         raise ConfigError("rollout.multi_turn.enable=true but neither rollout.multi_turn.tools nor "
                           "rollout.multi_turn.environment is set: the model would have nothing to call. Give tools "
                           "(e.g. rollout.multi_turn.tools=[calculator]) or an environment (file.py:Class).")

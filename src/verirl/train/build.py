@@ -26,7 +26,7 @@ from verirl.models.device import compute_dtype, resolve_device
 from verirl.config.layout import reward_workers_per_rank, rollout_tensor_parallel, threads_per_rank
 from verirl.rewards import Scorer
 from verirl.rollout import Engine, SamplingParams, build_engine
-from verirl.rollout.multiturn import MultiTurn, TurnLimits
+from verirl.rollout.multiturn import MultiTurn, ReplayedEpisodes, TurnLimits
 from verirl.rollout.render import TurnRenderer
 from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
@@ -196,9 +196,10 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
 
 
 def environments(cfg: Config, tokenizer, hide: tuple[str, ...] = ()):
-    """rollout.multi_turn's tools and environment (`verirl.envs.build_environments`), or None when off."""
+    """rollout.multi_turn's tools and environment (`verirl.envs.build_environments`), or None when off (and
+    when a multi-turn dump is replayed: nothing runs)."""
     mt = cfg.rollout.multi_turn
-    if not mt.enable:
+    if not mt.enable or cfg.rollout.engine == "replay":
         return None
     from verirl.envs import build_environments
 
@@ -216,7 +217,10 @@ def turn_limits(cfg: Config) -> TurnLimits:
 
 
 def multi_turn(cfg: Config, engine: Engine, tokenizer, envs, stop_ids: list[int], pad_id: int) -> Optional[MultiTurn]:
-    """The multi-turn loop on the rollout engine, or None for single-turn rollouts."""
+    """The multi-turn loop on the rollout engine (a multi-turn dump's episodes with the replay engine), or
+    None for single-turn rollouts."""
+    if cfg.rollout.multi_turn.enable and cfg.rollout.engine == "replay":
+        return ReplayedEpisodes(engine)
     if envs is None:
         return None
     return MultiTurn(engine, tokenizer, TurnRenderer(tokenizer, envs.schemas), envs.new, turn_limits(cfg), stop_ids,
