@@ -1236,3 +1236,277 @@ def test_mindspeed_dapo_keys_that_need_a_decision():
     assert r.get("reward.overlong_buffer.enable") is True  # the rule reward adds it in any stage
     r = convert("mindspeed-rl", MSRL, DAPO + [f"{RL}filter_groups_max_batches=0"])
     assert r.get("algo.filter_groups.max_num_gen_batches") == 0
+
+
+# ---------------------------------------------------------------- multi-turn rollouts with tools
+
+MTK, AGENT, SAMP = R + "multi_turn.", R + "agent.", GEN + "sampling_config."
+TOOLS_YAML = """tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: calc_gsm8k_reward
+        description: A tool for calculating the reward of gsm8k.
+        parameters: {type: object, properties: {answer: {type: string, description: the answer}}, required: [answer]}
+"""
+FUNCTION_TOOLS = '''from verl.tools.function_tool import function_tool
+
+
+@function_tool
+def get_weather(city: str) -> dict:
+    """Get the current weather for a city.
+
+    Args:
+        city: The city to look up.
+    """
+    return {"city": city}
+
+
+@function_tool("web_search")
+def search(query: str) -> str:
+    """Search the web.
+
+    Args:
+        query: What to look for.
+    """
+    return query
+
+
+@function_tool
+async def fetch_url(url: str) -> str:
+    """Fetch a URL.
+
+    Args:
+        url: The URL.
+    """
+    return url
+
+
+def helper(x: int) -> int:
+    return x
+'''
+
+
+@pytest.fixture
+def tools_yaml(tmp_path):
+    path = tmp_path / "tool_config.yaml"
+    path.write_text(TOOLS_YAML)
+    return str(path)
+
+
+def _verl_multi_turn(tools_yaml, *more):
+    return convert("verl", VERL, [f"+{MTK}enable=true", f"+{MTK}tool_config_path={tools_yaml}", *more])
+
+
+def test_verl_multi_turn_keys_become_rollout_multi_turn(tools_yaml):
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}max_assistant_turns=5", f"+{MTK}max_user_turns=3",
+                         f"+{MTK}max_tool_response_length=1200", f"+{MTK}format=hermes",
+                         f"+{MTK}tokenization_sanity_check_mode=ignore_strippable", f"+{MTK}num_repeat_rollouts=2")
+    assert r.get("rollout.multi_turn") == {
+        "enable": True, "tools": [tools_yaml], "max_turns": 5, "max_env_turns": 3,
+        "max_tool_response_chars": 1200,  # veRL's max_tool_response_length counts characters
+        "max_tool_response_tokens": 4096,  # no token cap in veRL: the response length bounds the episode
+        "parser": "hermes"}
+    for key, targets in ((MTK + "enable", ["rollout.multi_turn.enable"]),
+                         (MTK + "tool_config_path", ["rollout.multi_turn.tools"]),
+                         (MTK + "max_assistant_turns", ["rollout.multi_turn.max_turns"]),
+                         (MTK + "max_user_turns", ["rollout.multi_turn.max_env_turns"]),
+                         (MTK + "format", ["rollout.multi_turn.parser"])):
+        assert (r.row(key).status, r.row(key).targets) == ("translated", targets), key
+    row = r.row(MTK + "max_tool_response_length")
+    assert row.status == "translated" and "characters" in row.note
+    assert row.targets == ["rollout.multi_turn.max_tool_response_chars", "rollout.multi_turn.max_tool_response_tokens"]
+    assert r.row(MTK + "tokenization_sanity_check_mode").status == "ignored"
+    assert "never re-tokenizes" in r.row(MTK + "tokenization_sanity_check_mode").note
+    assert r.row(MTK + "num_repeat_rollouts").status == "ignored"
+    # veRL's defaults the translation used: rows marked default
+    chat = r.row(MTK + "use_inference_chat_template")
+    assert (chat.origin, chat.status) == ("default", "translated") and "token ids the rollout recorded" in chat.note
+    for key, what in ((MTK + "tool_response_truncate_side", "first N/2 and the last N/2"),
+                      (MTK + "max_parallel_calls", "only the first tool call")):
+        assert (r.row(key).origin, r.row(key).status) == ("default", "decide") and what in r.row(key).note
+    assert any(tools_yaml in c and "class_name" in c for c in r.checks)
+    assert any("agent_name" in c for c in r.checks)
+    # veRL's vLLM engine over 2 devices: verirl's multi-turn loop decodes with one vLLM engine per rank
+    tp = r.row(R + "tensor_model_parallel_size")
+    assert r.get("rollout.tensor_parallel_size") == 1 and tp.status == "decide" and "row by row" in tp.note
+    cfg = _checked(r)
+    assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.max_tool_response_chars == 1200
+
+
+def test_verl_multi_turn_null_limits_are_the_response_length(tools_yaml):
+    """veRL's null (or 0) max_assistant_turns is no limit but the response length: one turn samples at least one
+    token, so max_turns = rollout.max_new_tokens is the same bound; null max_user_turns is verirl's 0 (= max_turns)."""
+    r = _verl_multi_turn(tools_yaml)
+    assert r.get("rollout.multi_turn.max_turns") == 4096 and r.get("rollout.multi_turn.max_env_turns") is None
+    assert r.row(MTK + "max_assistant_turns").origin == "default"
+    assert r.row(MTK + "max_user_turns").status == "translated" and "null" in r.row(MTK + "max_user_turns").note
+    assert r.get("rollout.multi_turn.max_total_tokens") is None  # 0 = rollout.max_new_tokens, veRL's response length
+    assert "whole episode" in r.row("data.max_response_length").note
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}max_assistant_turns=0", "data.max_response_length=1024")
+    assert r.get("rollout.multi_turn.max_turns") == 1024  # veRL tests the limit for truth: 0 is none
+
+
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+def test_verl_tool_response_cut_side_is_a_decision(tools_yaml, side):
+    """veRL's sides swapped between volcengine/verl (January 2026) and verl-project/verl (1dda039b); verirl keeps the
+    first characters."""
+    row = _verl_multi_turn(tools_yaml, f"+{MTK}tool_response_truncate_side={side}").row(
+        MTK + "tool_response_truncate_side")
+    assert row.status == "decide" and "first rollout.multi_turn.max_tool_response_chars" in row.note
+    assert ("1dda039b" in row.note) == (side != "middle")
+
+
+@pytest.mark.parametrize("fmt,status,parser", [("hermes", "translated", "hermes"),
+                                               ("llama3_json", "translated", "llama3"),
+                                               ("gpt-oss", "decide", None), ("qwen3_coder", "decide", None)])
+def test_verl_tool_call_formats(tools_yaml, fmt, status, parser):
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}format={fmt}")
+    assert r.row(MTK + "format").status == status and r.get("rollout.multi_turn.parser") == parser
+    if parser is None:
+        assert "auto" in r.row(MTK + "format").note
+
+
+def test_verl_tool_agent_loop_turns_multi_turn_on(tools_yaml):
+    """veRL's agent loop picks the tool agent by name: default_agent_loop=tool_agent runs it on every row, with or
+    without multi_turn.enable; an agent loop of the user's own is verirl's environment class."""
+    r = convert("verl", VERL, [f"+{AGENT}default_agent_loop=tool_agent", f"+{MTK}tool_config_path={tools_yaml}"])
+    assert r.get("rollout.multi_turn.enable") is True
+    assert r.row(AGENT + "default_agent_loop").targets == ["rollout.multi_turn.enable"]
+    r = convert("verl", VERL, [f"+{AGENT}default_agent_loop=my_agent", f"+{AGENT}agent_loop_config_path=loops.yaml"])
+    for key in (AGENT + "default_agent_loop", AGENT + "agent_loop_config_path"):
+        assert r.row(key).status == "decide" and "rollout.multi_turn.environment" in r.row(key).note
+    assert r.get("rollout.multi_turn.enable") is None
+    r = convert("verl", VERL, [f"+{AGENT}default_agent_loop=single_turn_agent", f"+{AGENT}num_workers=8"])
+    assert r.row(AGENT + "default_agent_loop").status == "ignored" and r.row(AGENT + "num_workers").status == "ignored"
+
+
+def test_verl_function_tool_path_names_each_function(tools_yaml, tmp_path):
+    """multi_turn.function_tool_path (verl-project/verl, 2026): the file's @function_tool functions, read as source,
+    each a verirl tool file.py:function; a renamed or async one needs a decision."""
+    path = tmp_path / "function_tools.py"
+    path.write_text(FUNCTION_TOOLS)
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}function_tool_path={path}", f"+data.function_tool_path={path}")
+    assert r.get("rollout.multi_turn.tools") == [tools_yaml, f"{path}:get_weather", f"{path}:search"]
+    row = r.row(MTK + "function_tool_path")
+    assert row.status == "decide" and "get_weather, search" in row.note
+    assert "'web_search'" in row.note and "fetch_url" in row.note  # renamed; async (left out)
+    assert r.row("data.function_tool_path").status == "translated"  # the same file: the prompt's tools
+    assert any("veRL must be installed" in c for c in r.checks)
+    r = convert("verl", VERL, [f"+{MTK}enable=true", f"+{MTK}function_tool_path=/other/machine/tools.py"])
+    assert r.row(MTK + "function_tool_path").status == "decide" and "cannot be read here" in r.row(
+        MTK + "function_tool_path").note
+    assert r.get("rollout.multi_turn.enable") is None  # nothing verirl can call: left off, said so
+    assert "nothing to call" in r.row(MTK + "enable").note
+
+
+def test_verl_multi_turn_choices_the_user_makes(tools_yaml):
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}use_inference_chat_template=true",
+                         f"+{MTK}interaction_config_path=interaction.yaml", f"+{MTK}max_tool_response_length=0")
+    assert r.row(MTK + "use_inference_chat_template").status == "decide"
+    assert "never re-rendered" in r.row(MTK + "use_inference_chat_template").note
+    inter = r.row(MTK + "interaction_config_path")
+    assert inter.status == "decide" and "rollout.multi_turn.environment=file.py:Class" in inter.note
+    assert r.row(MTK + "max_tool_response_length").status == "decide"
+    assert r.get("rollout.multi_turn.max_tool_response_chars") is None
+    # an older veRL's max_turns, before max_assistant_turns / max_user_turns
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}max_turns=8")
+    assert r.get("rollout.multi_turn.max_turns") == 8 and r.row(MTK + "max_turns").status == "decide"
+
+
+def test_verl_tool_configs_with_and_without_multi_turn(tools_yaml):
+    """data.tool_config_path (veRL's prompts list these tools) with multi-turn off: no tool runs there, and verirl
+    shows tools only in multi-turn episodes; with multi-turn on and the same file: the same tools."""
+    r = convert("verl", VERL, [f"+data.tool_config_path={tools_yaml}"])
+    assert r.row("data.tool_config_path").status == "decide" and r.get("rollout.multi_turn.enable") is None
+    r = _verl_multi_turn(tools_yaml, f"+data.tool_config_path={tools_yaml}")
+    assert r.row("data.tool_config_path").status == "translated"
+    r = _verl_multi_turn(tools_yaml, "+data.tool_config_path=other.yaml")
+    assert r.row("data.tool_config_path").status == "decide"
+    r = convert("verl", VERL, [f"+{MTK}enable=false", f"+{MTK}max_assistant_turns=5", "+data.tool_config_path=null"])
+    for key in (MTK + "enable", MTK + "max_assistant_turns", "data.tool_config_path"):
+        assert r.row(key).status == "ignored", key
+    assert r.get("rollout.multi_turn") is None
+
+
+def test_verl_multi_turn_key_of_another_version_is_unknown_when_on(tools_yaml):
+    r = _verl_multi_turn(tools_yaml, f"+{MTK}use_xml_tool_parser=true")
+    assert r.row(MTK + "use_xml_tool_parser").status == "unknown"
+    off = convert("verl", VERL, [f"+{MTK}use_xml_tool_parser=true"])
+    assert off.row(MTK + "use_xml_tool_parser").status == "ignored"  # multi-turn is off
+
+
+def test_converted_multi_turn_yaml_passes_plan(tools_yaml, tmp_path, capsys):
+    """A veRL multi-turn config with a tool config converts to a verirl config that `verirl plan` takes (its model,
+    data and engine pointed at this machine's)."""
+    out = tmp_path / "multi_turn.yaml"
+    assert main(["convert-config", "--from", "verl", VERL, f"+{MTK}enable=true", f"+{MTK}max_assistant_turns=4",
+                 f"+{MTK}tool_config_path={tools_yaml}", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert f"tools: [{tools_yaml}]  # <- {MTK}tool_config_path" in text and f"enable: true  # <- {MTK}enable" in text
+    capsys.readouterr()
+    here = ["model.path=tiny", "data.train_path=''", "eval.data=''", "reward.verifiers=[acc]", "reward.weights=[1.0]",
+            "rollout.engine=native", f"trainer.run_dir={tmp_path / 'run'}"]
+    assert main(["plan", "--config", str(out), *here]) == 0, capsys.readouterr().err
+    cfg = load_config(str(out), here)
+    assert (cfg.rollout.multi_turn.enable, cfg.rollout.multi_turn.tools, cfg.rollout.multi_turn.max_turns) == (
+        True, [tools_yaml], 4)
+
+
+def _mindspeed_multi_turn(*more):
+    return convert("mindspeed-rl", MSRL, [f"+{RL}multi_turn_enable=true",
+                                          f"+{RL}tool_config_path=./configs/tools/retool_config.yaml", *more])
+
+
+def test_mindspeed_multi_turn_keys_become_rollout_multi_turn():
+    r = _mindspeed_multi_turn(f"+{RL}max_tool_calls=3", f"+{RL}max_parallel_calls=1",
+                              f"+{RL}max_total_response_length=8192", f"+{RL}max_tool_response_length=512",
+                              f"+{RL}tool_response_truncate_side=left", f"+{RL}tool_parser_format=hermes")
+    assert r.get("rollout.multi_turn") == {
+        "enable": True, "tools": ["./configs/tools/retool_config.yaml"],
+        "max_env_turns": 3, "max_turns": 4,  # 3 rounds of tool calls, then the answer
+        "max_tool_response_chars": 512, "max_tool_response_tokens": 8192, "parser": "hermes"}
+    # the episode's response (turns and tool responses) is capped by max_total_response_length, not max_tokens
+    assert r.get("rollout.max_new_tokens") == 8192 and r.out_from["rollout.max_new_tokens"] == [
+        RL + "max_total_response_length"]
+    assert "max_total_response_length" in r.row(SAMP + "max_tokens").note
+    for key in ("multi_turn_enable", "tool_config_path", "max_tool_calls", "max_total_response_length",
+                "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"):
+        assert r.row(RL + key).status == "translated", key
+    assert r.row(RL + "max_parallel_calls").status == "decide"
+    assert "ends MindSpeed-RL's episode" in r.row(RL + "tool_config_path").note
+    assert any("ChatML" in c for c in r.checks) and any("retool_config.yaml" in c for c in r.checks)
+    # MindSpeed-RL's vLLM engine over 4 devices: one vLLM engine per rank in verirl's multi-turn loop
+    tp = r.row(GEN + "infer_tensor_parallel_size")
+    assert r.get("rollout.tensor_parallel_size") == 1 and tp.status == "decide"
+    _checked(r)
+
+
+def test_mindspeed_multi_turn_defaults_and_decisions():
+    """MindSpeed-RL's defaults (rl_config.py): max_tool_calls 0 runs no tool (one turn), max_parallel_calls 0 answers
+    none, max_tool_response_length 0 cuts every response; a total under max_tokens it refuses."""
+    r = _mindspeed_multi_turn(f"+{RL}max_total_response_length=4096")
+    assert r.get("rollout.multi_turn.max_turns") == 1 and r.get("rollout.multi_turn.max_env_turns") is None
+    assert r.row(RL + "max_tool_calls").origin == "default"
+    for key in ("max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"):
+        assert (r.row(RL + key).origin, r.row(RL + key).status) == ("default", "decide"), key
+    r = _mindspeed_multi_turn(f"+{RL}max_total_response_length=1024")  # < max_tokens 4096
+    assert r.row(RL + "max_total_response_length").status == "decide" and r.get("rollout.max_new_tokens") == 4096
+    r = _mindspeed_multi_turn(f"+{RL}max_total_response_length=4096", f"+{RL}tool_response_truncate_side=right")
+    assert r.row(RL + "tool_response_truncate_side").status == "decide"
+    r = convert("mindspeed-rl", MSRL, [f"+{RL}multi_turn_enable=true"])  # no tool config
+    assert r.row(RL + "multi_turn_enable").status == "decide" and r.get("rollout.multi_turn.enable") is None
+    r = convert("mindspeed-rl", MSRL, [f"+{RL}multi_turn_enable=false", f"+{RL}max_tool_calls=2"])
+    assert r.row(RL + "multi_turn_enable").status == "translated" and r.row(RL + "max_tool_calls").status == "ignored"
+    r = _mindspeed_multi_turn(f"+{RL}max_total_response_length=4096", f"+{RL}tool_timeout=30")
+    assert r.row(RL + "tool_timeout").status == "unknown"
+
+
+def test_tool_formats_are_verirl_parsers():
+    from verirl.config.schema import MultiTurnConfig  # noqa: F401  (the key exists)
+
+    parsers = pytest.importorskip("verirl.envs.parsers").PARSERS
+    for module in (convert_verl, convert_mindspeed):
+        assert set(module.TOOL_FORMATS.values()) <= set(parsers), module.__name__

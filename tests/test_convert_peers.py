@@ -1,6 +1,7 @@
 """`verirl convert-config` on the peers' own files (tests/fixtures/convert/: excerpts of veRL at 1dda039b,
-verl-recipe at 48ea0a79 and MindSpeed-RL at 05a90d77, cited at the top of each): every key classified, none
-unknown, the values the peers compute with, and the notes true to the file."""
+verl-recipe at 48ea0a79 and MindSpeed-RL at 05a90d77, veRL's multi-turn examples at volcengine/verl b178a3cd, cited
+at the top of each): every key classified, none unknown, the values the peers compute with, and the notes true to
+the file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,6 +23,10 @@ MS_DAPO = str(FIXTURES / "mindspeed_dapo_qwen25_32b_A3.yaml")
 MS_R1 = str(FIXTURES / "mindspeed_grpo_deepseek_r1_671b_A2.yaml")
 MS_MULTI_TURN = str(FIXTURES / "mindspeed_dapo_qwen25_7b_A2_multi_turn.yaml")
 MS_COMPOSED = str(FIXTURES / "mindspeed_grpo_qwen25_7b_A3_composed.yaml")
+VERL_GSM8K = str(FIXTURES / "verl_gsm8k_multiturn_grpo.yaml")
+VERL_INTERACTION = str(FIXTURES / "verl_gsm8k_multiturn_grpo_w_interaction.yaml")
+GSM8K_TOOLS = str(FIXTURES / "verl_gsm8k_tool_config.yaml")
+VERL_FUNCTION_TOOLS = str(FIXTURES / "verl_function_tool_examples.py")
 A, R, RL = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "rl_config."
 # what veRL's generated config leaves to the run script (its example scripts set these for GRPO)
 GRPO = ["algorithm.adv_estimator=grpo", R + "n=4", "trainer.total_training_steps=10"]
@@ -32,7 +37,7 @@ def _verl_head(*overrides: str):
 
 
 @pytest.mark.parametrize("fmt,path,overrides", [
-    ("verl", VERL_HEAD, GRPO), ("verl", DAPO_RECIPE, GRPO),
+    ("verl", VERL_HEAD, GRPO), ("verl", DAPO_RECIPE, GRPO), ("verl", VERL_GSM8K, GRPO), ("verl", VERL_INTERACTION, GRPO),
     ("mindspeed-rl", MS_LORA, []), ("mindspeed-rl", MS_DAPO, []), ("mindspeed-rl", MS_R1, []),
     ("mindspeed-rl", MS_MULTI_TURN, []), ("mindspeed-rl", MS_COMPOSED, [])])
 def test_peer_files_convert_with_no_unknown_key(fmt, path, overrides):
@@ -164,9 +169,53 @@ def test_verl_legacy_reward_manager_wins_without_a_spurious_decision():
 def test_verl_multi_turn_keys_are_not_off_when_it_is_on():
     result = _verl_head(f"+{R}multi_turn.enable=true", f"+{R}multi_turn.max_user_turns=3",
                         "+data.tool_config_path=tools.yaml")
-    assert result.row(R + "multi_turn.enable").status == "decide"
+    assert result.row(R + "multi_turn.enable").status == "decide"  # no tool verirl can call: left off, said so
+    assert "nothing to call" in result.row(R + "multi_turn.enable").note
+    assert result.get("rollout.multi_turn.max_env_turns") == 3
     for key in (R + "multi_turn.max_user_turns", "data.tool_config_path"):
         assert "off" not in result.row(key).note
+
+
+def test_verl_gsm8k_multi_turn_example():
+    """veRL's examples/sglang_multiturn: gsm8k_multiturn_grpo.yaml run by run_qwen2.5-3b_gsm8k_multiturn.sh (its
+    multi-turn and rollout overrides), the tool config its script names."""
+    script = ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_response_length=1024",
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct", A + "ppo_mini_batch_size=256",
+              R + "tensor_model_parallel_size=1", R + "name=sglang", R + "gpu_memory_utilization=0.85",
+              R + "multi_stage_wake_up=True", R + "n=16", R + "over_sample_rate=0.1", R + "mode=async",
+              f"{R}multi_turn.tool_config_path={GSM8K_TOOLS}"]
+    result = convert("verl", VERL_GSM8K, script)
+    assert [r.key for r in result.by_status("unknown")] == []
+    assert result.get("rollout.multi_turn") == {
+        "enable": True, "max_turns": 5, "tools": [GSM8K_TOOLS], "max_tool_response_chars": 256,
+        "max_tool_response_tokens": 1024, "parser": "hermes"}
+    assert result.get("rollout.engine") == "native"  # sglang: verirl's native engine
+    assert result.row(R + "multi_turn.max_tool_response_length").origin == "default"
+    assert result.row(R + "multi_turn.max_assistant_turns").origin == "file"
+    load_config_dict(result.config)
+
+
+def test_verl_interaction_example_needs_an_environment():
+    """gsm8k_multiturn_grpo_w_interaction.yaml with its script's interaction_config_path: veRL's user simulator, no
+    tools; verirl's equivalent is an environment class."""
+    inter = "examples/sglang_multiturn/config/interaction_config/gsm8k_interaction_config.yaml"
+    result = convert("verl", VERL_INTERACTION, [*GRPO, f"{R}multi_turn.interaction_config_path={inter}"])
+    row = result.row(R + "multi_turn.interaction_config_path")
+    assert row.status == "decide" and "rollout.multi_turn.environment" in row.note
+    assert result.row(R + "multi_turn.enable").status == "decide" and result.get("rollout.multi_turn.enable") is None
+    assert result.get("rollout.multi_turn.max_env_turns") == 5  # max_user_turns: 5
+
+
+def test_verl_function_tool_examples_of_veRL():
+    """verl-project/verl's own @function_tool examples (tests/experimental/agent_loop/function_tool_examples.py): the
+    two plain functions become verirl tools, the async one needs a decision."""
+    result = _verl_head(f"+{R}multi_turn.enable=true", f"{R}multi_turn.function_tool_path={VERL_FUNCTION_TOOLS}")
+    assert result.get("rollout.multi_turn.tools") == [f"{VERL_FUNCTION_TOOLS}:get_weather",
+                                                      f"{VERL_FUNCTION_TOOLS}:calculator"]
+    row = result.row(R + "multi_turn.function_tool_path")
+    assert row.status == "decide" and "fetch_url" in row.note and "async" in row.note
+    assert result.row("data.function_tool_path").status == "translated"  # veRL's interpolation of the same file
+    assert [r.key for r in result.by_status("unknown")] == []
 
 
 def test_mindspeed_lora_needs_a_decision():
@@ -255,9 +304,24 @@ def test_mindspeed_kl_and_multi_turn_notes_follow_the_file():
         "megatron_training.seed").note
     assert "clamp" not in convert("mindspeed-rl", MS_R1).row(RL + "kl_penalty").note  # kl_penalty: kl
     result = convert("mindspeed-rl", MS_MULTI_TURN)  # multi_turn_enable: true
-    assert result.row(RL + "multi_turn_enable").status == "decide"
     for key in (RL + "tool_config_path", RL + "max_tool_calls"):
         assert "off" not in result.row(key).note
+
+
+def test_mindspeed_multi_turn_example():
+    """configs/dapo_qwen25_7b_A2_multi_turn.yaml (ReTool): max_tool_calls 1, max_total_response_length 2048,
+    max_tool_response_length 256 (characters), middle, hermes."""
+    result = convert("mindspeed-rl", MS_MULTI_TURN)
+    assert result.get("rollout.multi_turn") == {
+        "enable": True, "tools": ["./configs/tools/retool_config.yaml"], "max_env_turns": 1, "max_turns": 2,
+        "max_tool_response_chars": 256, "max_tool_response_tokens": 2048, "parser": "hermes"}
+    assert result.get("rollout.max_new_tokens") == 2048  # max_total_response_length: the episode's response
+    for key in ("multi_turn_enable", "tool_config_path", "max_tool_calls", "max_total_response_length",
+                "max_tool_response_length", "tool_parser_format"):
+        assert result.row(RL + key).status == "translated", key
+    for key in ("max_parallel_calls", "tool_response_truncate_side"):
+        assert result.row(RL + key).status == "decide", key
+    assert result.row(RL + "verifier_function").status == "decide"  # retool_reward: no verirl rule
 
 
 def test_overrides_after_the_options(tmp_path):

@@ -116,6 +116,7 @@ class Direct:
 class Options:
     train_rows: Optional[int] = None
     mindspeed_rl_version: str = "auto"
+    source: Optional[str] = None  # the source file (relative paths it names may be read from its folder)
 
 
 class Translation:
@@ -193,6 +194,12 @@ class Translation:
         """No verirl equivalent is needed; only a key the source holds gets a row."""
         if self.given(key):
             self._status(key, "ignored", why)
+
+    def unknown(self, key: str, why: str) -> None:
+        """A key of a section the translation reads that it does not know (finish would take it for a key of a
+        switched-off feature)."""
+        if not self._row(key).status:
+            self._status(key, "unknown", why)
 
     def note(self, key: str, text: str) -> None:
         if key in self.rows:
@@ -343,6 +350,36 @@ def fit_pipeline(t: Translation, keys: Sequence[str]) -> None:
                    f"{response}{share} = {budget} tokens written, micro-batches of at least {micro} sequence"
                    f"{'' if micro == 1 else 's'}; verirl's gradient accumulation is exact, so how a mini-batch is "
                    f"cut changes no gradient (docs/algorithms.md); a larger budget packs more per micro-batch")
+
+
+# ---------------------------------------------------------------- multi-turn rollouts (both formats)
+
+def fit_multi_turn(t: Translation, peer: str) -> None:
+    """What rollout.multi_turn.enable needs of the rest of the converted config: verirl's multi-turn loop keys
+    each turn row by row, so a vLLM engine decodes on one rank (rollout.tensor_parallel_size 1)."""
+    if not t.out.get("rollout.multi_turn.enable") or t.out.get("rollout.engine") != "vllm":
+        return
+    size = int(t.out.get("rollout.tensor_parallel_size", 0) or 0) or int(t.out.get("actor.tensor_parallel_size", 1))
+    if size <= 1:
+        return
+    keys = t.out_from.get("rollout.tensor_parallel_size") or t.out_from.get("actor.tensor_parallel_size", [])
+    why = (f"{peer}'s vLLM engine decoded the multi-turn episodes over {size} devices; verirl's multi-turn loop "
+           f"keys each turn row by row, which a tensor-parallel vLLM engine (its group's prompts taken together) "
+           f"cannot: rollout.tensor_parallel_size=1 written, each rank decodes with the whole weights, so the "
+           f"model must fit one device's rollout.gpu_memory_utilization (else rollout.engine=native, which "
+           f"decodes on the actor's tensor-parallel plan)")
+    t.put("rollout.tensor_parallel_size", 1, *keys, note=why)
+    for key in keys:
+        t.decide(key, why)
+
+
+def tool_config_check(path: str, peer: str) -> str:
+    """The check line for a tool config YAML (veRL's format: tools: - class_name, config, tool_schema) that
+    becomes rollout.multi_turn.tools."""
+    return (f"rollout.multi_turn.tools: the tool config {path} is the other machine's path (a relative path is read "
+            f"from the directory verirl runs in): copy it, and check that each class_name it names imports here "
+            f"({peer}'s own tool classes need {peer} installed, docs/agents.md); a tool call's deadline is "
+            f"rollout.multi_turn.tool_timeout_s (10 s), a tool's own timeouts in its config are the tool's")
 
 
 # ---------------------------------------------------------------- reading the source
@@ -533,7 +570,7 @@ def convert(source_format: str, file: Optional[str], overrides: Sequence[str] = 
         raise ConfigError(f"--train-rows {train_rows}: give the number of training rows, a positive integer.")
     module = importlib.import_module(FORMATS[source_format])
     values, origins = read_source(file, overrides, dict(module.DEFAULTS))
-    t = Translation(values, origins, dict(module.DEFAULTS), Options(train_rows, mindspeed_rl_version))
+    t = Translation(values, origins, dict(module.DEFAULTS), Options(train_rows, mindspeed_rl_version, file))
     try:
         module.translate(t)
     except (TypeError, ValueError) as e:

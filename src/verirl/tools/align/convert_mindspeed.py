@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, model_parallel_fits, peer_tables,
-                                       pipeline_stages)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
+                                       peer_tables, pipeline_stages, tool_config_check)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -41,6 +41,9 @@ VLLM_DEFAULTS: dict[str, Any] = _TABLES["vllm_defaults"]
 NO_RULE: dict[str, str] = _TABLES["no_rule"]
 # Model numerics MindSpeed-RL may set in its own yaml: Megatron's name -> config.json's name.
 NUMERICS: dict[str, str] = _TABLES["numerics"]
+# rl_config.tool_parser_format (its ToolParser registry, mindspeed_rl/tools/utils/tool_parser.py) -> verirl's
+# rollout.multi_turn.parser of the same call format.
+TOOL_FORMATS: dict[str, str] = _TABLES["tool_formats"]
 # (glob, why) for the keys verirl needs no equivalent of; the first match wins. Keys under megatron_training and
 # actor_config share one list (the actor reads both).
 IGNORED: list[tuple[str, str]] = [*[(prefix + glob, why) for prefix in (MT, AC) for glob, why in
@@ -406,13 +409,133 @@ def _algo(t: Translation, stage: str, version: str) -> None:
            "(algo.rollout_correction.rollout_rs sequence, 3.0): rollout_is and rollout_rs null written")
     _dynamic_sampling(t, stage)
     _overlong(t)
-    if t.get(RL + "multi_turn_enable", False):
-        t.decide(RL + "multi_turn_enable", "multi-turn rollouts with tools: not available in verirl")
-        for key in [k for k in t.values if k.startswith((RL + "tool_", RL + "max_tool_")) or k in (
-                RL + "max_parallel_calls", RL + "max_total_response_length")]:
-            t.ignore(key, "part of the multi-turn tool setup, which needs a decision (multi_turn_enable)")
     if t.given(RL + "shuffle_mini_batch") and t.get(RL + "shuffle_mini_batch"):
         t.decide(RL + "shuffle_mini_batch", "MindSpeed-RL shuffles each step's mini-batches: verirl keeps their order")
+
+
+MULTI_TURN = tuple(RL + k for k in ("tool_config_path", "max_tool_calls", "max_parallel_calls",
+                                     "max_total_response_length", "max_tool_response_length",
+                                     "tool_response_truncate_side", "tool_parser_format"))
+
+
+def _multi_turn(t: Translation) -> None:
+    """MindSpeed-RL's multi-turn rollouts with tools (ActorHybridWorker.async_multi_turn_rollout and
+    mindspeed_rl/tools/utils/tool_utils.py, read with multi_turn_enable) become rollout.multi_turn: the turns and
+    the tools' responses one token sequence, the responses loss-masked, in both."""
+    en = RL + "multi_turn_enable"
+    if _switched_off(t, en, MULTI_TURN, "single-turn rollouts"):
+        return
+    path = t.get(RL + "tool_config_path", None)
+    if not path:
+        t.decide(en, "multi-turn rollouts without rl_config.tool_config_path (MindSpeed-RL fails to load its tools): "
+                     "verirl refuses rollout.multi_turn.enable with nothing to call, so it is left false; give "
+                     "rollout.multi_turn.tools and set rollout.multi_turn.enable=true")
+    else:
+        t.put("rollout.multi_turn.enable", True, en,
+              note="MindSpeed-RL's multi-turn rollout: the model's turns and the tools' responses are one token "
+                   "sequence, the responses loss-masked, as verirl's (token in, token out, docs/agents.md)")
+        t.put("rollout.multi_turn.tools", [str(path)], RL + "tool_config_path",
+              note="MindSpeed-RL's tool config YAML (veRL's format: tools: - class_name, config, tool_schema), which "
+                   "verirl reads as it is; a tool that raises ends MindSpeed-RL's episode there, verirl shows the "
+                   "model the error as the tool's response and goes on")
+        t.check(tool_config_check(str(path), "MindSpeed-RL"))
+        t.check("MindSpeed-RL writes each round of tool responses in Qwen's ChatML markup (<|im_start|>user, "
+                "<tool_response> blocks, <|im_end|>, then <|im_start|>assistant), whatever the model, right after the "
+                "sampled <|im_end|> (no newline between); verirl renders a tool message with the model's chat template: "
+                "the same text for Qwen2.5's template but for that newline, others differ (`verirl doctor --template`)")
+    calls_key = RL + "max_tool_calls"
+    calls = int(t.get(calls_key) or 0)
+    if calls > 0:
+        t.put("rollout.multi_turn.max_env_turns", calls, calls_key,
+              note="rounds of tool calls per episode at most (one per turn that called tools, all its calls' "
+                   "responses together), in both")
+        t.put("rollout.multi_turn.max_turns", calls + 1, calls_key,
+              note=f"MindSpeed-RL stops calling tools after {calls} round{'' if calls == 1 else 's'} and the model "
+                   f"answers once more: {calls + 1} assistant turns at most")
+    else:
+        t.put("rollout.multi_turn.max_turns", 1, calls_key,
+              note=f"{calls}: MindSpeed-RL runs no tool call (tool_call_num >= max_tool_calls from the first turn): "
+                   f"one assistant turn, the tools only in the prompt")
+    _multi_turn_lengths(t)
+    _tool_responses(t)
+    fmt = t.get(RL + "tool_parser_format", None)
+    if fmt in TOOL_FORMATS:
+        t.put("rollout.multi_turn.parser", TOOL_FORMATS[fmt], RL + "tool_parser_format",
+              note=f"MindSpeed-RL's {fmt} tool-call parser, verirl's {TOOL_FORMATS[fmt]}; a call that does not parse (not "
+                   f"JSON, no name or arguments) MindSpeed-RL skips, so a turn of only such calls ends its episode, where "
+                   f"verirl answers it with an error the model reads (counted in tools/parse_errors)")
+    else:
+        t.decide(RL + "tool_parser_format", f"{fmt!r}: MindSpeed-RL's parsers are {', '.join(TOOL_FORMATS)}; verirl's "
+                                            f"auto (by the chat template) stands (rollout.multi_turn.parser)")
+    for key in t.values:
+        if key.startswith((RL + "tool_", RL + "max_tool_")) and key not in MULTI_TURN:
+            t.unknown(key, "a tool key this converter does not know (of another MindSpeed-RL version?): check it by "
+                           "hand")
+
+
+def _multi_turn_lengths(t: Translation) -> None:
+    """max_total_response_length: MindSpeed-RL caps each turn's generation and the whole episode's response (every
+    turn and tool response) with it, not sampling_config.max_tokens: verirl's episode cap, rollout.max_new_tokens."""
+    key, max_key = RL + "max_total_response_length", SAMP + "max_tokens"
+    total, response = int(t.get(key) or 0), t.out.get("rollout.max_new_tokens")
+    if response is not None and total < int(response):
+        t.decide(key, f"{total} < sampling_config.max_tokens {response}: MindSpeed-RL refuses it (validate_config); "
+                      f"rollout.max_new_tokens {response} stands")
+        return
+    t.put("rollout.max_new_tokens", total, key,
+          note="the whole episode's response (every turn and tool response) and each turn's generation at most, in "
+               "MindSpeed-RL (and at most generate_config.max_model_len with the prompt); verirl's episode cap, with "
+               "rollout.multi_turn.max_total_tokens and max_tokens_per_turn 0 (= this)")
+    t.note(max_key, f"multi-turn: MindSpeed-RL generates each turn with max_total_response_length ({total}) instead, "
+                    f"which is written")
+    seq_key = _actor_key(t, "seq_length")
+    seq, prompt = t.get(seq_key), t.out.get("data.max_prompt_length", t.get(RL + "max_prompt_length"))
+    if seq is not None and int(seq) < int(prompt) + total and total != int(response or 0):  # else _lengths warned
+        t.warn(f"{seq_key}={seq} is less than max_prompt_length {prompt} + max_total_response_length {total}: "
+               f"MindSpeed-RL's actor is sized for {seq} tokens while its episodes can reach {int(prompt) + total}; "
+               f"verirl sizes by prompt + response")
+
+
+def _tool_responses(t: Translation) -> None:
+    """max_tool_response_length (characters), tool_response_truncate_side, max_parallel_calls."""
+    key = RL + "max_tool_response_length"
+    chars = int(t.get(key) or 0)
+    budget = int(t.out.get("rollout.max_new_tokens", 0) or 0)
+    if chars > 0:
+        t.put("rollout.multi_turn.max_tool_response_chars", chars, key,
+              note="characters, in both: MindSpeed-RL cuts a tool's response text at this many characters (then "
+                   "marks the cut ...(truncated))")
+        if budget:
+            t.put("rollout.multi_turn.max_tool_response_tokens", budget, key,
+                  note=f"MindSpeed-RL has no token cap on a tool response (max_total_response_length bounds the "
+                       f"episode): max_tool_response_tokens = rollout.max_new_tokens ({budget}), only the character "
+                       f"cut applies")
+    else:
+        t.decide(key, f"{chars}: MindSpeed-RL cuts every non-empty tool response (to its marker alone on the left "
+                      f"side; middle and right keep the text whole, text[-0:]); verirl's 0 is no character limit: set "
+                      f"rollout.multi_turn.max_tool_response_chars")
+    side_key = RL + "tool_response_truncate_side"
+    side = t.get(side_key, None)
+    if side == "left":
+        t.translated(side_key, "left: MindSpeed-RL keeps the first max_tool_response_length characters, then "
+                               "...(truncated), as verirl (rollout.multi_turn.max_tool_response_chars)",
+                     ["rollout.multi_turn.max_tool_response_chars"])
+    else:
+        kept = ("the last N characters after (truncated)..." if side == "right" else
+                "the first N/2 and the last N/2 characters around ...(truncated)...")
+        t.decide(side_key, f"{side if side is not None else 'null'}: MindSpeed-RL keeps {kept}; verirl keeps an "
+                           f"observation's first rollout.multi_turn.max_tool_response_chars characters and marks the "
+                           f"cut ...(truncated) (MindSpeed-RL's left)")
+    par_key = RL + "max_parallel_calls"
+    par = int(t.get(par_key) or 0)
+    if par > 0:
+        first = "only the first tool call" if par == 1 else f"the first {par} tool calls"
+        t.decide(par_key, f"{par}: MindSpeed-RL runs {first} of a turn and drops the rest unanswered; verirl answers "
+                          f"every call a turn makes (it has no per-turn cap): the same where the model makes at most "
+                          f"{par} a turn")
+    else:
+        t.decide(par_key, f"{par}: MindSpeed-RL runs none of a turn's tool calls and answers them with an empty tool "
+                          f"response; verirl answers every call a turn makes")
 
 
 def _switched_off(t: Translation, en_key: str, others: tuple[str, ...], what: str) -> bool:
@@ -871,9 +994,11 @@ def translate(t: Translation) -> None:
     t.apply(DIRECT)
     _batches(t, version, why)
     _lengths(t)
+    _multi_turn(t)
     _steps_and_warmup(t)
     _optimizer(t)
     _algo(t, stage, version)
     _reward(t, version)
     _data_and_model(t, version)
     _layout(t)
+    fit_multi_turn(t, "MindSpeed-RL")

@@ -21,8 +21,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, model_parallel_fits, peer_tables,
-                                       pipeline_stages)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
+                                       peer_tables, pipeline_stages, tool_config_check)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -40,6 +40,9 @@ _TABLES = peer_tables("verl.yaml")
 DEFAULTS: dict[str, Any] = _TABLES["defaults"]
 IGNORED: list[tuple[str, str]] = list(_TABLES["ignored"].items())
 NO_LOSS_MODE: dict[str, str] = _TABLES["no_loss_mode"]
+# veRL's multi_turn.format (its ToolParser registry, verl/experimental/agent_loop/tool_parser.py) -> verirl's
+# rollout.multi_turn.parser of the same call format; the others have no verirl parser.
+TOOL_FORMATS: dict[str, str] = _TABLES["tool_formats"]
 
 # veRL's KL types, loss aggregations, advantage estimators and loss modes carry the names verirl's registries
 # use (verirl.core.algo: KL_ESTIMATORS, AGGREGATIONS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES): a name in the registry is
@@ -902,12 +905,265 @@ def _engine(t: Translation) -> None:
         t.put("rollout.temperature", 0.0, R + "do_sample", note="do_sample=false: greedy decoding")
     elif t.given(R + "do_sample"):
         t.translated(R + "do_sample", "sampling, as verirl's")
-    if t.get(R + "multi_turn.enable", False):
-        t.decide(R + "multi_turn.enable", "multi-turn rollouts: not available in verirl")
-        for key in [*t.under(R + "multi_turn"), "data.tool_config_path", "data.function_tool_path"]:
-            t.ignore(key, "part of the multi-turn setup, which needs a decision (multi_turn.enable)")
     if t.get(R + "ignore_eos", False):
         t.decide(R + "ignore_eos", "veRL ignores EOS while sampling: verirl always stops at it")
+
+
+MTK, AGENT = R + "multi_turn.", R + "agent."
+# how veRL's tool agent loop cuts a tool response of more than max_tool_response_length characters, by version
+# (tool_agent_loop.py: volcengine/verl of January 2026, verl-project/verl at 1dda039b, which swapped left and right)
+_CUT_SIDES = {"left": "volcengine/verl of January 2026 keeps the first N characters, verl-project/verl at 1dda039b "
+                      "(2026-08) the last N",
+              "right": "volcengine/verl of January 2026 keeps the last N characters, verl-project/verl at 1dda039b "
+                       "(2026-08) the first N"}
+_VERIRL_CUT = ("verirl keeps an observation's first rollout.multi_turn.max_tool_response_chars characters and marks "
+               "the cut with veRL's ...(truncated); it has no other side")
+
+
+def _multi_turn(t: Translation) -> None:
+    """veRL's multi-turn rollouts, its tool agent loop (verl/experimental/agent_loop/tool_agent_loop.py, reading
+    rollout.multi_turn.*), become rollout.multi_turn: the turns and the tools' responses one token sequence, the
+    responses loss-masked, in both."""
+    loop = t.get(AGENT + "default_agent_loop", "single_turn_agent")
+    _agent_loop(t, loop)
+    switches = [k for k, on in ((MTK + "enable", bool(t.get(MTK + "enable", False))),
+                                (AGENT + "default_agent_loop", loop == "tool_agent")) if on]
+    if not switches:
+        _tools_in_single_turn_prompts(t)
+        return
+    tools = _tools(t)
+    if not tools:
+        for key in switches:
+            t.decide(key, "multi-turn rollouts without tools (no multi_turn.tool_config_path or function_tool_path "
+                          "verirl can read): verirl refuses rollout.multi_turn.enable with nothing to call, so it is "
+                          "left false; give rollout.multi_turn.tools (or an environment class, "
+                          "rollout.multi_turn.environment) and set rollout.multi_turn.enable=true")
+    else:
+        t.put("rollout.multi_turn.enable", True, *switches,
+              note="veRL's tool agent loop: the model's turns and the tools' responses are one token sequence, the "
+                   "responses loss-masked, as verirl's (token in, token out, docs/agents.md)")
+        t.put("rollout.multi_turn.tools", tools, *[k for k in (MTK + "tool_config_path", MTK + "function_tool_path")
+                                                    if t.get(k, None)])
+        t.check("veRL's agent loop runs the tool agent for the rows whose agent_name column is tool_agent (the rest "
+                "run actor_rollout_ref.rollout.agent.default_agent_loop): verirl runs every prompt multi-turn; check "
+                "the data's agent_name")
+    _turns(t)
+    _tool_responses(t)
+    fmt = t.get(MTK + "format", "hermes")
+    if fmt in TOOL_FORMATS:
+        t.put("rollout.multi_turn.parser", TOOL_FORMATS[fmt], MTK + "format",
+              note=f"veRL's {fmt} tool-call parser, verirl's {TOOL_FORMATS[fmt]}; a call that does not parse (not "
+                   f"JSON, no name or arguments) veRL skips, so a turn of only such calls ends its episode, where "
+                   f"verirl answers it with an error the model reads (counted in tools/parse_errors)")
+    else:
+        t.decide(MTK + "format", f"veRL's {fmt!r} tool-call parser: verirl reads {', '.join(sorted(set(TOOL_FORMATS.values())))} "
+                                 f"tool calls (rollout.multi_turn.parser; auto picks by the chat template, which "
+                                 f"stands): a model that writes its calls another way needs a parser of its own")
+    for key in ("data.tool_config_path", "data.function_tool_path"):
+        same = MTK + key.split(".", 1)[1]
+        if t.given(key) and t.get(key) is None:
+            t.ignore(key, "null: veRL's data set renders no tools into the prompt")
+        elif t.given(key) and t.get(key) == t.get(same, None):
+            t.translated(key, f"= {same}: veRL's data set renders these tools' schemas into the prompt (and counts "
+                              f"them in its length); the same tools, rollout.multi_turn.tools",
+                         ["rollout.multi_turn.tools"])
+        elif t.given(key):
+            t.decide(key, f"veRL's prompts list the tools of {t.get(key)}, its agent loop calls {same}'s "
+                          f"({t.get(same, None)}): verirl's prompts and calls share one list, rollout.multi_turn.tools")
+    if t.get(MTK + "interaction_config_path", None):
+        t.decide(MTK + "interaction_config_path",
+                 "veRL's interactions (a user simulator: the YAML's classes, each row's extra_info.interaction_kwargs "
+                 "naming one, answer every turn that calls no tool): verirl's equivalent is an environment class, "
+                 "rollout.multi_turn.environment=file.py:Class, whose reset(prompt) and step(turn) return the next "
+                 "user message, a reward and whether the episode is done (docs/agents.md); write one from the "
+                 "interaction's generate_response")
+    else:
+        t.ignore(MTK + "interaction_config_path", "null: no user simulator")
+    if t.get(MTK + "use_inference_chat_template", False):
+        t.decide(MTK + "use_inference_chat_template",
+                 "veRL trains on the conversation re-rendered by the chat template (which may drop earlier turns' "
+                 "reasoning, as Qwen3's does): verirl trains on the tokens sampled plus each observation rendered "
+                 "once, never re-rendered (`verirl doctor --template` names where the template would differ)")
+    else:
+        t.translated(MTK + "use_inference_chat_template",
+                     "false: veRL trains on the token ids the rollout recorded, as verirl (token in, token out)")
+    t.ignore(MTK + "tokenization_sanity_check_mode",
+             "veRL compares its turn-by-turn tokenization with the whole conversation tokenized again: verirl never "
+             "re-tokenizes (the sampled tokens are trained on as sampled), so there is nothing to check")
+    t.ignore(MTK + "num_repeat_rollouts", "declared in veRL's MultiTurnConfig and read by none of its code (1dda039b)")
+    for key in t.under(MTK[:-1]):
+        if not key.endswith("._target_"):
+            t.unknown(key, "a multi_turn key this converter does not know (of another veRL version?): check it by hand")
+
+
+def _null(v: Any) -> str:
+    return "null" if v is None else str(v)
+
+
+def _agent_loop(t: Translation, loop: str) -> None:
+    """agent.default_agent_loop / agent.agent_loop_config_path: veRL's agent loops by name."""
+    key = AGENT + "default_agent_loop"
+    if loop == "single_turn_agent":
+        t.ignore(key, "single_turn_agent: one response per prompt, as verirl without rollout.multi_turn")
+    elif loop == "tool_agent":
+        t.translated(key, "tool_agent: every row runs veRL's tool agent loop (multi-turn)",
+                     ["rollout.multi_turn.enable"])
+    else:
+        t.decide(key, f"veRL's agent loop {loop!r} (registered by a module or agent_loop_config_path): verirl's "
+                      f"equivalent is an environment class, rollout.multi_turn.environment=file.py:Class with "
+                      f"reset(prompt) and step(turn) (docs/agents.md)")
+    if t.get(AGENT + "agent_loop_config_path", None):
+        t.decide(AGENT + "agent_loop_config_path",
+                 "veRL's own agent loop classes: verirl's equivalent is an environment class, "
+                 "rollout.multi_turn.environment=file.py:Class (docs/agents.md)")
+
+
+def _tools(t: Translation) -> list[str]:
+    """rollout.multi_turn.tools from multi_turn.tool_config_path (a veRL tool config YAML, which verirl reads) and
+    multi_turn.function_tool_path (a file of @function_tool functions: each one file.py:function)."""
+    tools: list[str] = []
+    path = t.get(MTK + "tool_config_path", None)
+    if path:
+        tools.append(str(path))
+        t.translated(MTK + "tool_config_path", "veRL's tool config YAML (tools: - class_name, config, tool_schema), "
+                                               "which verirl reads as it is", ["rollout.multi_turn.tools"])
+        t.check(tool_config_check(str(path), "veRL"))
+    elif t.given(MTK + "tool_config_path"):
+        t.ignore(MTK + "tool_config_path", "null: no tool config")
+    key = MTK + "function_tool_path"
+    file = t.get(key, None)
+    if not file:
+        t.ignore(key, "null: no function tools")
+        return tools
+    found = _function_tools(str(file), t.options.source)
+    if found is None:
+        t.decide(key, f"veRL's tools are the @function_tool functions of {file}, which cannot be read here: name each "
+                      f"in rollout.multi_turn.tools as {file}:function")
+        return tools
+    where, names, renamed, coroutines, imports_verl = found
+    tools += [f"{where}:{name}" for name in names]
+    note = (f"the @function_tool functions of {where}: {', '.join(names) or 'none'}, each a verirl tool "
+            f"{where}:function (its schema from its signature and docstring, as veRL's)")
+    if names:
+        t.translated(key, note, ["rollout.multi_turn.tools"])
+    else:
+        t.decide(key, note)
+    if renamed:
+        t.decide(key, "renamed by their decorator, which verirl does not read (verirl names a tool by its "
+                      "function): " + ", ".join(f"{fn} is {name!r} to the model in veRL" for fn, name in renamed))
+    if coroutines:
+        t.decide(key, f"async functions ({', '.join(coroutines)}): verirl's tool workers call plain functions, so "
+                      f"write each as def (left out of rollout.multi_turn.tools)")
+    if imports_verl:
+        t.check(f"{where} imports veRL (for its @function_tool decorator): verirl imports the file to find the "
+                f"tools, so veRL must be installed here, or the decorator and its import removed")
+    return tools
+
+
+def _function_tools(path: str, source: Optional[str]):
+    """(the file as found, its @function_tool function names, [(function, tool name)] of the renamed ones, the async
+    ones, whether it imports verl) of veRL's function_tool_path, read as source (not run); None if it cannot be read
+    here (relative paths are tried from here, then from the source config's folder)."""
+    import ast
+    import os
+
+    candidates = [path] + ([os.path.join(os.path.dirname(source), path)] if source and not os.path.isabs(path) else [])
+    for where in candidates:
+        try:
+            tree = ast.parse(open(where, encoding="utf-8").read(), filename=where)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        names, renamed, coroutines = [], [], []
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for dec in node.decorator_list:
+                call = dec if isinstance(dec, ast.Call) else None
+                target = call.func if call else dec
+                if (target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")) != "function_tool":
+                    continue
+                given = [a.value for a in (call.args[:1] if call else []) if isinstance(a, ast.Constant)]
+                given += [k.value.value for k in (call.keywords if call else [])
+                          if k.arg == "name" and isinstance(k.value, ast.Constant)]
+                if isinstance(node, ast.AsyncFunctionDef):
+                    coroutines.append(node.name)
+                    continue
+                names.append(node.name)
+                if given and given[0] != node.name:
+                    renamed.append((node.name, given[0]))
+        imports_verl = any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "verl"
+                           or isinstance(n, ast.Import) and any(a.name.split(".")[0] == "verl" for a in n.names)
+                           for n in ast.walk(tree))
+        return where, names, renamed, coroutines, imports_verl
+    return None
+
+
+def _turns(t: Translation) -> None:
+    """max_assistant_turns / max_user_turns (null or 0: no limit of their own, veRL tests them for truth)."""
+    from verirl.config import Config
+
+    budget = int(t.out.get("rollout.max_new_tokens", Config().rollout.max_new_tokens))
+    key = MTK + "max_assistant_turns"
+    if t.given(MTK + "max_turns") and not t.given(key):  # veRL before max_assistant_turns (2025)
+        key = MTK + "max_turns"
+        t.decide(key, "veRL's multi_turn.max_turns of 2025 (before max_assistant_turns and max_user_turns): written as "
+                      "rollout.multi_turn.max_turns, assistant turns; check how that veRL counted its turns")
+    turns = t.get(key, None)
+    if turns:
+        t.put("rollout.multi_turn.max_turns", int(turns), key, note="assistant turns per episode at most, in both")
+    else:
+        t.put("rollout.multi_turn.max_turns", budget, key,
+              note=f"{_null(turns)}: no limit in veRL but the response length; each turn samples at least one token, so "
+                   f"max_turns = rollout.max_new_tokens ({budget}) is the same bound (set fewer where the episodes "
+                   f"are known to be shorter)")
+    user = t.get(MTK + "max_user_turns", None)
+    if user:
+        t.put("rollout.multi_turn.max_env_turns", int(user), MTK + "max_user_turns",
+              note="rounds of tool results (or interaction messages) per episode at most, one per turn that called "
+                   "tools, in both; the model answers once more after the last")
+    else:
+        t.translated(MTK + "max_user_turns", f"{_null(user)}: no limit of its own; verirl's max_env_turns 0 (= max_turns) "
+                                             f"bounds it the same way, each observation follows an assistant turn")
+    for key in ("data.max_response_length", R + "response_length"):
+        t.note(key, "multi-turn: the whole episode's response (every turn and tool response) in both, "
+                    "rollout.multi_turn.max_total_tokens and max_tokens_per_turn 0 (= this)")
+
+
+def _tool_responses(t: Translation) -> None:
+    """max_tool_response_length (characters), tool_response_truncate_side, max_parallel_calls."""
+    from verirl.config import Config
+
+    budget = int(t.out.get("rollout.max_new_tokens", Config().rollout.max_new_tokens))
+    key = MTK + "max_tool_response_length"
+    chars = int(t.get(key, 256) or 0)
+    if chars > 0:
+        t.put("rollout.multi_turn.max_tool_response_chars", chars, key,
+              note="characters, in both: veRL cuts a tool's response text at this many characters (then marks the "
+                   "cut ...(truncated))")
+        t.put("rollout.multi_turn.max_tool_response_tokens", budget, key,
+              note=f"veRL has no token cap on a tool response (the response length bounds the episode): "
+                   f"max_tool_response_tokens = rollout.max_new_tokens ({budget}), only the character cut applies")
+    else:
+        t.decide(key, f"{chars}: veRL cuts every tool response to nothing but its marker; verirl's 0 is no "
+                      f"character limit: set rollout.multi_turn.max_tool_response_chars")
+    side = t.get(MTK + "tool_response_truncate_side", "middle")
+    what = _CUT_SIDES.get(side, "veRL keeps the first N/2 and the last N/2 characters around ...(truncated)...")
+    t.decide(MTK + "tool_response_truncate_side", f"{side}: {what}; {_VERIRL_CUT}")
+    calls = int(t.get(MTK + "max_parallel_calls", 1))
+    first = "only the first tool call" if calls == 1 else f"the first {calls} tool calls"
+    t.decide(MTK + "max_parallel_calls",
+             f"{calls}: veRL runs {first} of a turn and drops the rest unanswered; verirl answers every call a turn "
+             f"makes (it has no per-turn cap): the same where the model makes at most {calls} a turn")
+
+
+def _tools_in_single_turn_prompts(t: Translation) -> None:
+    """data.tool_config_path / data.function_tool_path without multi-turn: veRL's single-turn agent renders the
+    tools' schemas into the prompt and runs none."""
+    for key in ("data.tool_config_path", "data.function_tool_path"):
+        if t.get(key, None):
+            t.decide(key, f"veRL's single-turn prompts list the tools of {t.get(key)} (the chat template's tools) and "
+                          f"no tool runs: verirl shows tools only in multi-turn episodes (rollout.multi_turn.enable "
+                          f"with rollout.multi_turn.tools)")
 
 
 def _vllm_layout(t: Translation, name: str) -> None:
@@ -1249,6 +1505,7 @@ def translate(t: Translation) -> None:
     _advantages(t)
     _batches(t)
     _engine(t)
+    _multi_turn(t)
     _layout(t)
     _kl(t)
     _clip(t)
@@ -1266,3 +1523,4 @@ def translate(t: Translation) -> None:
     _trainer(t)
     _switches(t)
     _v1_trainer(t)
+    fit_multi_turn(t, "veRL")
