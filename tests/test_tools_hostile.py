@@ -157,7 +157,16 @@ def _step(factory, turn):
 
 
 def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """This process's descendants, but multiprocessing's resource tracker (started with the first spawned
+    process, alive as long as this one)."""
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 @pytest.fixture
@@ -298,3 +307,27 @@ def test_hanging_environment_method_times_out(tmp_path):
     other.reset(_prompt())
     assert other.step(_call("wait", seconds=0)).observation[0]["content"] == "waited"
     factory.close()
+
+
+def test_plain_workers_keep_deadlines_and_clean_up(tmp_path):
+    """With the sandbox off (reward.sandbox=false) the workers still kill a stuck call, end what a call
+    started and keep the other calls going."""
+    path = tmp_path / "hostile_tools.py"
+    path.write_text(textwrap.dedent(HOSTILE_TOOLS))
+    before = _descendants()
+    factory = build_environments([f"{path}:{n}" for n in ("hang", "fork", "add")], "", "hermes", None, 1.0, 2, 0,
+                                 False)
+    factory.runner.warm(wait=True)
+    marker = f"vplain{os.getpid() % 10**6}"
+    with ThreadPoolExecutor(3) as ex:
+        hang = ex.submit(_step, factory, _call("hang", seconds=600))
+        time.sleep(0.2)
+        fork = ex.submit(_step, factory, _call("fork", marker=marker))
+        took, step = hang.result()
+        assert step.observation[0]["content"] == "Error: timed out after 1s" and took < 1.0 + SLACK
+        assert fork.result()[1].observation[0]["content"] == "forked" and fork.result()[0] < 1.0
+    assert _alive(marker) == []
+    assert _step(factory, _call("add", a=1, b=2))[1].observation[0]["content"] == "3"
+    factory.close()
+    time.sleep(0.2)
+    assert _descendants() <= before

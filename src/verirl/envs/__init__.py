@@ -117,8 +117,9 @@ class GuardedEnvironment:
     in tools/errors or tools/timeouts) and is said once on stderr: the run goes on, as with a reward rule
     that raises."""
 
-    def __init__(self, env: Any, spec: str, timeout: float, max_chars: int):
-        self.env, self.spec, self.timeout, self.max_chars = env, spec, timeout, max_chars
+    def __init__(self, cls: Callable[[], Any], spec: str, timeout: float, max_chars: int):
+        self.cls, self.spec, self.timeout, self.max_chars = cls, spec, timeout, max_chars
+        self.env: Any = None
         self.broken = False
 
     def _warn(self, what: str, e: BaseException) -> None:
@@ -146,10 +147,13 @@ class GuardedEnvironment:
         return out or None
 
     def reset(self, prompt: "Prompt") -> Optional[list[dict]]:
+        what = "creating it"
         try:
+            self.env = in_thread(self.cls, self.timeout)  # one instance per episode
+            what = "reset(prompt)"
             return self._observation(in_thread(lambda: self.env.reset(prompt), self.timeout), "reset")
         except Exception as e:  # noqa: BLE001  (the user's code must not stop the run)
-            self._warn("reset(prompt)", e)
+            self._warn(what, e)
             self.broken = True
             return None
 
@@ -185,8 +189,10 @@ class GuardedEnvironment:
         return EnvStep(obs, reward, bool(done), counts)
 
     def close(self) -> None:
+        if self.env is None or not callable(getattr(self.env, "close", None)):
+            return
         try:
-            in_thread(self.env.close, self.timeout) if callable(getattr(self.env, "close", None)) else None
+            in_thread(self.env.close, self.timeout)
         except Exception as e:  # noqa: BLE001
             self._warn("close()", e)
 
@@ -256,15 +262,13 @@ def _environment(spec: str, timeout_s: float, max_chars: int, events: EventLoop)
             raise ConfigError(f"{ENVIRONMENT_KEY} '{spec}' has step(turn) but no reset(prompt); an environment has "
                               f"both (and optionally close()).")
         try:
-            inspect.signature(cls)
-            cls_takes_nothing = all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                                    for p in inspect.signature(cls).parameters.values())
+            params = inspect.signature(cls).parameters.values()
         except (TypeError, ValueError):
-            cls_takes_nothing = True
-        if not cls_takes_nothing:
+            params = []
+        if any(p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             raise ConfigError(f"{ENVIRONMENT_KEY} '{spec}': its __init__ takes required arguments; verirl creates one "
                               f"instance per episode as Class(), so give every parameter a default.")
-        return [], lambda: GuardedEnvironment(cls(), spec, timeout_s, max_chars)
+        return [], lambda: GuardedEnvironment(cls, spec, timeout_s, max_chars)
     if callable(getattr(cls, "reset", None)):
         return trl_tools(cls, spec, timeout_s, events), None
     raise ConfigError(f"{ENVIRONMENT_KEY} '{spec}' has neither step(turn) nor reset(): give a class with reset(prompt) "

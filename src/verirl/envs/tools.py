@@ -272,7 +272,7 @@ def builtin_tool(name: str) -> Tool:
 # ----------------------------------------------------------------------------- the user's code
 
 _loaded: dict[str, Any] = {}
-_load_lock = threading.Lock()
+_load_lock = threading.RLock()  # a file being imported may load another
 
 
 def _kinds(what: str) -> str:
