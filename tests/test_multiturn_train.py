@@ -1,0 +1,117 @@
+"""Training on multi-turn episodes, end to end through `verirl train`: an environment written as a user
+writes one (a file), one rank against two ranks (the same episodes), a resume after a multi-turn step
+(the step it continues with equals the uninterrupted run's), and a replay of the dumped episodes
+(trains to the same metrics without running the environment)."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verirl.cli import main
+
+ENV_FILE = textwrap.dedent('''
+    class Hints:
+        """Two hints, then the episode ends; 0.1 per hint, 0.5 more for an answer in the last turn."""
+
+        def __init__(self):
+            self.seen = 0
+
+        def reset(self, prompt):
+            return None
+
+        def step(self, turn):
+            from verirl.envs import EnvStep
+
+            self.seen += 1
+            if self.seen > 2:
+                return EnvStep(None, 0.5 if "<answer>" in turn else 0.0, True)
+            return EnvStep([{"role": "user", "content": f"hint {self.seen}: check the sum"}], 0.1, False)
+
+        def close(self):
+            pass
+''')
+
+BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=96",
+        "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+        "reward.workers=0", "algo.kl_coef=0.01", "trainer.dump_rollouts=true", "trainer.threads=1",
+        "trainer.dist_timeout_s=60", "model.compute_dtype=null", "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.max_tokens_per_turn=32"]
+
+
+def _rows(run: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+
+@pytest.fixture
+def env(tmp_path) -> str:
+    path = tmp_path / "hints.py"
+    path.write_text(ENV_FILE)
+    return f"rollout.multi_turn.environment={path}:Hints"
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12) or abs(a - b) < 1e-7
+
+
+def test_a_multi_turn_step_trains_and_dumps_its_episodes(tmp_path, env):
+    run = tmp_path / "run"
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", env, *BASE]) == 0
+    (m,) = _rows(run)
+    assert m["turns/mean"] == pytest.approx(3.0) and m["turns/max"] == 3.0
+    assert m["response_length/model_tokens"] < m["response_length/total"]  # the hints are not trained on
+    records = _rows(run, "rollouts.jsonl")
+    assert len(records) == 16
+    for r in records:
+        roles = [s[0] for s in r["segments"]]
+        assert roles == ["assistant", "observation", "assistant", "observation", "assistant"]
+        assert sum(s[1] for s in r["segments"]) == len(r["response_ids"]) == r["response_length"]
+        assert "hint 1: check the sum" in r["turns"][1]["text"] and r["turns"][1]["role"] == "observation"
+        # the last turn reaches the environment only when it ended on its stop token (not cut at its limit)
+        answered = r["stopped"] and "<answer>" in r["turns"][-1]["text"]
+        assert r["env_reward"] == pytest.approx(0.2 + (0.5 if answered else 0.0))
+        assert r["scores"]["env"] == r["env_reward"]
+
+
+def test_a_resumed_multi_turn_run_continues_as_the_uninterrupted_one(tmp_path, env):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = ["train", "trainer.save_freq=1", env, *BASE]
+    assert main(args + [f"trainer.run_dir={whole}", "trainer.total_steps=2"]) == 0
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=1"]) == 0
+    assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=2"]) == 0
+    a, b = _rows(whole), _rows(split)
+    assert [r["step"] for r in b] == [1, 2]
+    ra = [r for r in _rows(whole, "rollouts.jsonl") if r["step"] == 2]
+    rb = [r for r in _rows(split, "rollouts.jsonl") if r["step"] == 2]
+    assert [(r["response_ids"], r["segments"]) for r in ra] == [(r["response_ids"], r["segments"]) for r in rb]
+    for key in ("reward/mean", "turns/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
+        assert _close(a[1][key], b[1][key]), (key, a[1][key], b[1][key])
+
+
+def test_a_replayed_multi_turn_dump_trains_to_the_same_metrics(tmp_path, env):
+    first, again = tmp_path / "first", tmp_path / "again"
+    args = ["train", "trainer.total_steps=2", *BASE]
+    assert main(args + [f"trainer.run_dir={first}", env]) == 0
+    assert main(args + [f"trainer.run_dir={again}", "rollout.engine=replay",
+                        f"rollout.replay_path={first / 'rollouts.jsonl'}"]) == 0
+    a, b = _rows(first), _rows(again)
+    for step in range(2):
+        for key in ("reward/mean", "turns/mean", "response_length/model_tokens", "actor/pg_loss", "actor/kl",
+                    "actor/grad_norm", "actor/entropy"):
+            assert _close(a[step][key], b[step][key]), (step, key, a[step][key], b[step][key])
+
+
+@pytest.mark.slow
+def test_two_ranks_take_the_one_rank_multi_turn_step(tmp_path, env):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["train", "trainer.total_steps=1", env, *BASE]
+    assert main(args + [f"trainer.run_dir={one}"]) == 0
+    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", "actor.strategy=ddp"]) == 0
+    drop = ("prompt",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in _rows(two, "rollouts.jsonl")]
+    (a,), (b,) = _rows(one), _rows(two)
+    for key in ("reward/mean", "turns/mean", "response_length/model_tokens", "response_length/total"):
+        assert a[key] == b[key], key
+    for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
+        assert _close(a[key], b[key]), (key, a[key], b[key])
