@@ -331,3 +331,58 @@ def test_plain_workers_keep_deadlines_and_clean_up(tmp_path):
     factory.close()
     time.sleep(0.2)
     assert _descendants() <= before
+
+
+HANGING_PEERS = '''
+import asyncio, time
+from verirl.envs import EnvStep
+
+class SlowStep:
+    def reset(self, prompt):
+        return None
+
+    def step(self, turn):
+        time.sleep(5)
+        return EnvStep(None, done=True)
+
+class HangingVerlTool:
+    cancelled = []
+
+    def __init__(self, config, tool_schema):
+        pass
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            self.cancelled.append(instance_id)
+            raise
+'''
+
+
+def test_hanging_user_environment_and_verl_tool(tmp_path, monkeypatch):
+    (tmp_path / "verirl_hanging_peers.py").write_text(textwrap.dedent(HANGING_PEERS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    factory = build_environments([], f"{tmp_path}/verirl_hanging_peers.py:SlowStep", "hermes", None, 0.3, 1, 0, False)
+    env = factory.new()
+    env.reset(_prompt())
+    start = time.monotonic()
+    step = env.step("hello")
+    assert time.monotonic() - start < 0.3 + 0.5
+    assert step.done and step.counts["tool_timeouts"] == 1.0
+    factory.close()
+
+    config = tmp_path / "hang.yaml"
+    config.write_text("tools:\n  - class_name: verirl_hanging_peers.HangingVerlTool\n    config: {type: native}\n"
+                      "    tool_schema: {type: function, function: {name: wait, description: Wait., parameters: "
+                      "{type: object, properties: {}}}}\n")
+    factory = build_environments([str(config)], "", "hermes", None, 0.3, 1, 0, False)
+    env = factory.new()
+    env.reset(_prompt())
+    start = time.monotonic()
+    step = env.step(_call("wait"))
+    assert time.monotonic() - start < 0.3 + 0.5
+    assert step.observation[0]["content"] == "Error: timed out after 0.3s" and step.counts["tool_timeouts"] == 1.0
+    time.sleep(0.1)
+    assert len(sys.modules["verirl_hanging_peers"].HangingVerlTool.cancelled) == 1  # cancelled on its loop
+    factory.close()

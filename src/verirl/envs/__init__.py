@@ -125,8 +125,8 @@ class GuardedEnvironment:
     def _warn(self, what: str, e: BaseException) -> None:
         from verirl.envs.peers import warn_once
 
-        warn_once(f"{ENVIRONMENT_KEY} '{self.spec}': {what} {'timed out' if isinstance(e, TimeoutError) else 'raised'} "
-                  f"{'' if isinstance(e, TimeoutError) else type(e).__name__ + ': '}{e}; those episodes end there.")
+        reason = str(e) if isinstance(e, TimeoutError) else f"raised {type(e).__name__}: {e}"
+        warn_once(f"{ENVIRONMENT_KEY} '{self.spec}': {what} {reason}; those episodes end there.")
 
     def _observation(self, value: Any, what: str) -> Optional[list[dict]]:
         if value is None:

@@ -22,6 +22,7 @@ A result's text is cut to ``max_chars`` characters (0 = no character limit), and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import threading
 import time
@@ -98,7 +99,7 @@ class EventLoop:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result(timeout)
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError from Python 3.11 on, not before
             future.cancel()
             raise TimeoutError(f"timed out after {timeout:g}s") from None
 
