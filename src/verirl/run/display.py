@@ -90,6 +90,9 @@ def metrics_table(m: dict, recent: list[dict]) -> Table:
              if key.startswith("reward/") and key.endswith("/mean") and key != "reward/mean"]
     rows += [("response length", "response_length/mean"), ("  max", "response_length/max"),
              ("  clipped at max", "response_length/clip_ratio"), ("kl", "actor/kl"), ("entropy", "actor/entropy"),
+             ("  sampled by the model", "response_length/model_tokens"), ("turns", "turns/mean"),
+             ("tool calls", "tools/calls_mean"), ("tool errors", "tools/errors"),
+             ("tool calls unparsed", "tools/parse_errors"), ("tool timeouts", "tools/timeouts"),
              ("clip fraction", "actor/pg_clipfrac"), ("grad norm", "actor/grad_norm"),
              ("groups kept", "filter/kept_groups"), ("mismatch kl", "mismatch/kl"),
              ("tokens/s", "perf/tps"), ("mfu", "perf/mfu")]
