@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -27,7 +26,7 @@ from verirl.core.errors import ConfigError
 from verirl.envs.base import COUNT_KEYS, OBSERVATION_ROLES, EnvStep, Environment, zero_counts
 from verirl.envs.parsers import PARSERS, CallError, Parser, ToolCall, parser_for, pick_parser
 from verirl.envs.runner import EventLoop, Runner, in_thread
-from verirl.envs.tools import (BUILTINS, Tool, ToolResult, absolute, builtin_tool, calculator, cut, evaluate,
+from verirl.envs.tools import (BUILTINS, Tool, ToolResult, builtin_tool, calculator, cut, evaluate,
                                function_tool, load_object, user_function_tool)
 
 if TYPE_CHECKING:
@@ -140,7 +139,8 @@ class GuardedEnvironment:
                             f"message) or a list of messages")
         out = []
         for m in value:
-            if not isinstance(m, dict) or m.get("role") not in OBSERVATION_ROLES or not isinstance(m.get("content"), str):
+            ok = isinstance(m, dict) and m.get("role") in OBSERVATION_ROLES and isinstance(m.get("content"), str)
+            if not ok:
                 raise TypeError(f"{what} returned the message {str(m)[:80]!r}; a message is {{'role': 'tool' or "
                                 f"'user', 'content': str}}")
             out.append({**m, "content": cut(m["content"], self.max_chars)})
@@ -241,8 +241,7 @@ def _tools_of(spec: str, events: EventLoop) -> list[Tool]:
     if spec.endswith((".yaml", ".yml")):
         return load_verl_tools(spec, events)
     if ":" in spec:
-        tool = user_function_tool(spec)
-        return [Tool(tool.name, tool.schema, "worker", None, absolute(spec))]
+        return [user_function_tool(spec)]
     raise ConfigError(f"{BUILTINS.unknown(spec)} A tool of yours is path/to/file.py:function or "
                       f"package.module:function, and a veRL tool config a .yaml file.")
 

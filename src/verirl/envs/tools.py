@@ -337,8 +337,9 @@ def _import(spec: str, target: str, what: str):
                     raise ConfigError(f"{what} '{spec}': importing '{target}' called sys.exit({e.code!r}){where}: "
                                       f"verirl imports the file to find the {what}, so its top level must not exit. "
                                       f"Put the script part under `if __name__ == \"__main__\":`.") from None
-                raise ConfigError(f"{what} '{spec}': importing '{target}' raised {_describe(e)}{where}. Fix the file "
-                                  f"so that it imports without raising: verirl imports it to find the {what}.") from None
+                raise ConfigError(f"{what} '{spec}': importing '{target}' raised {_describe(e)}{where}. Fix the "
+                                  f"file so that it imports without raising: verirl imports it to find the "
+                                  f"{what}.") from None
         _loaded[key] = module
         return module
 
@@ -366,7 +367,7 @@ def user_function_tool(spec: str) -> Tool:
     if inspect.iscoroutinefunction(fn):
         raise ConfigError(f"tool '{spec}': it is an async function; a tool run in the tool workers returns its "
                           f"result, so define it with def.")
-    return function_tool(fn, "worker", spec)
+    return function_tool(fn, "worker", absolute(spec))
 
 
 def absolute(spec: str) -> str:
