@@ -325,6 +325,24 @@ def test_user_function_tools_run_in_workers(tmp_path):
     factory.close()
 
 
+def test_module_function_tool(tmp_path, monkeypatch):
+    write(tmp_path, "verirl_test_module_tools.py", '''
+        def shout(text: str) -> str:
+            """Say it louder.
+
+            Args:
+                text: What to say.
+            """
+            return text.upper() + "!"
+        ''')
+    monkeypatch.syspath_prepend(str(tmp_path))  # an installed package's module, as far as the workers know
+    factory = build_environments(["verirl_test_module_tools:shout"], "", "hermes", None, 10.0, 1, 0, LINUX)
+    env = factory.new()
+    env.reset(prompt())
+    assert env.step(call("shout", text="hi")).observation == [{"role": "tool", "name": "shout", "content": "HI!"}]
+    factory.close()
+
+
 def test_builder_errors_name_the_spec_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.multi_turn\.tools='calculater'.*Did you mean calculator"):
         build_environments(["calculater"], "", "auto", None, 1, 1, 0, False)
