@@ -5,7 +5,9 @@ every grpo_*, dapo_* and ppo_* file of its configs/, tests/scripts/convert_peers
 (mindspeed_rl/config_cls/{megatron_config,rl_config,generate_config,validate_config}.py,
 cli/train_grpo.py, cli/train_dapo.py, mindspeed_rl/models/loss/{grpo,dapo}_actor_loss_func.py,
 mindspeed_rl/models/rule_verifier.py, mindspeed_rl/trainer/dapo_trainer_hybrid.py,
-mindspeed_rl/workers/dynamic_sampling.py, mindspeed_rl/datasets/dataloader.py), and the
+mindspeed_rl/workers/dynamic_sampling.py, mindspeed_rl/datasets/dataloader.py; multi-turn rollouts:
+mindspeed_rl/workers/actor_hybrid_worker.py's async_multi_turn_rollout, mindspeed_rl/tools/utils/tool_utils.py and
+tool_parser.py), and the
 master of April-May 2025 ("pre-2.0"), where they differ:
 
 * rl_config.mini_batch_size: before 2.0 (commit 61effad, 2025-05-15) the YAML value was in

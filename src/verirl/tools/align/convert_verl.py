@@ -9,7 +9,10 @@ named in the notes: verl/trainer/ppo/ray_trainer.py, verl/trainer/main_ppo.py,
 verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py, verl/trainer/ppo/core_algos.py,
 verl/trainer/ppo/rollout_corr_helper.py, verl/workers/reward_manager/dapo.py), and of its DAPO recipe
 (recipe/dapo: dapo_trainer.yaml, dapo_ray_trainer.py, main_dapo.py; in verl-project/verl-recipe since
-January 2026). Where an older veRL behaves differently and a config may come from it, the note says so.
+January 2026), and of its multi-turn rollouts (verl/workers/config/rollout.py: MultiTurnConfig, AgentLoopConfig;
+verl/experimental/agent_loop/tool_agent_loop.py and tool_parser.py; verl/tools/function_tool.py; the
+examples/sglang_multiturn configs of volcengine/verl at b178a3cd). Where an older veRL behaves differently and a
+config may come from it, the note says so.
 
 Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
 `translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
