@@ -168,6 +168,27 @@ def test_what_exists_is_plotted_and_missing_files_are_said(tmp_path):
     assert _srcs(page.read_text()) == ["validation.png"]
 
 
+def test_a_multi_turn_run_gets_its_figure_and_its_episodes_turn_by_turn(tmp_path):
+    run = tmp_path / "agents"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": 0.1 * s, "turns/mean": 1.5 + 0.1 * s, "turns/max": 3.0,
+             "tools/calls_mean": 0.5, "tools/errors": 1.0, "tools/parse_errors": 0.0, "tools/timeouts": 0.0,
+             "response_length/model_tokens": 20.0, "response_length/total": 31.0} for s in range(1, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    turns = [{"role": "assistant", "text": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
+             {"role": "observation", "text": "<tool_response>1528257</tool_response>"},
+             {"role": "assistant", "text": "<answer>1528257</answer>"}]
+    records = [{"step": 4, "prompt": "p", "response": "<answer>1528257</answer>", "label": "1528257", "task": "t",
+                "scores": {"acc": r}, "reward": r, "response_length": 31, "stopped": True, "turns": turns}
+               for r in (0.0, 1.0)]
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = build([str(run)])
+    assert "agents" in {p.stem for p in page.parent.glob("*.png")}
+    html = page.read_text()
+    assert "Multi-turn episodes" in html
+    assert html.count(">observation</div>") == 2 and "&lt;tool_response&gt;1528257" in html
+
+
 # --- errors a user can fix ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["missing", "no_metrics", "empty", "a_file"])

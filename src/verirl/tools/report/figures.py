@@ -23,7 +23,7 @@ WIDTH, HEIGHT = int(WIDTH_IN * DPI), int(HEIGHT_IN * DPI)  # 800 x 450 pixels
 MOST_PANELS = 12  # per figure (rules, tasks, validation metrics); more would be unreadable at 800 x 450
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights")  # timing/<phase>, stacked
 STYLES = ("-", "--", ":", "-.")
-NAMES = ("reward", "reward_rules", "reward_tasks", "response_length", "actor", "timing", "throughput",
+NAMES = ("reward", "reward_rules", "reward_tasks", "response_length", "agents", "actor", "timing", "throughput",
          "validation", "filter_mismatch")  # every figure's file name, <name>.png, in page order
 
 
@@ -116,6 +116,17 @@ def plan(runs: list[RunData]) -> list[tuple[str, str, str, list[Panel]]]:
         [Panel("response length", _present(runs, ["response_length/mean", "response_length/max"]), "tokens",
                key_labels=["mean", "max"]),
          Panel("clip ratio", _present(runs, ["response_length/clip_ratio"]), "fraction")])
+    add("agents", "Multi-turn episodes",
+        "turns/mean and /max: assistant turns per episode; tools/calls_mean: tool calls per episode; tools/errors, "
+        "tools/parse_errors and tools/timeouts: calls that failed, could not be read, or ran out of time (counts); "
+        "response_length/model_tokens against /total: the tokens the model sampled (trained on) against every "
+        "response token, tool results included.",
+        [Panel("turns", _present(runs, ["turns/mean", "turns/max"]), "turns", key_labels=["mean", "max"]),
+         Panel("tool calls", _present(runs, ["tools/calls_mean"]), "per episode"),
+         Panel("tool failures", _present(runs, ["tools/errors", "tools/parse_errors", "tools/timeouts"]), "calls",
+               key_labels=["errors", "unparsed", "timeouts"]),
+         Panel("tokens", _present(runs, ["response_length/model_tokens", "response_length/total"]), "tokens",
+               key_labels=["sampled", "all"])])
     add("actor", "Policy update", "actor/kl (to the reference model, when there is one), actor/entropy (mean token "
                                   "entropy) and actor/pg_clipfrac (the fraction of tokens whose ratio was clipped).",
         [Panel(k.split("/")[1], [k]) for k in _present(runs, ["actor/kl", "actor/entropy", "actor/pg_clipfrac"])])

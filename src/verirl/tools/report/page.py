@@ -87,12 +87,19 @@ def _scores(scores: dict[str, Optional[float]]) -> str:
     return "<br>".join(f"{escape(rule)}: {'n/a' if v is None else _num(v)}" for rule, v in scores.items()) or "—"
 
 
+def _response(s: Sample) -> str:
+    """The response, or a multi-turn episode turn by turn with each segment's role."""
+    if not s.turns:
+        return f"<pre>{escape(s.response)}</pre>"
+    return "".join(f"<div class=\"muted\">{escape(role)}</div><pre>{escape(text)}</pre>" for role, text in s.turns)
+
+
 def _sample_row(which: str, s: Sample) -> str:
     stopped = "" if s.stopped is None else ("yes" if s.stopped else "no (cut at max_new_tokens)")
     return (f"<tr><th>{which}</th><td>{escape(s.task)}</td><td class=\"num\">{_num(s.reward)}</td>"
             f"<td>{_scores(s.scores)}</td><td class=\"num\">{'' if s.response_length is None else s.response_length}"
             f"</td><td>{stopped}</td><td>{escape(s.label)}</td>"
-            f"<td class=\"text\"><pre>{escape(s.response)}</pre>"
+            f"<td class=\"text\">{_response(s)}"
             f"<details><summary class=\"muted\">prompt</summary><pre>{escape(s.prompt)}</pre></details></td></tr>")
 
 

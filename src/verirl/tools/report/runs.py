@@ -33,6 +33,7 @@ class Sample:
     label: str
     response_length: Optional[int]
     stopped: Optional[bool]
+    turns: list = None  # a multi-turn episode's (role, text) segments; None for a single-turn response
 
 
 @dataclass
@@ -142,7 +143,16 @@ def _sample(row: dict) -> Optional[Sample]:
                           for k, v in scores.items()},
                   prompt=_cap(row.get("prompt")), response=_cap(row.get("response")), label=_cap(row.get("label")),
                   response_length=length if isinstance(length, int) else None,
-                  stopped=row.get("stopped") if isinstance(row.get("stopped"), bool) else None)
+                  stopped=row.get("stopped") if isinstance(row.get("stopped"), bool) else None,
+                  turns=_turns(row.get("turns")))
+
+
+def _turns(turns: Any) -> Optional[list]:
+    """A multi-turn record's turns as (role, text) pairs, each text capped; None when there are none."""
+    if not isinstance(turns, list) or not turns:
+        return None
+    out = [(str(t.get("role", "")), _cap(t.get("text"))) for t in turns[:64] if isinstance(t, dict)]
+    return out or None
 
 
 def read_samples(path: Path, most: int) -> tuple[list[StepSamples], int, int]:
