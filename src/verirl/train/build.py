@@ -204,7 +204,8 @@ def environments(cfg: Config, tokenizer, hide: tuple[str, ...] = ()):
     from verirl.envs import build_environments
 
     return build_environments(list(mt.tools), mt.environment, mt.parser, getattr(tokenizer, "chat_template", "") or "",
-                              mt.tool_timeout_s, mt.tool_workers, mt.max_tool_response_chars, cfg.reward.sandbox)
+                              mt.tool_timeout_s, mt.tool_workers, mt.max_tool_response_chars, cfg.reward.sandbox,
+                              hide=hide, memory_mb=cfg.reward.max_memory_mb)
 
 
 def turn_limits(cfg: Config) -> TurnLimits:
