@@ -1327,7 +1327,8 @@ def test_verl_multi_turn_keys_become_rollout_multi_turn(tools_yaml):
     for key, what in ((MTK + "tool_response_truncate_side", "first N/2 and the last N/2"),
                       (MTK + "max_parallel_calls", "only the first tool call")):
         assert (r.row(key).origin, r.row(key).status) == ("default", "decide") and what in r.row(key).note
-    assert any(tools_yaml in c and "class_name" in c for c in r.checks)
+    assert "verirl's own gsm8k tool" in r.row(MTK + "tool_config_path").note  # veRL's Gsm8kTool: verirl's checker
+    assert any(tools_yaml in c and "copy it" in c for c in r.checks)
     assert any("agent_name" in c for c in r.checks)
     # veRL's vLLM engine over 2 devices: verirl's multi-turn loop decodes with one vLLM engine per rank
     tp = r.row(R + "tensor_model_parallel_size")

@@ -27,6 +27,9 @@ VERL_GSM8K = str(FIXTURES / "verl_gsm8k_multiturn_grpo.yaml")
 VERL_INTERACTION = str(FIXTURES / "verl_gsm8k_multiturn_grpo_w_interaction.yaml")
 GSM8K_TOOLS = str(FIXTURES / "verl_gsm8k_tool_config.yaml")
 VERL_FUNCTION_TOOLS = str(FIXTURES / "verl_function_tool_examples.py")
+SANDBOX_TOOLS = str(FIXTURES / "verl_sandbox_fusion_tool_config.yaml")
+SEARCH_TOOLS = str(FIXTURES / "verl_search_tool_config.yaml")
+MS_RETOOL = str(FIXTURES / "mindspeed_retool_config.yaml")
 A, R, RL = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "rl_config."
 # what veRL's generated config leaves to the run script (its example scripts set these for GRPO)
 GRPO = ["algorithm.adv_estimator=grpo", R + "n=4", "trainer.total_training_steps=10"]
@@ -193,6 +196,31 @@ def test_verl_gsm8k_multi_turn_example():
     assert result.row(R + "multi_turn.max_tool_response_length").origin == "default"
     assert result.row(R + "multi_turn.max_assistant_turns").origin == "file"
     load_config_dict(result.config)
+
+
+def test_verl_tool_configs_of_veRL_as_verirl_loads_them():
+    """veRL's example tool configs: the sandbox-fusion code interpreter is verirl's python tool (its default_timeout
+    each call's deadline), veRL's search tool (a retrieval server over HTTP) verirl refuses."""
+    sandbox = _verl_head(f"+{R}multi_turn.enable=true", f"{R}multi_turn.tool_config_path={SANDBOX_TOOLS}")
+    row = sandbox.row(R + "multi_turn.tool_config_path")
+    assert row.status == "translated" and "verirl's python tool" in row.note
+    assert sandbox.get("rollout.multi_turn.tool_timeout_s") == 30.0
+    search = _verl_head(f"+{R}multi_turn.enable=true", f"{R}multi_turn.tool_config_path={SEARCH_TOOLS}")
+    row = search.row(R + "multi_turn.tool_config_path")
+    assert row.status == "decide" and "verirl refuses it" in row.note and "retrieval server" in row.note
+
+
+def test_mindspeed_retool_config_beside_the_file(tmp_path):
+    """MindSpeed-RL's relative tool_config_path, read beside the config: its ReTool class is MindSpeed-RL's own, to
+    be imported here."""
+    import shutil
+
+    (tmp_path / "configs" / "tools").mkdir(parents=True)
+    shutil.copy(MS_RETOOL, tmp_path / "configs" / "tools" / "retool_config.yaml")
+    shutil.copy(MS_MULTI_TURN, tmp_path / "dapo.yaml")
+    result = convert("mindspeed-rl", str(tmp_path / "dapo.yaml"))
+    assert any("mindspeed_rl.tools.retool.ReTool" in c and "must import here" in c for c in result.checks)
+    assert result.get("rollout.multi_turn.tools") == ["./configs/tools/retool_config.yaml"]
 
 
 def test_verl_interaction_example_needs_an_environment():

@@ -373,13 +373,61 @@ def fit_multi_turn(t: Translation, peer: str) -> None:
         t.decide(key, why)
 
 
-def tool_config_check(path: str, peer: str) -> str:
-    """The check line for a tool config YAML (veRL's format: tools: - class_name, config, tool_schema) that
-    becomes rollout.multi_turn.tools."""
-    return (f"rollout.multi_turn.tools: the tool config {path} is the other machine's path (a relative path is read "
-            f"from the directory verirl runs in): copy it, and check that each class_name it names imports here "
-            f"({peer}'s own tool classes need {peer} installed, docs/agents.md); a tool call's deadline is "
-            f"rollout.multi_turn.tool_timeout_s (10 s), a tool's own timeouts in its config are the tool's")
+def tool_config_rows(t: Translation, key: str, path: str, peer: str) -> None:
+    """What verirl makes of the tool config YAML ``path`` (veRL's format: tools: - class_name, config, tool_schema),
+    source key ``key``, which becomes rollout.multi_turn.tools: where the file is readable here, each class as
+    verirl's loader (`verirl.envs.peers`) takes it (verirl's own equivalent, refused, or imported here), and the
+    code interpreter's time limit as rollout.multi_turn.tool_timeout_s; else checks to make."""
+    import os
+
+    import yaml
+
+    from verirl.envs.peers import VERL_EQUIVALENTS, VERL_REFUSED
+
+    source = t.options.source
+    copy = (f"rollout.multi_turn.tools: the tool config {path} is the other machine's path (a relative path is read "
+            f"from the directory verirl runs in): copy it, and point rollout.multi_turn.tools at the copy")
+    entries = None
+    for where in [path] + ([os.path.join(os.path.dirname(source), path)] if source and not os.path.isabs(path) else []):
+        try:
+            data = yaml.safe_load(open(where, encoding="utf-8").read())
+        except (OSError, yaml.YAMLError, ValueError):
+            continue
+        entries = data.get("tools") if isinstance(data, dict) else None
+        break
+    if not isinstance(entries, list):
+        t.check(f"{copy}; check that each class_name it names imports here ({peer}'s own tool classes need {peer} "
+                f"installed; veRL's sandbox-fusion code interpreter and gsm8k checker are verirl's python tool and "
+                f"gsm8k checker, docs/agents.md); a tool call's deadline is rollout.multi_turn.tool_timeout_s (10 s)")
+        return
+    t.check(copy)
+    timeouts = []
+    for i, entry in enumerate(entries):
+        entry = entry if isinstance(entry, dict) else {}
+        cls, config = str(entry.get("class_name") or ""), entry.get("config") or {}
+        config = config if isinstance(config, dict) else {}
+        name = ((entry.get("tool_schema") or {}).get("function") or {}).get("name", "?") if isinstance(
+            entry.get("tool_schema"), dict) else "?"
+        what = f"tools[{i}] {name} ({cls or 'no class_name'})"
+        if str(config.get("type", "native")).lower() == "mcp" or cls in VERL_REFUSED:
+            why = VERL_REFUSED.get(cls, "an MCP tool, and verirl has no MCP client")
+            t.decide(key, f"{what}: verirl refuses it ({why}): remove or replace the entry")
+        elif VERL_EQUIVALENTS.get(cls) == "python":
+            language = str(config.get("default_language", "python")).lower()
+            if language not in ("python", "python3", "py"):
+                t.decide(key, f"{what}: default_language {language!r}, where verirl's python tool runs Python")
+            else:
+                t.note(key, f"{what}: verirl's python tool, each call a program in verirl's sandbox (its memory cap "
+                            f"4096 MB, not the service's memory_limit_mb)")
+                timeouts.append(float(config.get("default_timeout", 30)))
+        elif VERL_EQUIVALENTS.get(cls):
+            t.note(key, f"{what}: verirl's own {VERL_EQUIVALENTS[cls]} tool, the same answer check")
+        else:
+            t.check(f"{path}, {what}: a class verirl imports and calls as {peer} does (create / execute / release): it "
+                    f"must import here ({peer} installed, and any service it calls reachable)")
+    if timeouts:
+        t.put("rollout.multi_turn.tool_timeout_s", max(timeouts), key,
+              note=f"the code interpreter's default_timeout ({max(timeouts):g} s), each call's deadline in verirl")
 
 
 # ---------------------------------------------------------------- reading the source

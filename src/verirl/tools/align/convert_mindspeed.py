@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
-                                       peer_tables, pipeline_stages, tool_config_check)
+                                       peer_tables, pipeline_stages, tool_config_rows)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -440,7 +440,7 @@ def _multi_turn(t: Translation) -> None:
               note="MindSpeed-RL's tool config YAML (veRL's format: tools: - class_name, config, tool_schema), which "
                    "verirl reads as it is; a tool that raises ends MindSpeed-RL's episode there, verirl shows the "
                    "model the error as the tool's response and goes on")
-        t.check(tool_config_check(str(path), "MindSpeed-RL"))
+        tool_config_rows(t, RL + "tool_config_path", str(path), "MindSpeed-RL")
         t.check("MindSpeed-RL writes each round of tool responses in Qwen's ChatML markup (<|im_start|>user, "
                 "<tool_response> blocks, <|im_end|>, then <|im_start|>assistant), whatever the model, right after the "
                 "sampled <|im_end|> (no newline between); verirl renders a tool message with the model's chat template: "

@@ -25,7 +25,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Optional
 
 from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
-                                       peer_tables, pipeline_stages, tool_config_check)
+                                       peer_tables, pipeline_stages, tool_config_rows)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -1030,7 +1030,7 @@ def _tools(t: Translation) -> list[str]:
         tools.append(str(path))
         t.translated(MTK + "tool_config_path", "veRL's tool config YAML (tools: - class_name, config, tool_schema), "
                                                "which verirl reads as it is", ["rollout.multi_turn.tools"])
-        t.check(tool_config_check(str(path), "veRL"))
+        tool_config_rows(t, MTK + "tool_config_path", str(path), "veRL")
     elif t.given(MTK + "tool_config_path"):
         t.ignore(MTK + "tool_config_path", "null: no tool config")
     key = MTK + "function_tool_path"
