@@ -235,3 +235,90 @@ def test_no_generation_config_and_no_norm_eps(tmp_path, capsys):
     assert codes(r, "warning") == ["norm-eps-not-set"]
     assert "default (1e-06)" in finding(r, "norm-eps-not-set")["message"]
     assert r["numerics"]["rms_norm_eps"] == {"value": 1e-6, "source": "default (not in config.json)"}
+
+
+# --- --template: the chat template against token in / token out ------------------------------------------
+
+CHAT_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "chat_templates"
+
+
+def round_trip_json(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["doctor", "--template", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_template_round_trip_qwen25_gives_the_same_tokens(qwen_files, capsys):
+    """Qwen2.5's real template with its real vocabulary: the synthetic episode (a calculator call, its result,
+    an answer, a user follow-up, the answer), plain and with <think> blocks, renders again to verirl's
+    sequence, then the '\\n' the template writes after the last <|im_end|>."""
+    code, r = round_trip_json(capsys, "--model", str(qwen_files),
+                              "--template-file", str(CHAT_TEMPLATES / "qwen2.5.jinja"))
+    assert code == 0 and r["exit_code"] == 0 and r["error"] is None and r["notes"] == []
+    assert r["turn_end"] == {"token": "<|im_end|>", "id": IM_END}
+    assert set(r["variants"]) == {"plain", "thinking"}
+    for v in r["variants"].values():
+        assert v["same"] is True and v["closing"] == "\n" and v["differences"] == []
+        assert v["rendered_again_tokens"] == v["tokens"] + 1 and v["first_difference"] is None
+    assert "verirl trains on the sampled tokens" in r["what_verirl_does"]
+
+
+def test_template_round_trip_qwen3_differs_and_names_the_difference(qwen_files, capsys):
+    """Qwen3's real template: plain turns gain an empty think block in the last turn; turns with <think>
+    blocks before the follow-up (a new user query) lose them. The doctor names the first differing token and
+    each difference, exactly."""
+    code, r = round_trip_json(capsys, "--model", str(qwen_files),
+                              "--template-file", str(CHAT_TEMPLATES / "qwen3.jinja"))
+    assert code == 0 and r["error"] is None
+    plain, thinking = r["variants"]["plain"], r["variants"]["thinking"]
+    assert plain["same"] is False and thinking["same"] is False
+
+    assert [(d["kind"], d["segment"], d["verirl"], d["rendered_again"]) for d in plain["differences"]] == [
+        ("added", "turn 3 (sampled)", "", "<think>\n\n</think>\n\n")]
+    assert plain["sampled_tokens_lost"] == 0 and plain["tokens_added"] == 6
+    assert plain["first_difference"]["segment"] == "turn 3 (sampled)"
+    assert plain["first_difference"]["before"].endswith("<|im_start|>assistant\n")
+
+    assert [(d["kind"], d["segment"], d["verirl"], d["rendered_again"]) for d in thinking["differences"]] == [
+        ("dropped", "turn 1 (sampled)", "<think>\nI need the calculator for 2*3.\n</think>\n\n", ""),
+        ("dropped", "turn 2 (sampled)", "<think>\nThe calculator says 6.\n</think>\n\n", "")]
+    assert [d["verirl_tokens"] for d in thinking["differences"]] == [16, 12]
+    assert thinking["sampled_tokens_lost"] == 28 and thinking["tokens_added"] == 0
+    assert thinking["rendered_again_tokens"] == thinking["tokens"] + 1 - 28
+    first = thinking["first_difference"]
+    assert first["position"] == thinking["differences"][0]["position"] and first["segment"] == "turn 1 (sampled)"
+    assert first["verirl"].startswith("<think>\nI need") and first["rendered_again"].startswith("<tool_call>")
+
+    assert main(["doctor", str(qwen_files), "--template-file", str(CHAT_TEMPLATES / "qwen3.jinja")]) == 0
+    out = capsys.readouterr().out
+    assert "plain turns: DIFFERS" in out and "turns with <think> blocks: DIFFERS" in out
+    assert "turn 1 (sampled): dropped '<think>\\nI need the calculator for 2*3.\\n</think>\\n\\n'" in out
+    assert "28 of the 79 sampled tokens dropped or changed" in out
+    assert "verirl trains on the sampled tokens" in out and "re-tokenizes" in out
+
+
+def test_template_round_trip_tiny_by_default(capsys):
+    """No model given: the tiny model's tokenizer and template, the same tokens; its template writes no tool
+    schemas, which the doctor notes."""
+    code, r = round_trip_json(capsys)
+    assert code == 0 and r["model"] == "tiny" and r["turn_end"] == {"token": "<|im_end|>", "id": 2}
+    assert all(v["same"] for v in r["variants"].values())
+    assert len(r["notes"]) == 1 and "does not write the tools' schemas" in r["notes"][0]
+
+    assert main(["doctor", "tiny", "--template"]) == 0  # MODEL_DIR, then --template without NAME
+    out = capsys.readouterr().out
+    assert "plain turns: SAME" in out and "turns with <think> blocks: SAME" in out and out.rstrip().endswith("exit 0")
+
+
+def test_template_round_trip_errors(tmp_path, capsys):
+    """A template that drops the turn's content cannot hold an episode (exit 1); a template file or a tokenizer
+    that cannot be read is exit 2, in one paragraph."""
+    bad = tmp_path / "roles_only.jinja"
+    bad.write_text("{%- for m in messages %}<|im_start|>{{ m.role }}<|im_end|>{%- endfor %}")
+    code, r = round_trip_json(capsys, "--template-file", str(bad))
+    assert code == 1 and r["exit_code"] == 1 and r["variants"] == {}
+    assert "dropped the assistant turn's content" in r["error"]
+
+    assert main(["doctor", "--template-file", str(tmp_path / "nowhere.jinja")]) == 2
+    assert "--template-file" in capsys.readouterr().err
+    assert main(["doctor", "--template", "--model", str(tmp_path)]) == 2
+    assert "the tokenizer cannot be loaded" in capsys.readouterr().err

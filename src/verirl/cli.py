@@ -32,6 +32,7 @@ EPILOG = """examples:
   verirl export runs/tiny_grpo/20261129-120000 exported/   # newest checkpoint -> a Hugging Face directory
   verirl eval --model exported/ --data arith --n 8          # greedy_acc, pass@1..8, maj@8 on the held-out split
   verirl doctor path/to/model                               # EOS / pad / BOS ids, chat template, numerics
+  verirl doctor --template --model path/to/model            # its chat template against token in / token out
   verirl convert-config --from verl examples/verl_ppo_trainer_grpo.yaml -o grpo.yaml   # veRL / MindSpeed-RL -> verirl
   verirl compare-runs runs/a runs/b --png cmp.png           # two runs' curves against a tolerance (docs/alignment.md)
   verirl report runs/tiny_grpo/20261129-120000               # figures + an HTML page, RUN_DIR/report/index.html (docs/report.md)
