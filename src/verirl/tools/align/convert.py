@@ -373,6 +373,19 @@ def fit_multi_turn(t: Translation, peer: str) -> None:
         t.decide(key, why)
 
 
+def calls_per_turn_words(peer: str, calls: int) -> str:
+    """The decide note of a peer's cap on tool calls per turn (veRL's and MindSpeed-RL's max_parallel_calls)."""
+    from verirl.envs.parsers import MAX_CALLS
+
+    verirl = (f"verirl runs every call of a turn, up to {MAX_CALLS} (past them, one error the model reads), and has no "
+              f"setting for it")
+    if calls <= 0:
+        return f"{calls}: {peer} runs none of a turn's tool calls and answers them with an empty tool response; {verirl}"
+    first = "only the first tool call" if calls == 1 else f"the first {calls} tool calls"
+    return (f"{calls}: {peer} runs {first} of a turn and drops the rest unanswered; {verirl}: the same where the model "
+            f"makes at most {min(calls, MAX_CALLS)} a turn")
+
+
 def tool_config_rows(t: Translation, key: str, path: str, peer: str) -> None:
     """What verirl makes of the tool config YAML ``path`` (veRL's format: tools: - class_name, config, tool_schema),
     source key ``key``, which becomes rollout.multi_turn.tools: where the file is readable here, each class as
@@ -418,7 +431,8 @@ def tool_config_rows(t: Translation, key: str, path: str, peer: str) -> None:
                 t.decide(key, f"{what}: default_language {language!r}, where verirl's python tool runs Python")
             else:
                 t.note(key, f"{what}: verirl's python tool, each call a program in verirl's sandbox (its memory cap "
-                            f"4096 MB, not the service's memory_limit_mb)")
+                            f"reward.max_memory_mb, 0: 4096 MB, not the service's memory_limit_mb "
+                            f"{config.get('memory_limit_mb', 1024)})")
                 timeouts.append(float(config.get("default_timeout", 30)))
         elif VERL_EQUIVALENTS.get(cls):
             t.note(key, f"{what}: verirl's own {VERL_EQUIVALENTS[cls]} tool, the same answer check")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
-                                       peer_tables, pipeline_stages, tool_config_rows)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
+                                       model_parallel_fits, peer_tables, pipeline_stages, tool_config_rows)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -529,15 +529,7 @@ def _tool_responses(t: Translation) -> None:
                            f"observation's first rollout.multi_turn.max_tool_response_chars characters and marks the "
                            f"cut ...(truncated) (MindSpeed-RL's left)")
     par_key = RL + "max_parallel_calls"
-    par = int(t.get(par_key) or 0)
-    if par > 0:
-        first = "only the first tool call" if par == 1 else f"the first {par} tool calls"
-        t.decide(par_key, f"{par}: MindSpeed-RL runs {first} of a turn and drops the rest unanswered; verirl answers "
-                          f"every call a turn makes (it has no per-turn cap): the same where the model makes at most "
-                          f"{par} a turn")
-    else:
-        t.decide(par_key, f"{par}: MindSpeed-RL runs none of a turn's tool calls and answers them with an empty tool "
-                          f"response; verirl answers every call a turn makes")
+    t.decide(par_key, calls_per_turn_words("MindSpeed-RL", int(t.get(par_key) or 0)))
 
 
 def _switched_off(t: Translation, en_key: str, others: tuple[str, ...], what: str) -> bool:

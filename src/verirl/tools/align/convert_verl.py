@@ -24,8 +24,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, fit_multi_turn, model_parallel_fits,
-                                       peer_tables, pipeline_stages, tool_config_rows)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
+                                       model_parallel_fits, peer_tables, pipeline_stages, tool_config_rows)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -1152,11 +1152,7 @@ def _tool_responses(t: Translation) -> None:
     side = t.get(MTK + "tool_response_truncate_side", "middle")
     what = _CUT_SIDES.get(side, "veRL keeps the first N/2 and the last N/2 characters around ...(truncated)...")
     t.decide(MTK + "tool_response_truncate_side", f"{side}: {what}; {_VERIRL_CUT}")
-    calls = int(t.get(MTK + "max_parallel_calls", 1))
-    first = "only the first tool call" if calls == 1 else f"the first {calls} tool calls"
-    t.decide(MTK + "max_parallel_calls",
-             f"{calls}: veRL runs {first} of a turn and drops the rest unanswered; verirl answers every call a turn "
-             f"makes (it has no per-turn cap): the same where the model makes at most {calls} a turn")
+    t.decide(MTK + "max_parallel_calls", calls_per_turn_words("veRL", int(t.get(MTK + "max_parallel_calls", 1))))
 
 
 def _tools_in_single_turn_prompts(t: Translation) -> None:
