@@ -235,3 +235,15 @@ def test_every_engine_has_the_whole_protocol(tiny):
     engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
     engine.close()
     engine.close()
+
+
+def test_a_row_that_ended_early_without_a_stop_has_only_its_own_tokens():
+    """An engine that ends a row at its context length returns fewer tokens than the call's width, without a
+    stop: the row is those tokens, not padded up to the width (and a pad that equals a stop id is no stop)."""
+    from verirl.rollout.base import build_rollout
+
+    tokens = torch.tensor([[5, 6, 7, 2, 2], [5, 2, 9, 9, 9], [8, 8, 2, 2, 2]])
+    empty = torch.zeros((3, 0), dtype=torch.long)
+    r = build_rollout(empty, empty, tokens, [2], pad_id=2, lengths=[3, 5, 2])
+    assert r.response_lengths.tolist() == [3, 2, 2] and r.stopped.tolist() == [False, True, False]
+    assert r.response_ids[0, :3].tolist() == [5, 6, 7] and r.loss_mask.sum(-1).tolist() == [3, 2, 2]

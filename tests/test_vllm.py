@@ -264,3 +264,61 @@ def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
         assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED
     finally:
         eng.close()
+
+
+class _Hints:
+    """Two hints, then the episode ends (a user's environment)."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def reset(self, prompt):
+        return None
+
+    def step(self, turn):
+        from verirl.envs import EnvStep
+
+        self.seen += 1
+        if self.seen > 2:
+            return EnvStep(None, 0.0, True)
+        return EnvStep([{"role": "user", "content": f"hint {self.seen}: check it"}], 0.1, False)
+
+    def close(self):
+        pass
+
+
+def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
+    """Every turn's whole prefix goes to vLLM (its prefix cache keeps it cheap), awake across the turns:
+    the greedy episodes equal the native engine's, which keeps its KV cache across turns."""
+    from verirl.data.prompts import encode_prompts
+    from verirl.data.tasks import arith_split
+    from verirl.rollout.base import SamplingParams
+    from verirl.rollout.multiturn import MultiTurn, TurnLimits
+    from verirl.rollout.native import NativeEngine
+    from verirl.rollout.render import TurnRenderer
+
+    lm, eng = engine
+    eng.sync_weights(lm.model)
+    prompts = encode_prompts(arith_split(0, 6, 0)[0], lm.tokenizer, 64)
+    limits = TurnLimits(3, 3, 64, 20, 16)  # prompt + episode within the engine's max_model_len=128
+    greedy = SamplingParams(max_new_tokens=64, temperature=0.0)
+    out = {}
+    for name, e in (("vllm", eng), ("native", NativeEngine(lm.model, lm.pad_id, [2]))):
+        loop = MultiTurn(e, lm.tokenizer, TurnRenderer(lm.tokenizer), _Hints, limits, [2], lm.pad_id)
+        out[name] = loop.generate(prompts, 1, greedy).episodes
+    assert sum(e.turns for e in out["vllm"]) > len(prompts)  # later turns decoded
+    assert [e.tokens for e in out["vllm"]] == [e.tokens for e in out["native"]]
+    assert [e.mask for e in out["vllm"]] == [e.mask for e in out["native"]]
+
+
+def test_a_multi_turn_grpo_step_on_vllm_matches_the_trainers_logprobs(tmp_path):
+    import inspect
+
+    env = tmp_path / "hints.py"
+    env.write_text(inspect.getsource(_Hints).replace("class _Hints", "class Hints"))
+    rows = _train(tmp_path / "run", "rollout.multi_turn.enable=true", f"rollout.multi_turn.environment={env}:Hints",
+                  "rollout.max_new_tokens=96", "rollout.multi_turn.max_tokens_per_turn=24", steps=2)
+    for r in rows:
+        assert r["turns/mean"] > 1.5, r
+        assert r["rollout/logprob_diff/max"] < 1e-3, r
+        assert r["response_length/model_tokens"] < r["response_length/total"], r

@@ -61,19 +61,27 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[t
 
 
 def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
-                  stop_ids: Sequence[int], pad_id: int) -> Rollout:
+                  stop_ids: Sequence[int], pad_id: int, lengths: Optional[Sequence[int]] = None) -> Rollout:
     """From raw sampled tokens (N, R) (anything after a stop is ignored) build the Rollout.
 
     The response mask covers positions up to and including the FIRST stop token; it is
     decided by position, never by comparing ids with the pad id (EOS may equal pad). Every
-    token was sampled, so the loss mask equals it."""
+    token was sampled, so the loss mask equals it. ``lengths``: the tokens each row has (an engine that
+    ended a row early without a stop, e.g. at its context length); default R."""
     N, R = tokens.shape
+    if lengths is not None:  # positions past a row's own length are not tokens: a stop there means nothing
+        have = torch.as_tensor([min(int(k), R) for k in lengths], dtype=torch.long, device=tokens.device)
+        beyond = torch.arange(R, device=tokens.device)[None] >= have[:, None]
+        tokens = tokens.masked_fill(beyond, pad_id)
     if R == 0:
         empty = tokens.new_zeros((N, 0))
         return Rollout(prompt_ids, prompt_mask, empty, empty, empty.clone(), torch.zeros(N, dtype=torch.bool))
     is_stop = torch.isin(tokens, torch.as_tensor(list(stop_ids), device=tokens.device))
+    if lengths is not None:
+        is_stop &= ~beyond
     stopped = is_stop.any(-1)
-    first = torch.where(stopped, is_stop.float().argmax(-1), torch.full_like(stopped, R - 1, dtype=torch.long))
+    end = have if lengths is not None else torch.full((N,), R, dtype=torch.long, device=tokens.device)
+    first = torch.where(stopped, is_stop.float().argmax(-1), end - 1)
     lengths = first + 1  # (N,)
     pos = torch.arange(R, device=tokens.device).unsqueeze(0)
     mask = (pos < lengths.unsqueeze(1)).long()

@@ -23,6 +23,7 @@ each turn (vLLM's prefix caching keeps that cheap).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -156,8 +157,10 @@ class MultiTurn:
         opened = getattr(self.engine, "open_session", None) if self.continued else None
         session = opened([e.prompt_ids for e in episodes], self.limits.max_total_tokens) if opened else None
         self.last_prefilled = 0
+        awake = getattr(self.engine, "awake", None)  # vLLM: awake across the turns, the prefixes cached
         try:
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="verirl-env") as pool:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="verirl-env") as pool, \
+                    (awake() if awake is not None else contextlib.nullcontext()):
                 live = episodes
                 while live:
                     self._turn(live, params, pool, session)

@@ -49,6 +49,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -260,6 +261,7 @@ class VLLMEngine:
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
         self.free_cache_engine = bool(free_cache_engine) and self.sleep_supported
         self.asleep = False
+        self.held = False  # inside `awake`: the engine stays awake between calls (a multi-turn rollout's turns)
         kwargs = dict(model=resolve_path(path), dtype=_DTYPES.get(dtype, dtype), seed=int(seed),
                       tensor_parallel_size=int(tensor_parallel_size),
                       gpu_memory_utilization=float(gpu_memory_utilization), enforce_eager=bool(enforce_eager),
@@ -409,6 +411,19 @@ class VLLMEngine:
             seed=None if greedy else seed, stop_token_ids=list(self.stop_ids), ignore_eos=True,
             logprobs=0, detokenize=False, skip_special_tokens=False)
 
+    @contextlib.contextmanager
+    def awake(self):
+        """The engine stays awake across the calls of the block (a multi-turn rollout's turns: their prefixes
+        stay in the prefix cache), and sleeps after it as after one call."""
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+            if self.free_cache_engine and not self.asleep:
+                self.llm.sleep(level=1)
+                self.asleep = True
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams,
                  prompt_index: Optional[Sequence[int]] = None, sample_index: Optional[Sequence[int]] = None,
                  offset: Optional[Sequence[int]] = None) -> Rollout:
@@ -445,20 +460,22 @@ class VLLMEngine:
         N = len(mine) * n
         tokens = torch.full((N, R), self.pad_id, dtype=torch.long)
         logps = torch.zeros((N, R), dtype=torch.float32)
+        got = [0] * N  # tokens of each row (fewer than R without a stop: the context length was reached)
         for i, out in enumerate(outputs):
             c = out.outputs[0]
             toks = list(c.token_ids)[:R]
+            got[i] = len(toks)
             tokens[i, :len(toks)] = torch.as_tensor(toks, dtype=torch.long)
             if c.logprobs is not None:
                 logps[i, :len(toks)] = torch.tensor([d[t].logprob for d, t in zip(c.logprobs, toks)],
                                                     dtype=torch.float32)
-        if self.free_cache_engine:
+        if self.free_cache_engine and not self.held:
             self.llm.sleep(level=1)  # weights to host memory, KV cache freed, until the next push / rollout
             self.asleep = True
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompt_ids, self.pad_id)
         rollout = build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
-                                self.stop_ids, self.pad_id)
+                                self.stop_ids, self.pad_id, lengths=got)
         rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
         if device.type != "cpu":
             rollout = Rollout(*(t.to(device) for t in (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
