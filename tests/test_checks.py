@@ -123,7 +123,7 @@ CASES = [
     ("multi-turn", {"rollout.multi_turn.enable": True}, "neither rollout.multi_turn.tools nor"),
     ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
                     "rollout.engine": "vllm", "rollout.tensor_parallel_size": 2, "trainer.nproc_per_node": 2},
-     "a tensor-parallel vLLM engine takes its group's prompts"),
+     "rollout.multi_turn.enable=true with rollout.tensor_parallel_size=2: the ranks of a tensor-parallel group"),
     ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
                     "rollout.multi_turn.max_total_tokens": 4096},
      "rollout.multi_turn.max_total_tokens=4096 is over rollout.max_new_tokens"),

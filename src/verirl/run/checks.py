@@ -389,11 +389,14 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
     mt, r = cfg.rollout.multi_turn, cfg.rollout
     if not mt.enable:
         return
-    if r.engine == "vllm" and rollout_tensor_parallel(cfg) > 1:
-        raise ConfigError(f"rollout.multi_turn.enable=true with rollout.engine=vllm at rollout.tensor_parallel_size="
-                          f"{rollout_tensor_parallel(cfg)}: a tensor-parallel vLLM engine takes its group's prompts "
-                          f"together, and a multi-turn turn is keyed row by row. Set rollout.tensor_parallel_size=1 "
-                          f"(each rank decodes with its own engine).")
+    tp = rollout_tensor_parallel(cfg)
+    if tp > 1:
+        given = "" if r.tensor_parallel_size else " (0: actor.tensor_parallel_size)"
+        raise ConfigError(f"rollout.multi_turn.enable=true with rollout.tensor_parallel_size={tp}{given}: the ranks of "
+                          f"a tensor-parallel group would decode the same episodes together, each running their tools "
+                          f"itself, and one tool answering differently on one rank (a deadline is wall-clock) would "
+                          f"leave the group's collectives waiting. Set rollout.tensor_parallel_size=1: each rank "
+                          f"decodes its share of the episodes with the whole weights (the actor stays split).")
     for key in ("max_total_tokens", "max_tokens_per_turn"):
         v = getattr(mt, key)
         if v > r.max_new_tokens:
