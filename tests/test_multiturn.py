@@ -206,3 +206,41 @@ def test_the_kept_kv_cache_gives_the_episode_a_fresh_prefill_gives(tiny, prompts
     assert [e.mask for e in a.episodes] == [e.mask for e in b.episodes]
     if temperature > 0:
         torch.testing.assert_close(a.rollout.sample_logprobs, b.rollout.sample_logprobs, atol=1e-4, rtol=0)
+
+
+class Uneven:
+    """Long observations for the first episode of each call, short ones for the others: the episodes' budgets
+    left for a turn grow apart."""
+    made = 0
+
+    def __init__(self):
+        self.long, Uneven.made = Uneven.made % 2 == 0, Uneven.made + 1
+
+    def reset(self, prompt):
+        return None
+
+    def step(self, turn):
+        text = " ".join(["word"] * 120) if self.long else "ok"
+        return Step([{"role": "tool", "content": text}], None, False)
+
+    def close(self):
+        pass
+
+
+def test_episodes_far_apart_in_length_stay_within_their_budgets(tiny, prompts):
+    """One episode near max_total_tokens and one far from it decode a turn together: the long one stops at
+    its own budget (no position past the cache's rotary table), and each matches a fresh prefill."""
+    limits = TurnLimits(max_turns=6, max_env_turns=6, max_total_tokens=300, max_tokens_per_turn=280,
+                        max_observation_tokens=140)
+    sampling = SamplingParams(max_new_tokens=300, temperature=1.0, seed=3)
+    engine = NativeEngine(tiny.model, tiny.pad_id, tiny.stop_ids)
+    runs = []
+    for continued in (True, False):
+        Uneven.made = 0
+        loop = MultiTurn(engine, tiny.tokenizer, TurnRenderer(tiny.tokenizer), Uneven, limits, tiny.stop_ids,
+                         tiny.pad_id, continued=continued)
+        runs.append(loop.generate(prompts[:2], 2, sampling))
+    kept, fresh = runs
+    assert all(len(e.tokens) <= 300 for e in kept.episodes)
+    assert max(len(e.tokens) for e in kept.episodes) > 250 and min(len(e.tokens) for e in kept.episodes) < 150
+    assert [e.tokens for e in kept.episodes] == [e.tokens for e in fresh.episodes]

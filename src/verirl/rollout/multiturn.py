@@ -32,6 +32,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
+from verirl.core.errors import DataError
 from verirl.core.types import Prompt, Rollout
 from verirl.rollout.base import SamplingParams, left_pad
 from verirl.rollout.render import TurnRenderer, encode
@@ -57,6 +58,7 @@ class TurnLimits:
     max_total_tokens: int  # response tokens in all, sampled and observed
     max_tokens_per_turn: int  # sampled tokens per turn
     max_observation_tokens: int  # tokens of one observation message's content
+    max_prompt_tokens: int = 0  # a prompt with an environment's first observation at most (0: no check)
 
 
 @dataclass
@@ -124,7 +126,8 @@ class MultiTurn:
     run environment steps while the engine decodes."""
 
     def __init__(self, engine, tokenizer, renderer: TurnRenderer, new_env: Callable[[], EnvironmentLike],
-                 limits: TurnLimits, stop_ids: Sequence[int], pad_id: int, workers: int = 2, continued: bool = True):
+                 limits: TurnLimits, stop_ids: Sequence[int], pad_id: int, workers: int = 2, continued: bool = True,
+                 batch: int = 0):
         self.engine, self.tokenizer, self.renderer, self.new_env = engine, tokenizer, renderer, new_env
         self.limits, self.stop_ids, self.pad_id = limits, set(int(i) for i in stop_ids), pad_id
         self.workers = max(1, workers)
@@ -135,30 +138,32 @@ class MultiTurn:
         self.stop_text = {i: tokenizer.decode([i]) for i in self.stop_ids}
         self.last_tool_seconds = 0.0  # the tools' wall-clock time in the last call, summed over episodes
         self.last_hidden_seconds = 0.0  # of that, what ran while the engine was still decoding
+        self.batch = batch  # episodes decoded together (whole groups; 0 = all of a call's)
+        self._logps = True  # every engine call of the last generate returned its sampled tokens' log-probs
 
     def generate(self, prompts: Sequence[Prompt], n: int, params: SamplingParams,
                  positions: Optional[Sequence[int]] = None) -> Episodes:
-        """``n`` episodes per prompt (at ``positions`` of the step's global batch), contiguous per prompt."""
+        """``n`` episodes per prompt (at ``positions`` of the step's global batch), contiguous per prompt;
+        ``batch`` episodes decode together at a time (whole groups; 0 = all)."""
         positions = list(range(len(prompts))) if positions is None else list(positions)
-        episodes = []
-        for p, g in zip(prompts, positions):
-            for j in range(n):
-                env = self.new_env()
-                first = env.reset(p)
-                messages = list(p.messages)
-                ids = list(p.ids)
-                if first:
-                    first = cut_observation(self.tokenizer, list(first), self.limits.max_observation_tokens)
-                    messages += first
-                    ids = self.renderer.prompt_ids(messages)
-                episodes.append(Episode(p, g, j, env, ids, messages))
         self.last_tool_seconds = self.last_hidden_seconds = 0.0
-        self._logps = True  # every engine call returned its sampled tokens' log-probs
-        opened = getattr(self.engine, "open_session", None) if self.continued else None
-        session = opened([e.prompt_ids for e in episodes], self.limits.max_total_tokens) if opened else None
         self.last_prefilled = 0
+        self._logps = True
+        per = len(prompts) if self.batch <= 0 else max(1, self.batch // n)
+        episodes: list[Episode] = []
+        for s in range(0, len(prompts), per):  # episodes are keyed one by one: the split changes no token
+            episodes += self._episodes(prompts[s:s + per], positions[s:s + per], n, params)
+        return Episodes(self._rollout(episodes), [e.answer for e in episodes], episodes)
+
+    def _episodes(self, prompts: Sequence[Prompt], positions: list[int], n: int, params: SamplingParams) -> list[Episode]:
+        episodes: list[Episode] = []
         awake = getattr(self.engine, "awake", None)  # vLLM: awake across the turns, the prefixes cached
         try:
+            for p, g in zip(prompts, positions):
+                for j in range(n):
+                    episodes.append(self._start(p, g, j))
+            opened = getattr(self.engine, "open_session", None) if self.continued else None
+            session = opened([e.prompt_ids for e in episodes], self.limits.max_total_tokens) if opened else None
             with ThreadPoolExecutor(self.workers, thread_name_prefix="verirl-env") as pool, \
                     (awake() if awake is not None else contextlib.nullcontext()):
                 live = episodes
@@ -170,11 +175,32 @@ class MultiTurn:
                         session.extend([live[i].tokens[live[i].observed:] for i in going])
                     live = [live[i] for i in going]
             if session is not None:
-                self.last_prefilled = sum(session.prefilled)
+                self.last_prefilled += sum(session.prefilled)
         finally:
             for e in episodes:
                 e.env.close()
-        return Episodes(self._rollout(episodes), [e.answer for e in episodes], episodes)
+        return episodes
+
+    def _start(self, p: Prompt, position: int, sample: int) -> Episode:
+        """A new episode of ``p``: its environment, reset, and its prompt (with the first observation, if any)."""
+        env = self.new_env()
+        e = Episode(p, position, sample, env, list(p.ids), list(p.messages))
+        first = env.reset(p)
+        if first:
+            if not p.messages:
+                raise DataError("rollout.multi_turn.environment: reset(prompt) returned a first observation, but "
+                                "this prompt holds token ids only (a preprocessed or replayed data file), so the "
+                                "observation cannot be rendered after its messages. Use a raw data file (rendered "
+                                "by the tokenizer's chat template), or return no first observation.")
+            first = cut_observation(self.tokenizer, list(first), self.limits.max_observation_tokens)
+            e.messages += first
+            e.prompt_ids = self.renderer.prompt_ids(e.messages)
+            if self.limits.max_prompt_tokens and len(e.prompt_ids) > self.limits.max_prompt_tokens:
+                raise DataError(f"rollout.multi_turn.environment: the prompt with the environment's first "
+                                f"observation is {len(e.prompt_ids)} tokens, over data.max_prompt_length="
+                                f"{self.limits.max_prompt_tokens}. Raise data.max_prompt_length, or return a shorter "
+                                f"first observation (rollout.multi_turn.max_tool_response_tokens cuts it).")
+        return e
 
     def _turn(self, live: list[Episode], params: SamplingParams, pool: ThreadPoolExecutor, session=None) -> None:
         """One assistant turn of every live episode, each environment step started as its turn stops."""
@@ -197,7 +223,7 @@ class MultiTurn:
                     offset=[len(e.tokens) for e in live])
         turn = replace(params, max_new_tokens=max(budgets))
         if session is not None:  # the cache kept from the last turn: nothing prefilled again
-            r = session.turn(turn, on_stop=stopped, **keys)
+            r = session.turn(turn, on_stop=stopped, budgets=budgets, **keys)
         else:
             self.last_prefilled += sum(len(e.prompt_ids) + len(e.tokens) for e in live)
             kw = {"on_stop": stopped} if _takes(self.engine, "on_stop") else {}

@@ -398,9 +398,13 @@ class Session:
         self.bias, self.pos, self.logits = self.bias[idx], self.pos[idx], self.logits[idx]
 
     def turn(self, params: SamplingParams, prompt_index: Sequence[int], sample_index: Sequence[int],
-             offset: Sequence[int], on_stop: Optional[Callable[[int, list[int]], None]] = None) -> Rollout:
-        """Each row's next turn, up to ``params.max_new_tokens``; keyed like `NativeEngine.generate`."""
+             offset: Sequence[int], on_stop: Optional[Callable[[int, list[int]], None]] = None,
+             budgets: Optional[Sequence[int]] = None) -> Rollout:
+        """Each row's next turn, up to ``params.max_new_tokens`` (``budgets``: each row's own limit, at most that:
+        a row stops decoding there); keyed like `NativeEngine.generate`."""
         R, B = params.max_new_tokens, self.logits.shape[0]
+        limit = torch.as_tensor([min(int(b), R) for b in budgets] if budgets is not None else [R] * B,
+                                dtype=torch.long, device=self.device)
         keyed = None
         if params.seed is not None and params.temperature > 0:
             keyed = _KeyedUniforms(params.seed, prompt_index, 1, R, self.device, sample_index, offset)
@@ -429,6 +433,7 @@ class Session:
                 if on_stop is not None:
                     for row in (was & ~running).nonzero().squeeze(-1).tolist():
                         on_stop(row, tokens[row, :t + 1].tolist())
+                running &= t + 1 < limit  # a row at its own limit decodes no further (its episode ends)
                 # every sampled token goes into the cache, the stop included: the next turn follows it
                 logits = self.dec.forward(tok[:, None], torch.where(was, self.pos, 0)[:, None], self.col,
                                           self.bias[:, None, None, None, :self.col + 1])

@@ -218,7 +218,13 @@ class ReplayEngine:
                                 f"records for its {n} samples (a multi-turn replay needs the rollouts.jsonl of a "
                                 f"multi-turn run: records with segments).")
             for line in group:
-                rows_p.append(list(line.prompt_ids if line.prompt_ids is not None else ids))
+                if self.prompts == "data":
+                    self._check_prompt(line, ids)
+                if len(line.response_ids) > params.max_new_tokens:
+                    raise DataError(f"{line.where}: the episode is {len(line.response_ids)} response tokens, over "
+                                    f"rollout.max_new_tokens={params.max_new_tokens} (what the update is laid out "
+                                    f"for). Replay with the dumped run's rollout.max_new_tokens (its config.yaml).")
+                rows_p.append(list(ids))
                 chosen.append(line)
         p_ids, p_mask = left_pad(rows_p, self.pad_id, self.device)
         width = max(1, max(len(x.response_ids) for x in chosen))

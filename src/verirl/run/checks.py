@@ -389,6 +389,11 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
     mt, r = cfg.rollout.multi_turn, cfg.rollout
     if not mt.enable:
         return
+    if r.engine == "hf":
+        raise ConfigError("rollout.multi_turn.enable=true with rollout.engine=hf: transformers' generate samples from "
+                          "torch's global generator, so an episode's turns would depend on what else is decoded with "
+                          "them (its batch, the number of ranks) and a resumed run would not repeat them. Use "
+                          "rollout.engine=native (its KV cache kept across turns) or vllm.")
     tp = rollout_tensor_parallel(cfg)
     if tp > 1:
         given = "" if r.tensor_parallel_size else " (0: actor.tensor_parallel_size)"

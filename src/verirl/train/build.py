@@ -42,6 +42,7 @@ from verirl.run.checkpoint import Checkpoint, load_checkpoint
 from verirl.run.rundir import RunDirLock, checkpoint_to_resume, clear_previous_run, lock_held_by_launcher
 from verirl.run.runlog import LogSettings
 from verirl.run.watchdog import Watchdog
+from verirl.core.errors import ConfigError
 from verirl.core.types import Prompt
 
 
@@ -130,13 +131,23 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
     resume = checkpoint_to_resume(cfg.trainer.run_dir, cfg.trainer.resume, cfg.trainer.overwrite)
     lm = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, dict(cfg.model.override_config))
     envs = environments(cfg, lm.tokenizer, hide=(cfg.trainer.run_dir,))
+    try:
+        return _build_with(cfg, run_dir, lock, dist, takes_lock, say, resume, lm, envs)
+    except BaseException:
+        if envs is not None:
+            envs.close()  # its tool workers
+        raise
+
+
+def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock: bool,
+                say: Callable[[str], None], resume, lm, envs) -> Run:
     train, val, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
-    if envs is not None and envs.schemas:  # the template declares the tools in every prompt
-        train, val = (encode_prompts(p, lm.tokenizer, cfg.data.max_prompt_length, f"data {what}", cfg.data.too_long,
-                                     tools=envs.schemas) for p, what in ((train, "train"), (val, "val")))
+    train, val = with_tools(train, lm.tokenizer, envs, cfg.data, "data.train_path" if cfg.data.train_path else
+                            f"the built-in {cfg.data.task} task"), with_tools(val, lm.tokenizer, envs, cfg.data, "")
     eval_prompts = val
     if cfg.eval.data:
         eval_prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(cfg.data, too_long="filter")).prompts
+        eval_prompts = with_tools(eval_prompts, lm.tokenizer, envs, cfg.data, "eval.data", too_long="filter")
     if len(train) < cfg.data.prompts_per_step:
         print(f"data: {len(train)} training prompts, fewer than data.prompts_per_step={cfg.data.prompts_per_step}: "
               f"every step repeats prompts. Add data or lower data.prompts_per_step.", file=sys.stderr)
@@ -195,6 +206,22 @@ def _build(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_lock:
                nonfinite=NonfiniteCount(t.max_nonfinite_steps), device=device_name(resolve_device(cfg.model.device)))
 
 
+def with_tools(prompts: list[Prompt], tokenizer, envs, data, source: str, too_long: str = "") -> list[Prompt]:
+    """``prompts`` rendered again with the tools' schemas declared (the chat template shows the model its
+    tools), where there are tools and the prompts are chat messages. Prompts that are token ids only (a
+    preprocessed file) keep their ids: said once, naming ``source``."""
+    if envs is None or not envs.schemas or not prompts:
+        return prompts
+    if any(not p.messages for p in prompts):
+        if source:
+            print(f"rollout.multi_turn.tools: the prompts of {source} are token ids (a preprocessed file), so the "
+                  f"tools' schemas are not added to them by the chat template; the model sees only what their "
+                  f"template wrote. Use a raw data file to have the template declare the tools.", file=sys.stderr)
+        return prompts
+    return encode_prompts(prompts, tokenizer, data.max_prompt_length, source or "data", too_long or data.too_long,
+                          tools=envs.schemas)
+
+
 def environments(cfg: Config, tokenizer, hide: tuple[str, ...] = ()):
     """rollout.multi_turn's tools and environment (`verirl.envs.build_environments`), or None when off (and
     when a multi-turn dump is replayed: nothing runs)."""
@@ -214,7 +241,7 @@ def turn_limits(cfg: Config) -> TurnLimits:
     return TurnLimits(max_turns=mt.max_turns, max_env_turns=mt.max_env_turns or mt.max_turns,
                       max_total_tokens=mt.max_total_tokens or longest,
                       max_tokens_per_turn=mt.max_tokens_per_turn or longest,
-                      max_observation_tokens=mt.max_tool_response_tokens)
+                      max_observation_tokens=mt.max_tool_response_tokens, max_prompt_tokens=cfg.data.max_prompt_length)
 
 
 def multi_turn(cfg: Config, engine: Engine, tokenizer, envs, stop_ids: list[int], pad_id: int) -> Optional[MultiTurn]:
@@ -224,8 +251,16 @@ def multi_turn(cfg: Config, engine: Engine, tokenizer, envs, stop_ids: list[int]
         return ReplayedEpisodes(engine)
     if envs is None:
         return None
-    return MultiTurn(engine, tokenizer, TurnRenderer(tokenizer, envs.schemas), envs.new, turn_limits(cfg), stop_ids,
-                     pad_id, workers=cfg.rollout.multi_turn.tool_workers)
+    renderer = TurnRenderer(tokenizer, envs.schemas)
+    try:  # a template that cannot place an observation after a turn is found here, not mid-rollout
+        renderer.observation_ids([{"role": "user", "content": "1 + 1?"}], [{"role": "tool", "content": "2"}])
+    except Exception as e:  # noqa: BLE001  (any template error is the template's)
+        raise ConfigError(f"rollout.multi_turn: the chat template of {cfg.model.path} cannot render a tool "
+                          f"observation after an assistant turn ({type(e).__name__}: {e}). Use a model whose "
+                          f"template renders tool messages, or set data.prompt_type / the tokenizer's "
+                          f"chat_template (docs/agents.md).") from None
+    return MultiTurn(engine, tokenizer, renderer, envs.new, turn_limits(cfg), stop_ids, pad_id,
+                     workers=cfg.rollout.multi_turn.tool_workers, batch=cfg.rollout.micro_batch_size)
 
 
 def log_settings(cfg: Config) -> LogSettings:
@@ -416,8 +451,7 @@ def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
     tools = envs.schemas if envs is not None else None
     if cfg.eval.data:
         prompts = load_prompts(cfg.eval.data, lm.path, **data_loading_options(data, too_long="filter")).prompts
-        if tools:
-            prompts = encode_prompts(prompts, lm.tokenizer, data.max_prompt_length, cfg.eval.data, "filter", tools)
+        prompts = with_tools(prompts, lm.tokenizer, envs, data, "--data", too_long="filter")
     else:
         _, val = TASKS[data.task](data.seed, 0, cfg.eval.size)
         prompts = encode_prompts(val, lm.tokenizer, data.max_prompt_length, f"{data.task} val", "filter", tools)
