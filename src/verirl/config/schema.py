@@ -95,6 +95,9 @@ class ModelConfig:
                                                   "reproduced")
 
 
+SFT_MODELS = Registry("model", {"tiny": "the tiny tokenizer (Qwen's specials, <think>/<answer>)",
+                                 "tiny-tools": "tiny's construction with <tool_call>/<tool_response> tokens, trained "
+                                               "on calculator episodes; turns stop at <|im_end|> or </tool_call>"})
 MULTI_TURN_REWARDS = Registry("rollout.multi_turn.reward", {
     "sum": "the rules' score of the final answer plus every reward the environment returned",
     "last": "the rules' score of the final answer plus the environment's last reward"})
@@ -405,7 +408,10 @@ class SFTConfig:
     init: str = setting("scratch", "scratch = build the tiny tokenizer + a fresh model; or a model directory")
     out_dir: str = setting("runs/sft", "where the Hugging Face directory is written (`make weights`: the shipped "
                                        "model)")
-    task: str = setting("arith", "built-in task")
+    model: str = setting("tiny", "with init=scratch, the tokenizer and model built: tiny, or tiny-tools (the tool-call "
+                                 "tokens; tasks with tools are trained as episodes, loss on the assistant turns)",
+                         choices=SFT_MODELS)
+    task: str = setting("arith", "built-in task (arith_tools: calculator episodes, for model=tiny-tools)")
     seed: int = setting(0, "seeds the tokenizer, the init, the data and the order (use GRPO's data.seed)")
     val_size: int = setting(200, "the held-out split (the same problems GRPO evaluates on)")
     train_size: int = setting(50000, "problems drawn for SFT (from the non-held-out pool)")
@@ -414,7 +420,8 @@ class SFTConfig:
     warmup_steps: int = setting(50, "linear warm-up steps")
     max_steps: int = setting(2000, "upper bound on SFT steps")
     eval_every: int = setting(25, "steps between held-out greedy checks")
-    target_greedy: float = setting(0.20, "stop once held-out greedy accuracy reaches this (0 = run max_steps)")
+    target_greedy: float = setting(0.20, "stop once held-out greedy accuracy reaches this (0 = run max_steps); with "
+                                         "tools: of the whole episode, the calculator's result read back")
     threads: int = setting(0, "torch threads; 0 = all cores")
 
 

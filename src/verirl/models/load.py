@@ -32,7 +32,8 @@ class LoadedModel:
 
 
 def resolve_path(path: str) -> str:
-    return str(TINY_DIR) if path == "tiny" else path
+    # tiny-tools: tiny with the tool-call tokens, beside it (docs/tiny-model.md)
+    return {"tiny": str(TINY_DIR), "tiny-tools": str(TINY_DIR.parent / "tiny-tools")}.get(path, path)
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weight formats that torch.load unpickles

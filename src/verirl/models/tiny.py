@@ -2,6 +2,10 @@
 Qwen2-architecture model, so the code path that trains it is the one that trains real
 Qwen models. Both are built deterministically from a seed; `verirl sft` then warm-starts
 the model on the built-in task (see configs/tiny_sft.yaml, `make weights`).
+
+``tiny-tools`` (`build_tools_tokenizer`, configs/tiny_tools_sft.yaml): the same construction and model,
+its tokenizer trained on calculator episodes, with Qwen2.5's tool-call markers as single tokens and a
+chat template that renders tool messages as Qwen2.5's does (docs/tiny-model.md).
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from verirl.data.tasks import arith_split, reference_response
+from verirl.data.tasks import arith_split, arith_tools_split, reference_response, reference_turns
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's ids 151643-151645, here 0-2
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]  # single tokens, as in Qwen3's vocabulary
@@ -36,6 +40,12 @@ def build_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedTokenizer
     for p in train:
         corpus.append(f"<|im_start|>user\n{p.messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
                       f"{reference_response(p)}<|im_end|>\n")
+    return _bpe(corpus, TAGS, CHAT_TEMPLATE, vocab_size)
+
+
+def _bpe(corpus: list[str], tags: list[str], chat_template: str, vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``corpus`` with Qwen2's normaliser and pre-tokenizer, Qwen's special
+    tokens and ``tags`` as single non-special tokens."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -44,13 +54,53 @@ def build_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedTokenizer
     ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=CHAT_TEMPLATE, model_max_length=512,
+                                   chat_template=chat_template, model_max_length=512,
                                    clean_up_tokenization_spaces=False)
+
+
+# ----------------------------------------------------------------------------- tiny-tools
+# The tiny tokenizer's construction, trained on calculator episodes of the arith_tools task, with
+# Qwen2.5's tool-call markers as single non-special tokens (they survive decode(skip_special_tokens=True),
+# so the tool-call parser sees them). Its turns end at <|im_end|> or right after </tool_call>.
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Qwen2.5's shape: a tool message is a user turn wrapped in <tool_response>, consecutive ones share one
+# user turn (one per line). ``tools=`` is not rendered: the model knows its one tool, the calculator.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user\\n' }}"
+    "{%- else %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_response>' + message['content'] + '</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def build_tools_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedTokenizerFast:
+    """The tiny-tools tokenizer: the tiny tokenizer's construction trained on rendered calculator
+    episodes (prompt, call, tool response, answer), with `TOOL_TAGS` as single tokens."""
+    train, _ = arith_tools_split(seed, 4000, 0)
+    corpus = []
+    for p in train:
+        call, result, answer = reference_turns(p)
+        corpus.append(f"<|im_start|>user\n{p.messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+                      f"{call['content']}<|im_end|>\n<|im_start|>user\n<tool_response>{result['content']}"
+                      f"</tool_response><|im_end|>\n<|im_start|>assistant\n{answer['content']}<|im_end|>\n")
+    return _bpe(corpus, TAGS + TOOL_TAGS, TOOLS_CHAT_TEMPLATE, vocab_size)
+
+
+def tools_stop_ids(tokenizer) -> list[int]:
+    """tiny-tools' stop ids: pad, <|im_end|> and </tool_call> (a turn that calls a tool ends with the call)."""
+    return sorted({tokenizer.pad_token_id, *tokenizer.convert_tokens_to_ids(["<|im_end|>", "</tool_call>"])})
 
 
 def build_model(tokenizer, seed: int = 0, hidden: int = 128, layers: int = 4, heads: int = 4,

@@ -236,7 +236,9 @@ def check_paths(cfg: Config, ask: Optional[Ask] = None) -> None:
                       ("eval.data", cfg.eval.data), ("rollout.replay_path", cfg.rollout.replay_path)]:
         if path and not os.path.exists(path):
             raise ConfigError(f"{key}='{path}' does not exist. Give an existing file or folder.")
-    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+    from verirl.models.load import resolve_path  # tiny-tools: the shipped directory
+
+    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(resolve_path(cfg.model.path), "config.json")):
         what = "has no config.json" if os.path.isdir(cfg.model.path) else "is not a directory"
         raise ConfigError(
             f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
