@@ -115,3 +115,10 @@ def test_two_ranks_take_the_one_rank_multi_turn_step(tmp_path, env):
         assert a[key] == b[key], key
     for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
         assert _close(a[key], b[key]), (key, a[key], b[key])
+
+
+def test_the_embedded_tools_demo_passes_the_checks_and_plans(capsys):
+    """configs/tiny_tools.yaml (docs/agents.md's demo) is a config `verirl train` accepts as it is."""
+    config = Path(__file__).resolve().parent.parent / "configs" / "tiny_tools.yaml"
+    assert main(["plan", "--config", str(config)]) == 0
+    assert "tiny-tools" in capsys.readouterr().out
