@@ -101,17 +101,27 @@ def test_a_replayed_multi_turn_dump_trains_to_the_same_metrics(tmp_path, env):
             assert _close(a[step][key], b[step][key]), (step, key, a[step][key], b[step][key])
 
 
+TOOLS = ["model.path=tiny-tools", "data.task=arith_tools", "data.max_prompt_length=96", "rollout.temperature=0.7",
+         "rollout.multi_turn.tools=[calculator]", "rollout.multi_turn.max_turns=2", "rollout.multi_turn.max_tokens_per_turn=40",
+         "reward.verifiers=[acc]",
+         "reward.weights=[1.0]", "reward.tasks={}"]
+
+
 @pytest.mark.slow
-def test_two_ranks_take_the_one_rank_multi_turn_step(tmp_path, env):
+@pytest.mark.parametrize("kind", ["environment", "calculator"])
+def test_two_ranks_take_the_one_rank_multi_turn_step(tmp_path, env, kind):
     one, two = tmp_path / "one", tmp_path / "two"
-    args = ["train", "trainer.total_steps=1", env, *BASE]
+    args = ["train", "trainer.total_steps=1", *BASE, *([env] if kind == "environment" else TOOLS)]
     assert main(args + [f"trainer.run_dir={one}"]) == 0
     assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", "actor.strategy=ddp"]) == 0
     drop = ("prompt",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
         [{k: v for k, v in r.items() if k not in drop} for r in _rows(two, "rollouts.jsonl")]
     (a,), (b,) = _rows(one), _rows(two)
-    for key in ("reward/mean", "turns/mean", "response_length/model_tokens", "response_length/total"):
+    if kind == "calculator":
+        assert a["tools/calls_mean"] > 0.5 and a["turns/mean"] > 1.5  # the model called the calculator
+    for key in ("reward/mean", "turns/mean", "tools/calls_mean", "response_length/model_tokens",
+                "response_length/total"):
         assert a[key] == b[key], key
     for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
         assert _close(a[key], b[key]), (key, a[key], b[key])

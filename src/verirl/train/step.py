@@ -279,7 +279,8 @@ def episode_info(e, env_reward: float) -> dict:
     """What one episode did, as plain values: its turns, tool counts, environment reward, and its token
     segments with their roles (rollouts.jsonl keeps them)."""
     return {"turns": e.turns, "env_turns": e.env_turns, "env_reward": float(env_reward),
-            "counts": {k: float(v) for k, v in e.counts.items()}, "segments": [list(s) for s in e.segments]}
+            "counts": {k: float(v) for k, v in e.counts.items() if k != "tool_seconds"},  # counts only: no clock
+            "segments": [list(s) for s in e.segments]}
 
 
 def _on(r: Rollout, device) -> Rollout:
