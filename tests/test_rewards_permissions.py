@@ -107,9 +107,14 @@ def test_a_rules_processes_end_with_its_call(tmp_path):
     try:
         res = s(["a", "hang"], [{"label": "1"}] * 2)
         assert res.per_rule["spawn"] == [1.0, 0.0] and res.errors == 1  # the second ran out of time
+        # the daemon grandchild notes its pid as its parent exits; the pool may kill it first (then 4 noted):
+        # wait a moment for a late note, so that a grandchild that survived is among those checked below
+        settle = time.monotonic() + 3
+        while len(pids.read_text().split()) < 5 and time.monotonic() < settle:
+            time.sleep(0.05)
         deadline = time.monotonic() + 10
         left = [int(p) for p in pids.read_text().split()]
-        assert len(left) == 5
+        assert len(left) in (4, 5)
         while any(_alive(p) for p in left) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in left if _alive(p)]
