@@ -60,6 +60,18 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[t
     return ids.to(device), mask.to(device)
 
 
+def right_pad(seqs: Sequence[Sequence], value, dtype=torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> values (N, R) right-padded with ``value`` (R at least 1), mask (N, R) long, 1 on real entries."""
+    width = max(1, max((len(s) for s in seqs), default=0))
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            out[i, :len(s)] = torch.as_tensor(list(s), dtype=dtype)
+            mask[i, :len(s)] = 1
+    return out, mask
+
+
 def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
                   stop_ids: Sequence[int], pad_id: int, lengths: Optional[Sequence[int]] = None) -> Rollout:
     """From raw sampled tokens (N, R) (anything after a stop is ignored) build the Rollout.

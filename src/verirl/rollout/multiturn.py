@@ -34,7 +34,7 @@ import torch
 
 from verirl.core.errors import DataError
 from verirl.core.types import Prompt, Rollout
-from verirl.rollout.base import SamplingParams, left_pad
+from verirl.rollout.base import SamplingParams, left_pad, right_pad
 from verirl.rollout.render import TurnRenderer, encode
 
 COUNTS = ("tool_calls", "tool_errors", "parse_errors", "tool_timeouts", "tool_seconds")
@@ -278,17 +278,9 @@ class MultiTurn:
         """The episodes as a training rollout: prompts left-padded, responses right-padded, the loss mask on
         the sampled tokens, the engine's log-probs where it gave them."""
         prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], self.pad_id)
-        R = max(1, max(len(e.tokens) for e in episodes))
-        N = len(episodes)
-        ids = torch.full((N, R), self.pad_id, dtype=torch.long)
-        mask, loss = torch.zeros((N, R), dtype=torch.long), torch.zeros((N, R), dtype=torch.long)
-        logps = torch.zeros((N, R), dtype=torch.float32)
-        for i, e in enumerate(episodes):
-            k = len(e.tokens)
-            ids[i, :k] = torch.as_tensor(e.tokens, dtype=torch.long)
-            mask[i, :k] = 1
-            loss[i, :k] = torch.as_tensor(e.mask, dtype=torch.long)
-            logps[i, :k] = torch.as_tensor(e.logps, dtype=torch.float32)
+        ids, mask = right_pad([e.tokens for e in episodes], self.pad_id)
+        loss, _ = right_pad([e.mask for e in episodes], 0)
+        logps, _ = right_pad([e.logps for e in episodes], 0.0, torch.float32)
         stopped = torch.as_tensor([e.stopped for e in episodes], dtype=torch.bool)
         return Rollout(prompt_ids, prompt_mask, ids, mask, loss, stopped, logps if self._logps else None)
 

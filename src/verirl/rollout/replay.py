@@ -28,7 +28,7 @@ import torch
 
 from verirl.core.errors import DataError
 from verirl.core.registry import Registry
-from verirl.rollout.base import SamplingParams, left_pad
+from verirl.rollout.base import SamplingParams, left_pad, right_pad
 from verirl.core.types import Prompt, Rollout
 
 REPLAY_PROMPTS = Registry("rollout.replay_prompts", {
@@ -112,6 +112,11 @@ def _episode(row: dict, where: str) -> Optional[dict]:
             "answer": str(row.get("response", ""))}
 
 
+def _loss_mask(segments: list) -> list[int]:
+    """An episode's loss mask from its segments: 1 on the assistant's tokens, 0 on the observations'."""
+    return [int(role == "assistant") for role, length in segments for _ in range(length)]
+
+
 def dump_prompts(steps: dict[int, list[DumpLine]], n: int, tokenizer) -> list[Prompt]:
     """``rollout.replay_prompts=dump``: one prompt per group of ``n`` lines, step by step, for a
     sequential sampler: the run then draws the dump's prompts in the dump's order."""
@@ -173,12 +178,7 @@ class ReplayEngine:
                 rows_p.append(list(ids))
                 rows_r.append(self._response(line, params.max_new_tokens))
         p_ids, p_mask = left_pad(rows_p, self.pad_id, self.device)
-        width = max(1, max(len(r) for r in rows_r))
-        tokens = torch.full((len(rows_r), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows_r), width), dtype=torch.long)
-        for i, r in enumerate(rows_r):
-            tokens[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, :len(r)] = 1
+        tokens, mask = right_pad(rows_r, self.pad_id)
         # the mask by length, never by id: the pad id may be a stop id (pad == EOS), and a cut
         # response padded with it has still not stopped
         stopped = torch.tensor([bool(r) and r[-1] in self.stop_ids for r in rows_r])
@@ -227,18 +227,8 @@ class ReplayEngine:
                 rows_p.append(list(ids))
                 chosen.append(line)
         p_ids, p_mask = left_pad(rows_p, self.pad_id, self.device)
-        width = max(1, max(len(x.response_ids) for x in chosen))
-        N = len(chosen)
-        tokens = torch.full((N, width), self.pad_id, dtype=torch.long)
-        mask, loss = torch.zeros((N, width), dtype=torch.long), torch.zeros((N, width), dtype=torch.long)
-        for i, line in enumerate(chosen):
-            k = len(line.response_ids)
-            tokens[i, :k] = torch.as_tensor(line.response_ids, dtype=torch.long)
-            mask[i, :k] = 1
-            at = 0
-            for role, length in line.episode["segments"]:
-                loss[i, at:at + length] = 1 if role == "assistant" else 0
-                at += length
+        tokens, mask = right_pad([line.response_ids for line in chosen], self.pad_id)
+        loss, _ = right_pad([_loss_mask(line.episode["segments"]) for line in chosen], 0)
         stopped = torch.tensor([bool(line.stopped) for line in chosen])
         rollout = Rollout(p_ids, p_mask, tokens.to(self.device), mask.to(self.device), loss.to(self.device),
                           stopped.to(self.device))
