@@ -266,25 +266,13 @@ def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
         eng.close()
 
 
-class _Hints:
-    """Two hints, then the episode ends (a user's environment)."""
+def _hints():
+    """The user environment of tests/test_multiturn_train.py (two hints, then the episode ends), as a class."""
+    from test_multiturn_train import ENV_FILE
 
-    def __init__(self):
-        self.seen = 0
-
-    def reset(self, prompt):
-        return None
-
-    def step(self, turn):
-        from verirl.envs import EnvStep
-
-        self.seen += 1
-        if self.seen > 2:
-            return EnvStep(None, 0.0, True)
-        return EnvStep([{"role": "user", "content": f"hint {self.seen}: check it"}], 0.1, False)
-
-    def close(self):
-        pass
+    space: dict = {}
+    exec(compile(ENV_FILE, "hints.py", "exec"), space)  # the test's own fixture text
+    return space["Hints"]
 
 
 def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
@@ -304,7 +292,7 @@ def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
     greedy = SamplingParams(max_new_tokens=64, temperature=0.0)
     out = {}
     for name, e in (("vllm", eng), ("native", NativeEngine(lm.model, lm.pad_id, [2]))):
-        loop = MultiTurn(e, lm.tokenizer, TurnRenderer(lm.tokenizer), _Hints, limits, [2], lm.pad_id)
+        loop = MultiTurn(e, lm.tokenizer, TurnRenderer(lm.tokenizer), _hints(), limits, [2], lm.pad_id)
         out[name] = loop.generate(prompts, 1, greedy).episodes
     assert sum(e.turns for e in out["vllm"]) > len(prompts)  # later turns decoded
     assert [e.tokens for e in out["vllm"]] == [e.tokens for e in out["native"]]
@@ -312,10 +300,10 @@ def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
 
 
 def test_a_multi_turn_grpo_step_on_vllm_matches_the_trainers_logprobs(tmp_path):
-    import inspect
+    from test_multiturn_train import ENV_FILE
 
     env = tmp_path / "hints.py"
-    env.write_text(inspect.getsource(_Hints).replace("class _Hints", "class Hints"))
+    env.write_text(ENV_FILE)
     rows = _train(tmp_path / "run", "rollout.multi_turn.enable=true", f"rollout.multi_turn.environment={env}:Hints",
                   "rollout.max_new_tokens=96", "rollout.multi_turn.max_tokens_per_turn=24", steps=2)
     for r in rows:

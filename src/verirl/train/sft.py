@@ -189,14 +189,7 @@ def sft(cfg: SFTConfig, console=None) -> dict:
         return _sft_episodes(cfg, console, model, tokenizer, train, val, worked, eos_id, stop_ids, opt, sched, gen, t0)
     for step in range(1, cfg.max_steps + 1):
         idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
-        ids, att, lab = _batch([train[i] for i in idx], tokenizer, eos_id, pad_id)
-        model.train()
-        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = _train_step(model, opt, sched, *_batch([train[i] for i in idx], tokenizer, eos_id, pad_id))
         if step % cfg.eval_every == 0:
             acc = {"greedy": evaluate(engine, tokenizer, val, scorer, n=0, max_new_tokens=32,
                                        batch_prompts=100)["overall"]["greedy_acc"]}
@@ -207,6 +200,18 @@ def sft(cfg: SFTConfig, console=None) -> dict:
     _save(cfg, model, tokenizer, stop_ids, val)
     console.print(f"saved to {cfg.out_dir} after {step} steps, held-out greedy {acc['greedy']:.3f}")
     return {"steps": step, "greedy": acc["greedy"], "seconds": time.time() - t0}
+
+
+def _train_step(model, opt, sched, ids, att, lab) -> torch.Tensor:
+    """One optimizer step on a batch (labels -100 where no loss is taken); its loss."""
+    model.train()
+    loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
 
 
 def _save(cfg: SFTConfig, model, tokenizer, stop_ids: list[int], val) -> object:
@@ -243,14 +248,7 @@ def _sft_episodes(cfg: SFTConfig, console, model, tokenizer, train, val, worked,
         for i in idx:
             if i not in traces:
                 traces[i] = episode_trace(train[i], worked(train[i]), tokenizer, renderer, eos_id)
-        ids, att, lab = _pad([traces[i] for i in idx], pad_id)
-        model.train()
-        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = _train_step(model, opt, sched, *_pad([traces[i] for i in idx], pad_id))
         if step % cfg.eval_every == 0:
             model.eval()
             score = tool_accuracy(engine, tokenizer, val, stop_ids, pad_id)
