@@ -295,7 +295,9 @@ def split_reference(spec: str, what: str) -> tuple[str, str]:
                               f"{os.getcwd()}).")
         return target, name
     top = target.split(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "builtins":
+    from verirl.rewards.custom import standard_library
+
+    if standard_library(top):
         raise ConfigError(f"{what} '{spec}': '{top}' is Python's standard library, and verirl does not call its "
                           f"functions or classes as tools (os:system would run what the model writes through a "
                           f"shell). {_kinds(what)}; write a function of yours that does only what the tool must.")

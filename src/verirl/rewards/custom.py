@@ -111,6 +111,12 @@ _KINDS = ("A rule is a built-in name, path/to/file.py:function, or package.modul
           "package that is not Python's standard library")
 
 
+
+def standard_library(top: str) -> bool:
+    """Whether a module's top-level name is Python's standard library (whose functions verirl never calls as
+    a user's rule or tool: os:system would run what a model writes through a shell)."""
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "builtins"
+
 def _split(spec: str) -> tuple[str, str]:
     """(file or module, function name) of a reference that is not a built-in name; refuses the
     references verirl does not run: no ``:``, a standard-library or builtin module."""
@@ -123,7 +129,7 @@ def _split(spec: str) -> tuple[str, str]:
             raise ConfigError(f"reward rule '{spec}': file '{target}' does not exist.")
         return target, name
     top = target.split(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "builtins":
+    if standard_library(top):
         raise ConfigError(f"reward rule '{spec}': '{top}' is Python's standard library, and verirl does not call "
                           f"its functions as reward rules (os:system would run every response through a shell). "
                           f"{_KINDS}. Write the rule as a function in a file of yours.")
