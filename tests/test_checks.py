@@ -125,6 +125,8 @@ CASES = [
                     "rollout.engine": "vllm", "rollout.tensor_parallel_size": 2, "trainer.nproc_per_node": 2},
      "rollout.multi_turn.enable=true with rollout.tensor_parallel_size=2: the ranks of a tensor-parallel group"),
     ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
+                    "rollout.multi_turn.parser": "xml"}, "rollout.multi_turn.parser='xml' is not a known name"),
+    ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
                     "rollout.engine": "hf"}, "rollout.engine=hf: transformers' generate samples from torch's global"),
     ("multi-turn", {"rollout.multi_turn.enable": True, "rollout.multi_turn.tools": ["calculator"],
                     "rollout.multi_turn.max_total_tokens": 4096},

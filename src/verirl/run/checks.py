@@ -391,6 +391,10 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
     mt, r = cfg.rollout.multi_turn, cfg.rollout
     if not mt.enable:
         return
+    from verirl.envs.parsers import PARSERS
+
+    if mt.parser != "auto":
+        PARSERS.check(mt.parser, "rollout.multi_turn.parser")
     if r.engine == "hf":
         raise ConfigError("rollout.multi_turn.enable=true with rollout.engine=hf: transformers' generate samples from "
                           "torch's global generator, so an episode's turns would depend on what else is decoded with "
