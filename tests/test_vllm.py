@@ -236,36 +236,6 @@ def test_every_stop_id_ends_a_response_and_is_kept(engine):
         assert bool(out.stopped[i]) == (cut is not None)
 
 
-def test_verirl_eval_with_vllm_gives_the_native_engines_greedy_accuracy(tmp_path):
-    """`verirl eval --engine vllm`: the same held-out problems, the same greedy answers as the native
-    engine on the same weights."""
-    from verirl.cli import main
-
-    out = {}
-    for name in ("native", "vllm"):
-        path = tmp_path / f"{name}.json"
-        assert main(["eval", "--engine", name, "--n", "0", "--size", "16", "--json", str(path)]) == 0
-        out[name] = json.loads(path.read_text())
-    assert out["vllm"]["overall"]["greedy_acc"] == out["native"]["overall"]["greedy_acc"]
-    assert out["vllm"]["overall"]["prompts"] == 16
-
-
-def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
-    """Last in the file: closing a second in-process engine tears down vLLM's process-wide parallel state,
-    which the module's engine also uses."""
-    from verirl.rollout.vllm import VLLMEngine
-
-    lm, _ = engine
-    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="bfloat16", max_model_len=64, max_num_seqs=8, seed=0)
-    try:
-        _update(lm.model, steps=1)
-        with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
-            eng.check_push(lm.model)
-        assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED
-    finally:
-        eng.close()
-
-
 def _hints():
     """The user environment of tests/test_multiturn_train.py (two hints, then the episode ends), as a class."""
     from test_multiturn_train import ENV_FILE
@@ -297,6 +267,37 @@ def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
     assert sum(e.turns for e in out["vllm"]) > len(prompts)  # later turns decoded
     assert [e.tokens for e in out["vllm"]] == [e.tokens for e in out["native"]]
     assert [e.mask for e in out["vllm"]] == [e.mask for e in out["native"]]
+
+
+def test_verirl_eval_with_vllm_gives_the_native_engines_greedy_accuracy(tmp_path):
+    """`verirl eval --engine vllm`: the same held-out problems, the same greedy answers as the native
+    engine on the same weights."""
+    from verirl.cli import main
+
+    out = {}
+    for name in ("native", "vllm"):
+        path = tmp_path / f"{name}.json"
+        assert main(["eval", "--engine", name, "--n", "0", "--size", "16", "--json", str(path)]) == 0
+        out[name] = json.loads(path.read_text())
+    assert out["vllm"]["overall"]["greedy_acc"] == out["native"]["overall"]["greedy_acc"]
+    assert out["vllm"]["overall"]["prompts"] == 16
+
+
+def test_the_push_check_in_bfloat16_reads_the_engines_rounding(engine):
+    """After every test that generates with the module's engine: closing a second in-process engine (this
+    one, or the one `verirl eval` and `verirl train` start) tears down vLLM's process-wide parallel state,
+    which the module's engine needs to generate (its push and check still work)."""
+    from verirl.rollout.vllm import VLLMEngine
+
+    lm, _ = engine
+    eng = VLLMEngine(lm.model, lm.pad_id, [2], path="tiny", dtype="bfloat16", max_model_len=64, max_num_seqs=8, seed=0)
+    try:
+        _update(lm.model, steps=1)
+        with pytest.raises(RuntimeError, match="engine dtype bfloat16"):
+            eng.check_push(lm.model)
+        assert eng.sync_weights(lm.model) == NOTHING_ASSEMBLED
+    finally:
+        eng.close()
 
 
 def test_a_multi_turn_grpo_step_on_vllm_matches_the_trainers_logprobs(tmp_path):
