@@ -24,8 +24,19 @@ REWARD_WORKERS_CAP = 8  # reward.workers=-1: one scoring process per core of the
 
 
 def world_size(cfg: Config) -> int:
-    """Ranks in all: ``trainer.nproc_per_node x trainer.nnodes``."""
-    return cfg.trainer.nproc_per_node * cfg.trainer.nnodes
+    """Training ranks: ``trainer.nproc_per_node x trainer.nnodes``, less the ``rollout.nproc`` producers
+    with ``rollout.placement=separate``."""
+    return cfg.trainer.nproc_per_node * cfg.trainer.nnodes - producers(cfg)
+
+
+def producers(cfg: Config) -> int:
+    """Processes that only generate and score (``rollout.placement=separate``; 0 when colocated)."""
+    return cfg.rollout.nproc if cfg.rollout.placement == "separate" else 0
+
+
+def local_trainers(cfg: Config) -> int:
+    """Training ranks the local launcher starts on this machine (the producers are started by rank 0)."""
+    return cfg.trainer.nproc_per_node - producers(cfg)
 
 
 def data_parallel_size(cfg: Config) -> int:
@@ -58,7 +69,9 @@ def _split_words(cfg: Config) -> str:
 
 def _world_words(cfg: Config) -> str:
     t = cfg.trainer
-    world = f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes})"
+    less = f" - rollout.nproc={producers(cfg)} producers" if producers(cfg) else ""
+    world = (f"the world size {world_size(cfg)} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}"
+             f"{less})")
     split = _split_words(cfg)
     return world if not split else f"the data-parallel size {data_parallel_size(cfg)} ({world[4:]} / {split})"
 
@@ -88,7 +101,8 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
         product = f" = {group}" if " x " in sizes else ""
         raise ConfigError(
             f"{sizes}{product} does not divide the world size "
-            f"{world} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}): the ranks form "
+            f"{world} (trainer.nproc_per_node={t.nproc_per_node} x trainer.nnodes={t.nnodes}"
+            f"{f' - rollout.nproc={producers(cfg)} producers' if producers(cfg) else ''}): the ranks form "
             f"groups of {group} ({world} / {group} = {world / group:.3g} groups). Choose sizes whose "
             f"product divides {world}, or change the number of ranks.")
     world = data_parallel_size(cfg)  # the ranks the step's prompts are split over

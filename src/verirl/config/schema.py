@@ -40,6 +40,13 @@ AGGREGATES = Registry("reward.aggregate", {
     "normalize_then_sum": "each rule normalised in its group first, then the weighted sum (GDPO)"})
 ON_STALL = Registry("trainer.on_stall", {
     "warn": "say where the run is stuck and keep waiting", "abort": "end the run"})
+PLACEMENTS = Registry("rollout.placement", {
+    "colocated": "every process generates, then trains (the synchronous step)",
+    "separate": "rollout.nproc processes generate and score while the others train (docs/async.md)"})
+ASYNC_MODES = Registry("trainer.async_training.mode", {
+    "fixed": "step s trains on samples from the weights after max(0, s - 1 - k) updates: two runs with one seed "
+             "are identical",
+    "bounded": "the producer runs ahead as fast as it can, never more than k versions behind the trainer"})
 PROGRESS = Registry("log.progress", {
     "auto": "rich on a terminal, plain otherwise", "rich": "the live view",
     "plain": "one line per step, no escape codes", "off": "no view"})
@@ -167,6 +174,11 @@ class RolloutConfig:
                                       "backend can")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools and environments, token "
                                                            "in / token out (docs/agents.md)")
+    placement: str = setting("colocated", "colocated: every process generates, then trains / separate: rollout.nproc "
+                                          "of the trainer.nproc_per_node processes generate and score while the rest "
+                                          "train (docs/async.md)", choices=PLACEMENTS)
+    nproc: int = setting(1, "placement=separate: the processes that generate (producers), out of "
+                            "trainer.nproc_per_node", gt=0)
 
 
 @dataclass
@@ -319,6 +331,23 @@ class ActivationDumpConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    max_staleness: int = setting(0, "k: a sample is trained on at most k policy versions after the weights that "
+                                    "generated it; 0 = the synchronous step, bit for bit; k > 0 needs "
+                                    "rollout.placement=separate", ge=0)
+    mode: str = setting("fixed", "fixed: step s trains on samples of version max(0, s - 1 - k), reproducible / "
+                                 "bounded: the producer runs ahead as fast as it can within k versions",
+                        choices=ASYNC_MODES)
+    partial_rollout: bool = setting(False, "mode=bounded: sequences still decoding when new weights arrive go on "
+                                           "with them (each token's version and log-prob recorded) instead of "
+                                           "finishing on the old ones")
+    sync_every: int = setting(1, "the trainer hands its weights to the producers every N updates (at most k + 1)",
+                              gt=0)
+    max_restarts: int = setting(3, "a producer that dies is started again this many times in a row at most, its "
+                                   "unfinished steps generated again", ge=0)
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = setting(100, "GRPO steps (one rollout each)", gt=0)
     run_dir: str = setting("runs/default", "config.yaml, metrics.jsonl, summary.json, final/ go here")
@@ -351,6 +380,9 @@ class TrainerConfig:
                             choices=ON_STALL)
     peak_flops: float = setting(0.0, "the device's peak FLOP/s behind perf/mfu; 0 = measured once per device type "
                                 "(cached)", ge=0)
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, "Asynchronous training (docs/async.md): with rollout.placement=separate the producers "
+                             "generate while the trainers update, samples at most max_staleness versions old.")
 
 
 @dataclass

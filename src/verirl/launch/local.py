@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from verirl.config import Config, load_config_dict, to_dict
+from verirl.config.layout import local_trainers
 from verirl.core.errors import UserError
 from verirl.run.signals import driver_signals, ignore_sigint
 from verirl.train.loop import TrainingInterrupted, join, train_rank
@@ -40,7 +41,7 @@ def launch(cfg: Config) -> dict:
     t = cfg.trainer
     multi_node = t.nnodes > 1
     config = LaunchConfig(
-        min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
+        min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=local_trainers(cfg),
         run_id=os.environ.get("VERIRL_RUN_ID", "verirl-" + (t.rdzv_endpoint if multi_node else uuid.uuid4().hex)),
         rdzv_backend="c10d", rdzv_endpoint=t.rdzv_endpoint if multi_node else "localhost:0",
         rdzv_configs={"timeout": t.dist_timeout_s, "join_timeout": t.dist_timeout_s}, max_restarts=0, monitor_interval=0.2, start_method="spawn",

@@ -81,20 +81,30 @@ class LeanDecoder:
         cfg = model.config
         self.rotary = dec.rotary_emb
         self.embed = model.get_input_embeddings().weight
-        head = model.get_output_embeddings()
-        self.head = PackedLinear(head.weight, head.bias)
         self.norm_w, self.norm_eps = dec.norm.weight, dec.norm.variance_epsilon
         self.H = cfg.num_attention_heads
         self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
-        self.layers = []
         self.low = low if low is not None and low != self.embed.dtype else None
+        self.layers: list[_Layer] = []
+        self.pack(model)
+        self.scale = self.d ** -0.5
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def pack(self, model) -> None:
+        """The layers' weights arranged for decoding (fused and, with ``low``, cast): again after the
+        model's weights changed in place mid-call (an asynchronous run's partial rollouts), the cache kept."""
+        dec, cfg = model.get_decoder(), model.config
+        head = model.get_output_embeddings()
+        self.head = PackedLinear(head.weight, head.bias)
 
         def linear(w, b):
             if self.low is not None:
                 w, b = w.to(self.low), None if b is None else b.to(self.low)
             return PackedLinear(w, b)
 
+        self.layers = []
         with torch.no_grad():
             for layer in dec.layers[:cfg.num_hidden_layers]:
                 a, m = layer.self_attn, layer.mlp
@@ -106,9 +116,6 @@ class LeanDecoder:
                     linear(a.o_proj.weight, a.o_proj.bias),
                     linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias)),
                     linear(m.down_proj.weight, m.down_proj.bias)))
-        self.scale = self.d ** -0.5
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
 
     def alloc(self, batch: int, length: int, like: torch.Tensor, zeros: bool = False) -> None:
         """A cache of ``length`` positions for ``batch`` rows; ``zeros``: written with zeros (a step that

@@ -69,6 +69,9 @@ class _HFStepper:
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
         return self._last_logits(tok[:, None], pos[:, None])
 
+    def reload(self, model) -> None:
+        """The model's weights changed in place mid-call: its forward reads them as they are."""
+
     def _last_logits(self, ids, pos) -> torch.Tensor:
         """The logits at each row's last position of ``ids`` (its cache and mask extended by them)."""
         out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True, logits_to_keep=1,
@@ -164,6 +167,11 @@ class _LeanStepper:
         graph.replay()
         return out
 
+    def reload(self, model) -> None:
+        """The model's weights changed in place mid-call: pack them again (the cache kept)."""
+        self.dec.pack(model)
+        self.captured = None  # a captured graph reads the old packed weights
+
     def _fixed_step(self):
         t, p, col = self.inputs
         self.bias.index_fill_(1, col, 0.0)  # this step's column becomes visible
@@ -252,6 +260,10 @@ class NativeEngine:
         self.split = split
         self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
+        # an asynchronous run's partial rollouts: a call that loads newer weights into the model, if any, and
+        # returns the version it holds, asked before the prefill and before each decoding step
+        self.refresh: Optional[Callable[[], int]] = None
+        self.last_versions: list[int] = []  # of the last call with ``refresh``: token t's version, per t
 
     def open_session(self, prompt_ids: Sequence[Sequence[int]], horizon: int) -> Optional["Session"]:
         """Episodes that keep their KV cache across turns (`Session`), ``horizon`` response tokens each at
@@ -290,6 +302,9 @@ class NativeEngine:
         # inference mode, not only no_grad: no version counters or view records on the ~150 small
         # operations of each decoding step (BENCHMARKS.md, "Kernel choices"); what leaves
         # the block is copied out of it below, since the trainer uses it with autograd
+        refresh = self.refresh
+        version = refresh() if refresh is not None else 0
+        versions = [version]  # token t was sampled from logits of the weights versions[t]
         with eval_mode(model), torch.inference_mode():
             if self.split:
                 run = _SplitStepper(model, self.compute_dtype)
@@ -338,8 +353,15 @@ class NativeEngine:
                     run.select(idx)
                     active, tok, next_pos, running = active[idx], tok[idx], next_pos[idx], running[idx]
                 self.batch_sizes.append(tok.shape[0])
+                if refresh is not None:
+                    newer = refresh()
+                    if newer != version:
+                        version = newer
+                        run.reload(model)
+                    versions.append(version)
                 logits = run.step(tok, next_pos, P + t)
                 next_pos = next_pos + 1
+        self.last_versions = versions if refresh is not None else []
         tokens, logps = tokens.clone(), None if logps is None else logps.clone()  # ordinary tensors again
         rollout = build_rollout(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), tokens,
                                 self.stop_ids, self.pad_id)

@@ -421,8 +421,80 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
                           "(e.g. rollout.multi_turn.tools=[calculator]) or an environment (file.py:Class).")
 
 
+def check_async(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """rollout.placement and trainer.async_training (docs/async.md): producers and trainers both present,
+    on one machine, and the options each mode can honour."""
+    r, t, a = cfg.rollout, cfg.trainer, cfg.trainer.async_training
+    k = a.max_staleness
+    if r.placement != "separate":
+        if k > 0:
+            raise ConfigError(f"trainer.async_training.max_staleness={k} needs rollout.placement=separate: with "
+                              f"colocated placement every process generates, then trains, so there is nothing to run "
+                              f"ahead. Set rollout.placement=separate (rollout.nproc of the trainer.nproc_per_node "
+                              f"processes generate), or max_staleness=0.")
+        if a.partial_rollout:
+            raise ConfigError("trainer.async_training.partial_rollout=true needs rollout.placement=separate and "
+                              "mode=bounded: only a producer that runs beside the trainer receives weights mid-rollout.")
+        return
+    total = t.nproc_per_node * t.nnodes
+    if t.nnodes > 1:
+        raise ConfigError(f"rollout.placement=separate with trainer.nnodes={t.nnodes}: the producers are started by "
+                          f"trainer rank 0 and take the weights through shared memory on its machine, so an "
+                          f"asynchronous run is on one machine today. Use trainer.nnodes=1, or "
+                          f"rollout.placement=colocated across machines.")
+    if r.nproc >= total:
+        raise ConfigError(f"rollout.nproc={r.nproc} producers out of trainer.nproc_per_node={t.nproc_per_node} "
+                          f"processes leaves {total - r.nproc} to train. Raise trainer.nproc_per_node to at least "
+                          f"{r.nproc + 1} (the producers and the trainers together), or lower rollout.nproc.")
+    if r.engine == "replay":
+        raise ConfigError("rollout.placement=separate with rollout.engine=replay: a replayed dump has nothing to "
+                          "generate beside the update. Use rollout.placement=colocated.")
+    if rollout_tensor_parallel(cfg) > 1:
+        raise ConfigError(f"rollout.placement=separate with rollout.tensor_parallel_size="
+                          f"{rollout_tensor_parallel(cfg)}: a producer is one process decoding with the whole weights. "
+                          f"Set rollout.tensor_parallel_size=1 (the trainers may stay tensor-parallel).")
+    if r.nproc > 1 and cfg.algo.filter_groups.enable:
+        raise ConfigError(f"rollout.nproc={r.nproc} with algo.filter_groups.enable=true: a filtered step takes as "
+                          f"many prompts as it needs, so step t + 1's prompts are known only once step t is done, "
+                          f"and the steps cannot be handed to producers side by side. Use rollout.nproc=1.")
+    if a.mode == "fixed" and a.sync_every > 1:
+        raise ConfigError(f"trainer.async_training.sync_every={a.sync_every} with mode=fixed: step s samples from "
+                          f"exactly the weights after max(0, s - 1 - k) updates, so every version must reach the "
+                          f"producers. Use sync_every=1, or mode=bounded.")
+    if a.sync_every > k + 1:
+        raise ConfigError(f"trainer.async_training.sync_every={a.sync_every} is over max_staleness + 1 = {k + 1}: "
+                          f"step s needs weights at most k={k} versions old, which the producers would not have "
+                          f"between two hand-overs {a.sync_every} updates apart. Lower sync_every, or raise "
+                          f"max_staleness to {a.sync_every - 1}.")
+    if a.partial_rollout:
+        why = ("mode=fixed samples each step from one given version (a switch mid-rollout would depend on timing)"
+               if a.mode == "fixed" else
+               f"rollout.engine={r.engine} decodes each call to its end (the native engine loads new weights "
+               f"between decoding steps)" if r.engine != "native" else
+               "multi-turn episodes keep one version per episode today" if r.multi_turn.enable else
+               "a filtered step reorders its groups, so the per-token versions could not follow"
+               if cfg.algo.filter_groups.enable else "")
+        if why:
+            raise ConfigError(f"trainer.async_training.partial_rollout=true is not available here: {why}. Turn "
+                              f"partial_rollout off, or use mode=bounded with rollout.engine=native, single-turn "
+                              f"rollouts and no algo.filter_groups.")
+    rc = cfg.algo.rollout_correction
+    if k > 0 and rc.rollout_is is None and rc.rollout_rs is None:
+        raise ConfigError(f"trainer.async_training.max_staleness={k} with algo.rollout_correction off (rollout_is "
+                          f"and rollout_rs null): samples up to {k} versions old would be trained on as if the "
+                          f"current policy had drawn them. Set algo.rollout_correction.rollout_is=token (truncated "
+                          f"importance weights from the engine's log-probs to the trainer's, AReaL's decoupled loss) "
+                          f"and/or rollout_rs=sequence (docs/async.md).")
+    if k > 0 and (r.engine == "hf" or r.temperature <= 0):
+        raise ConfigError(f"trainer.async_training.max_staleness={k} needs the engine's log-probs of its samples for "
+                          f"the off-policy correction: "
+                          f"{'rollout.engine=hf returns none' if r.engine == 'hf' else 'greedy decoding has none'}. "
+                          f"Use rollout.engine=native or vllm with rollout.temperature > 0.")
+
+
 RULES: list[Rule] = [
     *(_value_rule(fn) for fn in VALUE_RULES),
+    Rule("asynchronous training", check_async, False),  # before the layout: it says what the trainers' count is
     Rule("layout", lambda cfg, ask: check_layout(cfg, ask.devices), False),  # first: it spells the arithmetic out
     Rule("names", check_names, False),
     Rule("reward rules", lambda cfg, ask: check_rules(cfg.reward.verifiers, cfg.reward.tasks, ask.import_rules,

@@ -3,7 +3,8 @@
 Every named phase of a step (`verirl.train.step_metrics.Timer`: rollout, reward, old_log_prob, ref, update,
 sync_weights) and of the loop (evaluation, checkpoint) beats when it starts. A thread checks the
 current phase's age. Past ``trainer.stall_timeout_s``, it writes ``RUN_DIR/stall_<step>.txt``
-(``stall_<step>_rank<r>.txt`` on other ranks): the phase, the rank, the reward calls outstanding
+(``stall_<step>_rank<r>.txt`` on other ranks, ``stall_<step>_producer<i>.txt`` on an asynchronous run's
+producers): the phase, the rank, the reward calls outstanding
 (rule, sample, how long) when scoring is what waits, and every thread's stack (faulthandler). It
 prints the same in one paragraph. With ``on_stall=warn`` the run keeps waiting. A phase that ends
 later is reported again only if it stalls again. With ``abort`` the main thread gets `StallAbort`
@@ -29,7 +30,9 @@ class StallAbort(UserError):
 
 class Watchdog:
     def __init__(self, run_dir: Path, rank: int, timeout_s: float, on_stall: str,
-                 outstanding: Callable[[], list[str]] = lambda: [], console_print: Callable[[str], None] = print):
+                 outstanding: Callable[[], list[str]] = lambda: [], console_print: Callable[[str], None] = print,
+                 side: str = ""):
+        self.side = side  # "": a trainer rank; "producer 0": an asynchronous run's producer (its own stall file)
         self.run_dir, self.rank, self.timeout, self.on_stall = Path(run_dir), rank, float(timeout_s), on_stall
         self.outstanding, self.say = outstanding, console_print
         self.phases: list[tuple[str, float]] = []  # the nested phases running, with when each (re)started
@@ -99,10 +102,14 @@ class Watchdog:
             self._report(current[0], time.monotonic() - current[1], step)
 
     def _report(self, phase: str, seconds: float, step: int) -> None:
-        name = f"stall_{step}.txt" if self.rank == 0 else f"stall_{step}_rank{self.rank}.txt"
+        if self.side:
+            name = f"stall_{step}_{self.side.replace(' ', '')}.txt"
+        else:
+            name = f"stall_{step}.txt" if self.rank == 0 else f"stall_{step}_rank{self.rank}.txt"
         path = self.run_dir / name
         calls = self.outstanding() if phase == "reward" else []
-        head = (f"verirl watchdog: phase '{phase}' of step {step} on rank {self.rank} has run {seconds:.0f}s, past "
+        where = self.side or f"rank {self.rank}"
+        head = (f"verirl watchdog: phase '{phase}' of step {step} on {where} has run {seconds:.0f}s, past "
                 f"trainer.stall_timeout_s={self.timeout:g}.")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,7 @@ class Run:
     checkpoints: CheckpointPolicy
     nonfinite: NonfiniteCount
     device: str = ""  # what the model computes on, named (`verirl.models.perf.device_name`): the summary says it
+    source: Optional[object] = None  # rollout.placement=separate, rank 0: the producers' batches (`RolloutSource`)
 
 
 def seed_everything(seed: int) -> None:
@@ -279,14 +280,21 @@ def device_peak_flops(cfg: Config, model, dist: Dist) -> float:
     return float(dist.broadcast(value)) if dist.active else float(value)
 
 
-def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt]) -> tuple[Engine, list[Prompt], str]:
+def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt],
+                   producer: bool = False) -> tuple[Engine, list[Prompt], str]:
     """(the rollout engine, the training prompts, their order): the data's, unless the replay engine
-    takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order)."""
+    takes the prompts from its dump (rollout.replay_prompts=dump: the dump's, in its order). With
+    rollout.placement=separate a trainer's engine (``producer`` False) is the native one, for the held-out
+    evaluation: the producers generate the steps."""
     r, tp = cfg.rollout, rollout_tensor_parallel(cfg)
+    if r.placement == "separate" and not producer:  # the producers generate; this one evaluates
+        return build_engine("native", lm.model, lm.pad_id, stop_ids, compute_dtype=training_dtype(cfg, lm.model)), \
+            train, cfg.data.shuffle
     if r.engine == "vllm":
         from verirl.config.layout import world_size
 
-        seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // max(world_size(cfg) // tp, 1)
+        decoders = 1 if producer else max(world_size(cfg) // tp, 1)  # a producer decodes whole steps
+        seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // decoders
         options = vllm_options(r, lm, vllm_dtype(cfg, lm.model), dict(cfg.model.override_config), seqs,
                                cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, tp)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=push_tensor(lm.model), **options), train, \
@@ -342,7 +350,9 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
         remove_padding=actor.use_remove_padding and packable, share_prompt=actor.share_prompt,
         chunk=actor.logprob_chunk, compute_dtype=training_dtype(cfg, model))
-    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
+    # samples of older weights (trainer.async_training.max_staleness > 0) need the proximal policy's pass
+    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1 and \
+        cfg.trainer.async_training.max_staleness == 0
     ref_budget = (cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device) * actor.sequence_parallel_size
     low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))
     loss = PolicyLossParams(
@@ -373,7 +383,8 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
                                      scale=scale_rewards(algo), epsilon=algo.adv_epsilon),
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
         shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
-        flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward)
+        flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward,
+        separate=rollout.placement == "separate")
 
 
 def flop_model(model) -> Optional[FlopModel]:

@@ -76,6 +76,8 @@ def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> di
     finally:
         watch.stop()
         log.close()
+        if run.source is not None:
+            run.source.close()  # the producers
         run.scorer.close()
         if run.environments is not None:
             run.environments.close()  # the tools' worker processes
@@ -127,6 +129,8 @@ def start(run: Run, log: RunLog) -> tuple[int, dict]:
         log.print(mixed_precision_line(run.cfg, low))
     first = restore(run, log)
     run.engine.sync_weights(run.model)  # an engine with its own weights (vLLM) starts from the restored ones
+    if run.step.separate and first <= run.total_steps:
+        start_producers(run, first, log)
     if run.dist.is_main:
         write_text(run.run_dir / "config.yaml", to_yaml(run.cfg))  # only once the checkpoint has restored
     summary: dict = {"run_dir": str(run.run_dir), "params": n_params}
@@ -139,6 +143,28 @@ def start(run: Run, log: RunLog) -> tuple[int, dict]:
         log.write({"step": 0, **summary["eval_start"]})
         log.print(f"held-out at start ({len(run.eval.prompts)} problems): {val_line(summary['eval_start'])}")
     return first, summary
+
+
+def start_producers(run: Run, first: int, log: RunLog) -> None:
+    """rollout.placement=separate: trainer rank 0 starts the producers (`verirl.train.async_source`) from
+    the weights this run starts with (version first - 1), the prompt sampler where the checkpoint left it,
+    and the answered steps the checkpoint kept. Every trainer rank takes part in gathering the weights."""
+    from verirl.train.async_source import RolloutSource, queue_from_state
+
+    with whole_model(run.model):
+        weights = full_state_dict(run.model)
+        if run.dist.is_main:
+            resume = run.checkpoints.resume
+            queued = queue_from_state(resume.state.get("async_queue")) if resume is not None else []
+            source = RolloutSource(run.cfg, weights, log.print)
+            try:
+                with log.status(f"starting {run.cfg.rollout.nproc} producer process(es)..."):
+                    source.start(first, run.sampler.position, first - 1, weights, queued)
+            except BaseException:
+                source.close()
+                raise
+            run.source = source
+    run.dist.barrier()
 
 
 def finish(run: Run, log: RunLog, summary: dict, started: float) -> dict:

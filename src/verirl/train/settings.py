@@ -59,6 +59,7 @@ class StepSettings:
     flops: Optional[FlopModel] = None  # the model's shape numbers for perf/mfu (`verirl.models.perf`)
     peak_flops: float = 0.0  # one device's peak FLOP/s (trainer.peak_flops, or measured)
     env_reward: str = "sum"  # multi-turn: what the environment's rewards add to the answer's (sum / last)
+    separate: bool = False  # rollout.placement=separate: the batches come from producers (`verirl.train.async_source`)
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global

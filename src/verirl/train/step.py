@@ -36,7 +36,7 @@ from verirl.train.settings import RewardShaping, StepSettings
 from verirl.train.distributed import Dist
 from verirl.train.packing import PackCache
 from verirl.train.pipelined import whole_model
-from verirl.train.strategy import full_weights, memory_metrics
+from verirl.train.strategy import full_state_dict, full_weights, memory_metrics
 from verirl.core.types import Prompt, Rollout, TrainBatch
 
 
@@ -46,8 +46,13 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
     of the global batch when the run dumps rollouts; on every rank)."""
     timer = Timer(run.watchdog)
     with timer("all"):
-        batch = produce(run, step, timer, weight_version=step - 1)
+        if run.step.separate:
+            batch = received(run, step, timer)
+        else:
+            batch = produce(run, step, timer, weight_version=step - 1)
         trained = consume(run, batch, timer)
+        if run.step.separate:
+            batch.stats["async/weight_sync_s"] = publish_weights(run, trained.weight_version, timer)
     stats = update_metrics(run, batch, trained)
     metrics = step_metrics(batch.step, batch.settings, run.dist, response_stats(batch, trained), stats, timer)
     return metrics, step_records(run, batch, trained)
@@ -86,6 +91,9 @@ class StepBatch:
     weight_version: int  # the policy updates the sampling weights include
     stats: dict[str, float]  # filter/* of a filtered step
     episodes: list[dict] = field(default_factory=list)  # (N,) multi-turn: what each episode did (`episode_info`)
+    # (N,) an asynchronous run's: each response's [[weights version, tokens], ...] in token order (empty: every
+    # token of ``weight_version``)
+    versions: list[list[list[int]]] = field(default_factory=list)
 
     @property
     def per_response(self) -> list[Prompt]:
@@ -121,6 +129,53 @@ def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch
     return StepBatch(step, settings, prompts, rollout, texts,
                      lambda: shape_rewards(settings.shaping, with_env_rewards(scores(), episodes), rollout,
                                            settings.group_size, run.scorer.weights), weight_version, {}, episodes)
+
+
+def received(run: Run, step: int, timer: Timer) -> StepBatch:
+    """An asynchronous run's batch of ``step`` (`verirl.train.async_source`): waited for on rank 0, sent to
+    every trainer rank, each keeping its positions' groups; the producer's phase times count as this
+    step's rollout and reward times, and async/* says how it waited and how old its samples are."""
+    dist, settings = run.dist, run.step
+    got = None
+    if run.source is not None:  # rank 0
+        with timer("wait_rollout"):
+            got = run.source.batch(step)
+    produced, waits = dist.broadcast(got)
+    run.sampler.load_state_dict({**run.sampler.state_dict(), "position": produced.position})  # checkpoints say it
+    for phase in ("rollout", "reward", "tools"):
+        if phase in produced.seconds:
+            timer.add(phase, produced.seconds[phase])
+    groups = produced.groups
+    step_settings = settings if groups == settings.prompts_per_step else settings.fewer_groups(groups, dist.dp_world)
+    n = settings.group_size
+    mine = step_settings.positions(dist.dp_rank, dist.dp_world) if dist.dp_world > 1 else list(range(groups))
+    rows = [j * n + i for j in mine for i in range(n)]
+    device = next(run.model.parameters()).device
+    rollout = produced.rollout
+    if dist.dp_world > 1:
+        rollout = as_training_rollout(take_rows(rollout, rows), rollout)
+    rewards = produced.logged
+    if dist.dp_world > 1:
+        errors = rewards.logged.errors if dist.dp_rank == 0 else 0  # counted once over the ranks
+        rewards = ShapedRewards.join([rewards.rows(j * n, (j + 1) * n) for j in mine], errors)
+    versions = [produced.versions[i] for i in rows]
+    oldest = [min(v for v, _ in runs) if runs else step - 1 for runs in versions]
+    stale = [float(step - 1 - v) for v in oldest]
+    total, count = dist.all_sum([sum(stale), float(len(stale))])
+    stats = {**produced.stats, **waits, "async/staleness_mean": total / max(count, 1.0),
+             "async/staleness_max": dist.all_max([max(stale, default=0.0)])[0]}
+    return StepBatch(step, step_settings, [produced.prompts[j] for j in mine], _on(rollout, device),
+                     [produced.texts[i] for i in rows], lambda: rewards, min(oldest, default=step - 1), stats,
+                     [produced.episodes[i] for i in rows] if produced.episodes else [], versions)
+
+
+def publish_weights(run: Run, version: int, timer: Timer) -> float:
+    """Hand the trainer's weights after ``version`` updates to the producers (every trainer rank takes
+    part: a sharded model is gathered); -> the seconds the copy into shared memory took (rank 0's)."""
+    with timer("weight_sync"), whole_model(run.model):
+        weights = full_state_dict(run.model)
+        seconds = run.source.publish(version, weights) if run.source is not None else 0.0
+    return run.dist.all_max([seconds])[0] if run.dist.active else seconds
 
 
 def with_env_rewards(raw: RewardResult, episodes: list[dict]) -> RewardResult:
@@ -230,7 +285,7 @@ def step_records(run: Run, batch: StepBatch, trained: Trained) -> list[dict]:
     if not batch.settings.dump_rollouts:
         return []
     records = rollout_records(batch.step, run.tokenizer, batch.per_response, batch.texts, batch.rollout,
-                              trained.rewards.logged, batch.episodes)
+                              trained.rewards.logged, batch.episodes, batch.versions, batch.weight_version)
     return in_batch_order(run.dist.gather(records), batch.settings, run.dist.dp_world) if records else []
 
 
@@ -516,7 +571,8 @@ def reward_fields(p: Prompt) -> dict:
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,
-                    rewards: RewardResult, episodes: Optional[list[dict]] = None) -> list[dict]:
+                    rewards: RewardResult, episodes: Optional[list[dict]] = None,
+                    versions: Optional[list] = None, weight_version: Optional[int] = None) -> list[dict]:
     """One RUN_DIR/rollouts.jsonl record per response: prompt, response, label, each rule's score, and
     the token ids (``prompt_ids``, ``response_ids``: what `rollout.engine=replay` replays exactly;
     decoded text does not always re-encode to the same ids). A multi-turn episode's record also has
@@ -531,6 +587,11 @@ def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: lis
                   "scores": {rule: scores[i] for rule, scores in rewards.per_rule.items()},
                   "reward": rewards.totals[i], "response_length": lengths[i], "stopped": bool(rollout.stopped[i]),
                   "prompt_ids": list(p.ids), "response_ids": rollout.response_ids[i, :lengths[i]].tolist()}
+        if versions:
+            record["weight_version"] = min((v for v, _ in versions[i]), default=weight_version)
+            record["versions"] = versions[i]
+        elif weight_version is not None:
+            record["weight_version"] = weight_version
         if episodes:
             e, ids = episodes[i], record["response_ids"]
             prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
