@@ -70,6 +70,7 @@ class RolloutSource:
         self.positions: dict[int, int] = {}  # step -> the sampler position after it (answered steps)
         self.next_job = 1
         self.published = -1
+        self.floor = 0  # no step samples from an older version than this (a continued run's first steps)
         self.closed = False
 
     # -- the run's life
@@ -84,6 +85,13 @@ class RolloutSource:
             self.positions[p.step] = p.position
         self.next_job = first + len(queued or [])
         self.starts[self.next_job] = queued[-1].position if queued else position
+        missing = min(self.k, self.total - first + 1) - len(queued or [])
+        if self.fixed and first > 1 and missing > 0:  # the run that saved the checkpoint ended before making them
+            self.floor = version
+            steps = f"{self.next_job}" + (f"-{self.next_job + missing - 1}" if missing > 1 else "")
+            self.say(f"[yellow]steps {steps} sample from the checkpoint's weights (version {version})[/]: in "
+                     f"mode=fixed they would sample from older versions, which the checkpoint of a run that ended "
+                     f"at step {first - 1} does not hold, so from here this run differs from one never stopped.")
         for p in self.producers:
             self._spawn(p)
         for p in self.producers:
@@ -138,11 +146,11 @@ class RolloutSource:
         return time.perf_counter() - t0
 
     def queued(self, after: int) -> list[Produced]:
-        """The answered steps after ``after``, in order (a checkpoint keeps them), and, in fixed mode, the
-        steps up to after + k - 1 waited for: those need weights older than the checkpoint's, which it
-        does not hold."""
+        """The answered steps after ``after``, in order (a checkpoint keeps them); in fixed mode the steps
+        after + 1 .. after + k are waited for first: they sample from versions after - k .. after - 1,
+        older than the checkpoint's weights (version ``after``), so a resumed run could not make them."""
         if self.fixed:
-            for step in range(after + 1, min(after + self.k, self.total + 1)):
+            for step in range(after + 1, min(after + self.k, self.total) + 1):
                 while step not in self.done:
                     self._hand_out(after + 1)
                     self._receive(1.0)
@@ -160,7 +168,8 @@ class RolloutSource:
     # -- the producers
 
     def version_for(self, step: int) -> int:
-        return max(0, step - 1 - self.k)
+        """The weights version step ``step`` samples from (fixed) or at least from (bounded)."""
+        return max(self.floor, step - 1 - self.k)
 
     def _hand_out(self, step: int) -> None:
         """The jobs of the steps up to ``step + k`` (and the last step), in order."""

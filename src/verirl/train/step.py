@@ -52,7 +52,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], list[dict]]:
             batch = produce(run, step, timer, weight_version=step - 1)
         trained = consume(run, batch, timer)
         if run.step.separate:
-            batch.stats["async/weight_sync_s"] = publish_weights(run, trained.weight_version, timer)
+            batch.stats["async/weight_sync_s"] = publish_weights(run, step, timer)  # version = updates done
     stats = update_metrics(run, batch, trained)
     metrics = step_metrics(batch.step, batch.settings, run.dist, response_stats(batch, trained), stats, timer)
     return metrics, step_records(run, batch, trained)
@@ -111,7 +111,7 @@ class Trained:
     entropy: torch.Tensor  # (N,) each response's token entropy summed over its loss mask
     update: dict[str, float]  # the update's actor/* statistics (of the global batch)
     pushed: dict[str, float]  # the weight push's check (`Engine.sync_weights`), this rank's
-    weight_version: int  # the policy updates the engine's weights now include
+    weight_version: int  # the policy updates the trainer's weights now include (the step's number)
 
 
 def produce(run: Run, step: int, timer: Timer, weight_version: int) -> StepBatch:
@@ -237,7 +237,7 @@ def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
         pushed = run.engine.sync_weights(run.model) or {}
     return Trained(rewards, advantage_rewards, advantages, trainer_logp, entropy, update, pushed,
-                   batch.weight_version + 1)
+                   batch.step)
 
 
 def update_metrics(run: Run, batch: StepBatch, trained: Trained) -> dict[str, float]:

@@ -1,0 +1,309 @@
+"""Asynchronous training (docs/async.md): rollout.placement=separate with real producer processes, the
+weights store in real shared memory, real kill -9 of a producer and of the whole run."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from verirl.cli import main
+
+BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=24",
+        "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+        "reward.workers=0", "trainer.threads=1", "trainer.dump_rollouts=true"]
+SEPARATE = ["rollout.placement=separate", "trainer.nproc_per_node=2"]
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+NOT_COMPARED = ("timing/", "perf/", "async/")
+
+
+def _train(run: Path, *extra: str, steps: int = 4) -> list[dict]:
+    assert main(["train", f"trainer.total_steps={steps}", f"trainer.run_dir={run}", *BASE, *extra]) == 0
+    return _rows(run)
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+
+
+def _compared(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def test_max_staleness_0_on_a_producer_gives_the_synchronous_rows(tmp_path):
+    """1 trainer + 1 producer with k=0: every metrics.jsonl key but timing/perf/async equal to the
+    synchronous run's, and the same final weights."""
+    sync = _train(tmp_path / "sync")
+    separate = _train(tmp_path / "sep", *SEPARATE)
+    assert _compared(separate) == _compared(sync)
+    assert all(r["async/staleness_max"] == 0.0 for r in separate)
+    assert all(r["async/queue_depth"] >= 1 and r["async/weight_sync_s"] >= 0 for r in separate)
+    a, b = _weights(tmp_path / "sync"), _weights(tmp_path / "sep")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # every record names the weights that sampled it: version step - 1, as the synchronous step
+    assert {(r["step"], r["weight_version"]) for r in _records(tmp_path / "sep")} == {(s, s - 1) for s in range(1, 5)}
+
+
+def test_fixed_mode_is_reproducible_and_samples_from_version_s_minus_1_minus_k(tmp_path):
+    """mode=fixed, k=1: two runs with one seed give the same rows and weights, and step s trains on
+    samples of version max(0, s - 2), staleness 1 from step 2 on."""
+    extra = [*SEPARATE, "trainer.async_training.max_staleness=1"]
+    one, two = _train(tmp_path / "a", *extra), _train(tmp_path / "b", *extra)
+    assert _compared(one) == _compared(two)
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert {(r["step"], r["weight_version"]) for r in _records(tmp_path / "a")} == \
+        {(s, max(0, s - 2)) for s in range(1, 5)}
+    assert [r["async/staleness_max"] for r in one] == [0.0, 1.0, 1.0, 1.0]
+    # the samples really are one update old: the engine's log-probs are not the trainer's (which they are at k=0)
+    assert one[0]["rollout/logprob_diff/max"] < 1e-5
+    assert all(r["rollout/logprob_diff/max"] > 1e-4 for r in one[1:]), [r["rollout/logprob_diff/max"] for r in one]
+    assert "actor/ppo_kl" in one[0] or "actor/pg_loss" in one[0]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _producer_of(pid: int) -> int:
+    """The producer process of the trainer ``pid`` (a spawned child, not the resource tracker)."""
+    found = [c for c in _children(pid) if "spawn_main" in _cmdline(c) and "resource_tracker" not in _cmdline(c)]
+    assert len(found) == 1, [(c, _cmdline(c)) for c in _children(pid)]
+    return found[0]
+
+
+def _cmd(run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", *BASE, *extra]
+
+
+def _wait_rows(run: Path, n: int, proc: subprocess.Popen, seconds: float = 240) -> None:
+    path, deadline = run / "metrics.jsonl", time.time() + seconds
+    while not (path.exists() and path.read_text().count("\n") >= n):
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # ~60 s here
+def test_a_producer_killed_mid_run_is_started_again_and_nothing_is_left(tmp_path):
+    """kill -9 of the producer after step 3: the trainer starts it again and regenerates the step it
+    was making; the run ends with every step once, and no process of its group is left."""
+    run = tmp_path / "r"
+    p = subprocess.Popen(_cmd(run, *SEPARATE, "trainer.total_steps=8", "trainer.async_training.max_staleness=1",
+                              "rollout.max_new_tokens=48"),
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _wait_rows(run, 3, p)
+        os.kill(_producer_of(p.pid), signal.SIGKILL)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert "starting it again (restart 1 of at most 3)" in out.decode() + err.decode()
+    assert [r["step"] for r in _rows(run)] == list(range(1, 9))
+    _assert_group_ends(p.pid)
+
+
+def _assert_group_ends(pgid: int, seconds: float = 15) -> None:
+    """No process of the group is left once its exited ones are reaped (by init, for the orphans)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    left = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _pgid(d) == pgid]
+    raise AssertionError(f"processes of the run left: {[(pid, _cmdline(int(pid))) for pid in left]}")
+
+
+def _pgid(d: Path) -> int:
+    try:
+        return int((d / "stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+@pytest.mark.slow  # ~90 s here
+def test_fixed_mode_resumes_after_kill_9_to_the_uninterrupted_weights(tmp_path):
+    """mode=fixed, k=1, a checkpoint every 2 steps: the whole run killed with SIGKILL at a random step,
+    then the same command: the final weights equal those of a run never interrupted."""
+    extra = [*SEPARATE, "trainer.async_training.max_staleness=1", "trainer.save_freq=2", "trainer.total_steps=8"]
+    whole = tmp_path / "whole"
+    assert subprocess.run(_cmd(whole, *extra), env=ENV, capture_output=True, timeout=300).returncode == 0
+    run = tmp_path / "killed"
+    p = subprocess.Popen(_cmd(run, *extra), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        _wait_rows(run, random.Random().randint(3, 6), p)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    again = subprocess.run(_cmd(run, *extra), env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stdout
+    a, b = _weights(whole), _weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [r["step"] for r in _rows(run)]
+    assert steps == list(range(1, 9))  # every step once: the log was cut back to the checkpoint
+
+
+@pytest.mark.slow  # ~40 s here
+def test_bounded_partial_rollouts_never_train_on_samples_older_than_k(tmp_path):
+    """mode=bounded with partial rollouts, k=1, responses long enough that updates land mid-decoding:
+    every token's version (rollouts.jsonl) is at most k behind the weights that train on it, the runs
+    of versions cover the response, and versions only grow along a response."""
+    run = tmp_path / "b"
+    _train(run, *SEPARATE, "trainer.async_training.max_staleness=1", "trainer.async_training.mode=bounded",
+           "trainer.async_training.partial_rollout=true", "rollout.max_new_tokens=96", steps=6)
+    for r in _records(run):
+        versions = [v for v, _ in r["versions"]]
+        assert sum(k for _, k in r["versions"]) == r["response_length"], r["versions"]
+        assert versions == sorted(versions)
+        assert r["step"] - 1 - min(versions) <= 1, (r["step"], r["versions"])
+        assert r["weight_version"] == min(versions)
+    assert max(row["async/staleness_max"] for row in _rows(run)) <= 1
+
+
+def test_bounded_partial_rollouts_with_k_0_have_importance_weights_of_1(tmp_path):
+    """k=0: the producer samples each step from the trainer's current weights, so the engine's
+    log-probs are the trainer's: every importance weight exp(trainer - engine) is 1 within 1e-5."""
+    rows = _train(tmp_path / "k0", *SEPARATE, "trainer.async_training.mode=bounded",
+                  "trainer.async_training.partial_rollout=true", "algo.rollout_correction.rollout_is=token", steps=3)
+    for r in rows:
+        assert r["rollout/logprob_diff/max"] < 1e-5, r
+        assert abs(r["mismatch/ratio_p05"] - 1) < 1e-5 and abs(r["mismatch/ratio_p95"] - 1) < 1e-5
+        assert r["async/staleness_max"] == 0.0
+
+
+def test_the_weights_store_never_hands_out_a_half_written_version():
+    """A writer process publishing versions v (every value v) while this process loads: every load that
+    succeeds holds one version whole, and fixed mode's ring keeps the k + 1 newest."""
+    import multiprocessing as mp
+
+    from verirl.train.weight_store import WeightStore
+
+    weights = {"a": torch.zeros(1 << 18), "b": torch.zeros(64, 64, dtype=torch.float64)}
+    store = WeightStore.create(weights, 2)
+    ctx = mp.get_context("spawn")
+    writer = ctx.Process(target=_publish_many, args=(store, 200))
+    writer.start()
+    into = {k: torch.empty_like(v) for k, v in weights.items()}
+    loaded = set()
+    try:
+        while writer.is_alive() or not loaded:
+            v = store.latest()
+            if v >= 0 and store.load(v, into):
+                assert torch.all(into["a"] == v) and torch.all(into["b"] == v), v
+                loaded.add(v)
+    finally:
+        writer.join(30)
+    assert writer.exitcode == 0 and len(loaded) > 1
+    assert store.latest() == 199 and store.has(198) and not store.has(197)  # two slots: the two newest
+
+
+def _publish_many(store, n: int) -> None:
+    for v in range(n):
+        store.publish(v, {"a": torch.full((1 << 18,), float(v)), "b": torch.full((64, 64), float(v),
+                                                                                  dtype=torch.float64)})
+
+
+def test_native_engine_reloads_weights_mid_decoding_on_both_of_its_forwards(tiny):
+    """Partial rollouts: weights changed in place after decoding step 5. The lean decoder packs them
+    again and the transformers forward reads them live: both sample the same tokens, the versions say
+    which weights sampled each token, and the tokens before the switch are the unswitched run's."""
+    import copy
+
+    from verirl.rollout import NativeEngine, SamplingParams
+    from verirl.rollout import native
+
+    lm = tiny
+    model = copy.deepcopy(lm.model)
+    new = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+           for k, v in copy.deepcopy(model.state_dict()).items()}
+    old = copy.deepcopy(model.state_dict())
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+    prompts = [[1, 5, 9, 12], [1, 7, 3]]
+
+    def run(lean: bool, switch_at) -> tuple:
+        model.load_state_dict(old)
+        engine = NativeEngine(model, lm.pad_id, [2])
+        calls = {"n": 0}
+
+        def refresh() -> int:
+            calls["n"] += 1
+            if switch_at is not None and calls["n"] == switch_at:
+                with torch.no_grad():
+                    for k, v in model.state_dict().items():
+                        v.copy_(new[k])
+            return int(switch_at is not None and calls["n"] >= switch_at)
+        engine.refresh = refresh
+        saved = native.lean_supported
+        if not lean:
+            native.lean_supported = lambda m: False
+        try:
+            r = engine.generate(prompts, 2, params)
+        finally:
+            native.lean_supported = saved
+        return r, list(engine.last_versions)
+
+    lean, versions = run(True, 6)  # the 6th call: before decoding step 5 (the first is before the prefill)
+    hf, hf_versions = run(False, 6)
+    plain, plain_versions = run(True, None)
+    assert versions == hf_versions == [0] * 5 + [1] * (len(versions) - 5)
+    assert plain_versions == [0] * len(plain_versions)
+    assert torch.equal(lean.response_ids, hf.response_ids)
+    assert torch.allclose(lean.sample_logprobs, hf.sample_logprobs, atol=1e-4)
+    assert torch.equal(lean.response_ids[:, :5], plain.response_ids[:, :5])
+    assert not torch.allclose(lean.sample_logprobs[:, 5:], plain.sample_logprobs[:, 5:], atol=1e-3)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["trainer.async_training.max_staleness=1"], "needs rollout.placement=separate"),
+    ([*SEPARATE, "rollout.nproc=2"], "leaves 0 to train"),
+    ([*SEPARATE, "trainer.nnodes=2", "trainer.rdzv_endpoint=h:1"], "on one machine today"),
+    ([*SEPARATE, "trainer.async_training.partial_rollout=true"], "mode=fixed samples each step from one"),
+    ([*SEPARATE, "trainer.async_training.max_staleness=1", "trainer.async_training.mode=bounded",
+      "trainer.async_training.sync_every=3"], "is over max_staleness + 1 = 2"),
+    ([*SEPARATE, "trainer.async_training.max_staleness=1", "algo.rollout_correction.rollout_rs=null"],
+     "with algo.rollout_correction off"),
+    ([*SEPARATE, "trainer.async_training.max_staleness=1", "rollout.temperature=0"], "greedy decoding has none"),
+])
+def test_layouts_async_cannot_run_are_one_paragraph_before_anything_loads(tmp_path, capsys, extra, needle):
+    assert main(["train", f"trainer.run_dir={tmp_path / 'r'}", *BASE, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
