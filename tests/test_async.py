@@ -59,21 +59,18 @@ def test_max_staleness_0_on_a_producer_gives_the_synchronous_rows(tmp_path):
     assert {(r["step"], r["weight_version"]) for r in _records(tmp_path / "sep")} == {(s, s - 1) for s in range(1, 5)}
 
 
-def test_fixed_mode_is_reproducible_and_samples_from_version_s_minus_1_minus_k(tmp_path):
-    """mode=fixed, k=1: two runs with one seed give the same rows and weights, and step s trains on
-    samples of version max(0, s - 2), staleness 1 from step 2 on."""
-    extra = [*SEPARATE, "trainer.async_training.max_staleness=1"]
-    one, two = _train(tmp_path / "a", *extra), _train(tmp_path / "b", *extra)
-    assert _compared(one) == _compared(two)
-    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+def test_fixed_mode_samples_from_version_s_minus_1_minus_k_with_filtered_steps(tmp_path):
+    """mode=fixed, k=1, DAPO's filter_groups on the producer: step s trains on samples of version
+    max(0, s - 2) (staleness 1 from step 2 on), which really are one update old: the engine's log-probs
+    differ from the trainer's proximal ones, as they do not at step 1."""
+    rows = _train(tmp_path / "a", *SEPARATE, "trainer.async_training.max_staleness=1", "algo.filter_groups.enable=true",
+                  "algo.filter_groups.max_num_gen_batches=2")
     assert {(r["step"], r["weight_version"]) for r in _records(tmp_path / "a")} == \
         {(s, max(0, s - 2)) for s in range(1, 5)}
-    assert [r["async/staleness_max"] for r in one] == [0.0, 1.0, 1.0, 1.0]
-    # the samples really are one update old: the engine's log-probs are not the trainer's (which they are at k=0)
-    assert one[0]["rollout/logprob_diff/max"] < 1e-5
-    assert all(r["rollout/logprob_diff/max"] > 1e-4 for r in one[1:]), [r["rollout/logprob_diff/max"] for r in one]
-    assert "actor/ppo_kl" in one[0] or "actor/pg_loss" in one[0]
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["filter/gen_batches"] >= 1 for r in rows)
+    assert rows[0]["rollout/logprob_diff/max"] < 1e-5
+    assert all(r["rollout/logprob_diff/max"] > 1e-4 for r in rows[1:]), [r["rollout/logprob_diff/max"] for r in rows]
 
 
 def _children(pid: int) -> list[int]:
@@ -116,11 +113,17 @@ def _wait_rows(run: Path, n: int, proc: subprocess.Popen, seconds: float = 240) 
 
 @pytest.mark.slow  # ~60 s here
 def test_a_producer_killed_mid_run_is_started_again_and_nothing_is_left(tmp_path):
-    """kill -9 of the producer after step 3: the trainer starts it again and regenerates the step it
-    was making; the run ends with every step once, and no process of its group is left."""
+    """kill -9 of the producer (multi-turn episodes with an environment: its tool workers are its children)
+    after step 3: the trainer starts it again and regenerates the step it was making; the run ends with
+    every step once, the episodes had turns, and no process of its group is left."""
+    from test_multiturn_train import ENV_FILE
+
+    env = tmp_path / "hints.py"
+    env.write_text(ENV_FILE)
     run = tmp_path / "r"
     p = subprocess.Popen(_cmd(run, *SEPARATE, "trainer.total_steps=8", "trainer.async_training.max_staleness=1",
-                              "rollout.max_new_tokens=48"),
+                              "rollout.max_new_tokens=96", "rollout.multi_turn.enable=true",
+                              f"rollout.multi_turn.environment={env}:Hints", "rollout.multi_turn.max_tokens_per_turn=32"),
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_rows(run, 3, p)
@@ -131,7 +134,9 @@ def test_a_producer_killed_mid_run_is_started_again_and_nothing_is_left(tmp_path
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, err.decode()[-3000:]
     assert "starting it again (restart 1 of at most 3)" in out.decode() + err.decode()
-    assert [r["step"] for r in _rows(run)] == list(range(1, 9))
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert all(r["turns/mean"] > 1 for r in rows)
     _assert_group_ends(p.pid)
 
 
@@ -155,13 +160,19 @@ def _pgid(d: Path) -> int:
         return -1
 
 
-@pytest.mark.slow  # ~90 s here
-def test_fixed_mode_resumes_after_kill_9_to_the_uninterrupted_weights(tmp_path):
-    """mode=fixed, k=1, a checkpoint every 2 steps: the whole run killed with SIGKILL at a random step,
-    then the same command: the final weights equal those of a run never interrupted."""
+@pytest.mark.slow  # ~100 s here
+def test_fixed_mode_is_reproducible_and_resumes_after_kill_9_to_the_same_weights(tmp_path):
+    """mode=fixed, k=1, a checkpoint every 2 steps: two runs with one seed give the same rows and
+    weights; the whole run killed with SIGKILL at a random step, then the same command, ends with those
+    weights too, every step logged once."""
     extra = [*SEPARATE, "trainer.async_training.max_staleness=1", "trainer.save_freq=2", "trainer.total_steps=8"]
-    whole = tmp_path / "whole"
-    assert subprocess.run(_cmd(whole, *extra), env=ENV, capture_output=True, timeout=300).returncode == 0
+    first, second = tmp_path / "first", tmp_path / "second"
+    for run in (first, second):
+        done = subprocess.run(_cmd(run, *extra), env=ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert _compared(_rows(first)) == _compared(_rows(second))
+    a = _weights(first)
+    assert all(torch.equal(a[k], v) for k, v in _weights(second).items())
     run = tmp_path / "killed"
     p = subprocess.Popen(_cmd(run, *extra), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          start_new_session=True)
@@ -175,10 +186,8 @@ def test_fixed_mode_resumes_after_kill_9_to_the_uninterrupted_weights(tmp_path):
     again = subprocess.run(_cmd(run, *extra), env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stdout
-    a, b = _weights(whole), _weights(run)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    steps = [r["step"] for r in _rows(run)]
-    assert steps == list(range(1, 9))  # every step once: the log was cut back to the checkpoint
+    assert all(torch.equal(a[k], v) for k, v in _weights(run).items())
+    assert [r["step"] for r in _rows(run)] == list(range(1, 9))  # the log was cut back to the checkpoint
 
 
 @pytest.mark.slow  # ~40 s here

@@ -189,7 +189,10 @@ class RolloutSource:
 
     def _send(self, p: _Producer, job: Job) -> None:
         p.out.append(job.step)
-        p.send(job)
+        try:
+            p.send(job)
+        except OSError:  # it died (a broken pipe): `_watch_producers` starts it again and hands the job out again
+            pass
 
     def _spawn(self, p: _Producer) -> None:
         for end in (p.jobs, p.answers):
