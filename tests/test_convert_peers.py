@@ -89,9 +89,232 @@ def test_verl_switch_on_needs_a_decision(switch):
     assert _verl_head(f"{switch}=true").row(switch).status == "decide"
 
 
-def test_verl_v1_trainer_sync_is_verirls_and_async_needs_a_decision():
+def test_verl_v1_trainer_sync_is_verirls_and_colocate_async_needs_a_decision():
     assert _verl_head().row("trainer.use_v1").status == "translated"  # veRL's head: use_v1 true, sync mode
-    assert _verl_head("trainer.v1.trainer_mode=separate_async").row("trainer.v1.trainer_mode").status == "decide"
+    assert _verl_head().get("rollout.placement") is None
+    colocated = _verl_head("trainer.v1.trainer_mode=colocate_async")
+    row = colocated.row("trainer.v1.trainer_mode")
+    assert row.status == "decide" and "rollout.placement=separate" in row.note
+    assert colocated.get("trainer.async_training") is None  # verirl trains it synchronously
+
+
+# ---------------------------------------------------------------- veRL's asynchronous trainers
+
+# verl-project/verl at 1dda039b, verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml (Apache-2.0),
+# its keys and values without the comments
+FULLY_ASYNC_YAML = """\
+hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+defaults:
+  - ppo_trainer
+  - _self_
+async_training:
+  staleness_threshold: 0.1
+  trigger_parameter_sync_step: 4
+  require_batches: 1
+  partial_rollout: True
+  use_trainer_do_validate: False
+  use_dynamic_resource_scheduling: False
+  dynamic_schedule_policy: "default"
+  dynamic_schedule_deactivate_ratio: 0.3
+  dynamic_schedule_enable_rebalance: True
+  concurrent_samples_per_replica: 16
+rollout:
+  nnodes: 1
+  n_gpus_per_node: 8
+  n: 4
+  total_rollout_steps: 100
+data:
+  gen_batch_size: 1
+actor_rollout_ref:
+  rollout:
+    calculate_log_probs: True
+    standalone_gpu_memory_utilization: null
+    checkpoint_engine:
+      backend: "nccl"
+  actor:
+    use_rollout_log_probs: True
+  model:
+    use_remove_padding: True
+algorithm:
+  rollout_correction:
+    bypass_mode: True
+"""
+# what verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh (the same commit) hands to fully_async_main
+# about the step, the devices and the schedule (its shell variables expanded)
+FULLY_ASYNC_4_4 = [
+    "data.train_files=/data/dapo-math-17k.parquet", "data.max_prompt_length=2048", "data.max_response_length=8192",
+    "data.train_batch_size=0", "data.gen_batch_size=1", R + "n=16", "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.hybrid_engine=False", A + "optim.lr_warmup_steps=10", A + "ppo_mini_batch_size=32",
+    R + "tensor_model_parallel_size=1", R + "temperature=1.0", R + "calculate_log_probs=True", R + "name=vllm",
+    R + "mode=async", "trainer.save_freq=-1", "trainer.nnodes=1", "trainer.n_gpus_per_node=4", "rollout.nnodes=1",
+    "rollout.n_gpus_per_node=4", "rollout.total_rollout_steps=51200", "trainer.total_epochs=10",
+    "trainer.test_freq=10", "async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=4",
+    "async_training.require_batches=4", "async_training.partial_rollout=True"]
+AT, V1S = "async_training.", "trainer.v1.sampler."
+
+
+@pytest.fixture
+def fully_async(tmp_path):
+    path = tmp_path / "fully_async_ppo_trainer.yaml"
+    path.write_text(FULLY_ASYNC_YAML)
+    return str(path)
+
+
+def _stale(result) -> tuple:
+    a = result.get("trainer.async_training")
+    return a["max_staleness"], a["mode"], a.get("sync_every", 1)
+
+
+def test_verl_fully_async_recipe_becomes_producers_beside_the_trainers(fully_async):
+    """The 4+4 GPU DAPO run: 4 rollout GPUs are 4 producers beside 4 trainers; an update of require_batches x
+    ppo_mini_batch_size = 128 prompts is one verirl step; int(128 x 1.1 x 4) = 563 prompts of one version may be out,
+    the last trained by the 5th update after it: max_staleness 4 (whole updates, rounded up), weights every 4."""
+    result = convert("verl", fully_async, FULLY_ASYNC_4_4)
+    assert [r.key for r in result.by_status("unknown")] == []
+    assert (result.get("rollout.placement"), result.get("rollout.nproc"), result.get("trainer.nproc_per_node")) == (
+        "separate", 4, 8)
+    assert (result.get("data.prompts_per_step"), result.get("actor.mini_batch_prompts")) == (128, 32)
+    assert _stale(result) == (4, "bounded", 4)
+    row = result.row(AT + "staleness_threshold")
+    assert row.status == "translated" and "int(128 x 1.1 x 4) = 563" in row.note and "rounded up" in row.note
+    assert result.row(AT + "trigger_parameter_sync_step").targets[:2] == ["trainer.async_training.max_staleness",
+                                                                           "trainer.async_training.sync_every"]
+    assert result.row("rollout.n_gpus_per_node").targets[:2] == ["rollout.nproc", "trainer.nproc_per_node"]
+    assert result.row("data.train_batch_size").status == "translated"  # 0: the update is require_batches x mini
+    assert result.row("rollout.n").status == "ignored"  # the samples per prompt are actor_rollout_ref.rollout.n
+    # 51200 prompts / 128 an update; validation every 10 versions of 4 updates; warm-up 10 updates x 4 mini-batches
+    assert (result.get("trainer.total_steps"), result.get("eval.every"), result.get("actor.warmup_steps")) == (
+        400, 40, 40)
+    # vLLM decodes each call to its end: no partial rollouts in verirl, false written
+    partial = result.row(AT + "partial_rollout")
+    assert partial.status == "decide" and "rollout.engine=vllm" in partial.note
+    assert result.get("trainer.async_training")["partial_rollout"] is False
+    # veRL's recipe corrects nothing but its bypass-mode clip; verirl needs a correction for stale samples
+    assert result.get("algo.rollout_correction.rollout_rs") == "sequence"
+    assert result.row("algorithm.rollout_correction.rollout_rs").status == "decide"
+    cfg = load_config_dict(result.config)
+    assert (cfg.rollout.placement, cfg.rollout.nproc, cfg.trainer.nproc_per_node) == ("separate", 4, 8)
+    a = cfg.trainer.async_training
+    assert (a.max_staleness, a.mode, a.sync_every, a.partial_rollout) == (4, "bounded", 4, False)
+
+
+def test_verl_fully_async_partial_rollout_on_verirls_native_engine(fully_async):
+    result = convert("verl", fully_async, [*FULLY_ASYNC_4_4, R + "name=sglang"])
+    assert result.row(AT + "partial_rollout").status == "translated"
+    assert load_config_dict(result.config).trainer.async_training.partial_rollout is True
+
+
+@pytest.mark.parametrize("staleness,sync,batches,expected", [
+    (0, 1, 1, (0, "fixed", 1)),  # veRL's on-policy pipeline: verirl's synchronous step
+    (0, 4, 1, (3, "bounded", 4)),  # stream off-policy: the 4th update of a version trains on its samples
+    (0.5, 4, 4, (5, "bounded", 4)),  # int(128 x 1.5 x 4) = 768 prompts, the last in the 6th update
+    (1, 1, 1, (1, "bounded", 1)),  # staleness 1, sync every update: one step off
+    (0.1, 1, 1, (1, "bounded", 1)),  # int(32 x 1.1) = 35 prompts: 3 of them in the 2nd update
+])
+def test_verl_fully_async_staleness_is_whole_updates(fully_async, staleness, sync, batches, expected):
+    result = convert("verl", fully_async, [*FULLY_ASYNC_4_4, R + "name=sglang", f"{AT}staleness_threshold={staleness}",
+                                           f"{AT}trigger_parameter_sync_step={sync}", f"{AT}require_batches={batches}"])
+    assert _stale(result) == expected
+    a = load_config_dict(result.config).trainer.async_training
+    assert (a.max_staleness, a.mode, a.sync_every) == expected
+    if staleness == 0:  # nothing is in flight when the weights arrive
+        assert result.row(AT + "partial_rollout").status == "ignored" and not a.partial_rollout
+
+
+def test_verl_fully_async_keys_of_january_2026(fully_async):
+    """volcengine/verl b178a3cd's recipe: rollout.test_freq, async_training.use_rollout_log_probs (the rollout's
+    log-probs as the old policy's unless compute_prox_log_prob), checkpoint_engine."""
+    result = convert("verl", fully_async, [*FULLY_ASYNC_4_4, "rollout.test_freq=5", f"+{AT}use_rollout_log_probs=True",
+                                           f"+{AT}compute_prox_log_prob=False", f"+{AT}checkpoint_engine.enable=True"])
+    assert [r.key for r in result.by_status("unknown")] == []
+    assert result.get("eval.every") == 20 and result.row("trainer.test_freq").status == "ignored"
+    assert result.row(AT + "use_rollout_log_probs").status == "decide"
+    prox = convert("verl", fully_async, [*FULLY_ASYNC_4_4, f"+{AT}use_rollout_log_probs=True",
+                                         f"+{AT}compute_prox_log_prob=True"])
+    assert prox.row(AT + "use_rollout_log_probs").status == "translated"
+
+
+def test_verl_fully_async_needs_one_machine(fully_async):
+    result = convert("verl", fully_async, [*FULLY_ASYNC_4_4, "trainer.nnodes=2", "rollout.nnodes=2",
+                                           "trainer.n_gpus_per_node=8", "rollout.n_gpus_per_node=8"])
+    row = result.row("trainer.nnodes")
+    assert row.status == "decide" and "one machine" in row.note
+    assert (result.get("rollout.nproc"), result.get("trainer.nproc_per_node")) == (16, 32)
+    assert load_config_dict(result.config).trainer.nnodes == 1
+
+
+# verl-project/verl at 1dda039b, verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml (Apache-2.0)
+ONE_STEP_OFF_YAML = """\
+hydra:
+  searchpath:
+    - file://verl/trainer/config
+defaults:
+  - ppo_trainer
+  - _self_
+rollout:
+  nnodes: 1
+  n_gpus_per_node: 8
+actor_rollout_ref:
+  rollout:
+    free_cache_engine: False
+    calculate_log_probs: True
+    checkpoint_engine:
+      backend: "nccl"
+algorithm:
+  rollout_correction:
+    bypass_mode: True
+"""
+# verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh (the same commit): 6 trainer, 2 rollout GPUs
+ONE_STEP_OFF_2_6 = [
+    "algorithm.adv_estimator=grpo", "data.train_batch_size=1152", "data.max_prompt_length=512",
+    "data.max_response_length=1024", "actor_rollout_ref.hybrid_engine=False", A + "ppo_mini_batch_size=192",
+    A + "ppo_micro_batch_size_per_gpu=32", R + "tensor_model_parallel_size=2", R + "name=vllm", R + "n=5",
+    "trainer.save_freq=-1", "trainer.test_freq=5", "trainer.total_epochs=2", "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=6", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
+
+
+def test_verl_one_step_off_recipe_is_fixed_staleness_one(tmp_path):
+    """Step s trains on the batch sampled while step s - 1 trained, from the weights after s - 2 updates: verirl's
+    fixed mode with max_staleness 1 (version max(0, s - 2))."""
+    path = tmp_path / "one_step_off_ppo_trainer.yaml"
+    path.write_text(ONE_STEP_OFF_YAML)
+    result = convert("verl", str(path), ONE_STEP_OFF_2_6, train_rows=7473)
+    assert [r.key for r in result.by_status("unknown")] == []
+    assert _stale(result) == (1, "fixed", 1)
+    assert (result.get("rollout.placement"), result.get("rollout.nproc"), result.get("trainer.nproc_per_node")) == (
+        "separate", 2, 8)
+    assert result.row("actor_rollout_ref.hybrid_engine").status == "translated"
+    # a producer decodes with the whole weights: veRL's rollout tensor parallelism 2 becomes 1, a decision
+    assert result.get("rollout.tensor_parallel_size") == 1
+    assert result.row(R + "tensor_model_parallel_size").status == "decide"
+    cfg = load_config_dict(result.config)
+    assert (cfg.trainer.async_training.max_staleness, cfg.rollout.nproc, cfg.rollout.tensor_parallel_size) == (1, 2, 1)
+
+
+def test_verl_v1_separate_async_of_its_guide():
+    """docs/advance/v1_async_trainer.md's example: 2 trainer and 2 rollout nodes of 8 GPUs, train_batch_size 64 =
+    parameter_sync_step 4 x ppo_mini_batch_size 16; groups spanning at most max_off_policy_threshold 8 versions."""
+    result = _verl_head("trainer.use_v1=True", "trainer.v1.trainer_mode=separate_async", "trainer.nnodes=2",
+                        "trainer.n_gpus_per_node=8", R + "nnodes=2", R + "n_gpus_per_node=8",
+                        R + "checkpoint_engine.backend=nccl", "data.train_batch_size=64", A + "ppo_mini_batch_size=16",
+                        "trainer.v1.separate_async.parameter_sync_step=4",
+                        "trainer.v1.separate_async.num_warmup_batches=1", R + "tensor_model_parallel_size=1")
+    assert [r.key for r in result.by_status("unknown")] == []
+    assert result.row("trainer.v1.trainer_mode").status == "translated"
+    assert _stale(result) == (7, "bounded", 1)  # span <= 8 versions: the trainer's weights at most 7 updates newer
+    assert "8 - 1 = 7" in result.row(V1S + "max_off_policy_threshold").note
+    assert result.row("trainer.v1.separate_async.parameter_sync_step").status == "translated"
+    assert result.row(V1S + "max_off_policy_strategy").status == "decide"  # drop: veRL drops stale groups
+    assert (result.get("rollout.nproc"), result.get("trainer.nproc_per_node")) == (16, 32)
+    assert result.row("trainer.nnodes").status == "decide"  # one machine in verirl
+    assert result.get("trainer.async_training")["partial_rollout"] is True  # v1's client always continues them
+    cfg = load_config_dict(result.config)
+    assert (cfg.rollout.placement, cfg.trainer.async_training.max_staleness) == ("separate", 7)
+    wait = _verl_head("trainer.v1.trainer_mode=separate_async", R + "nnodes=1", R + "n_gpus_per_node=2",
+                      f"+{V1S}max_off_policy_threshold=2", f"+{V1S}max_off_policy_strategy=wait")
+    assert _stale(wait) == (1, "bounded", 1) and wait.row(V1S + "max_off_policy_strategy").status == "translated"
 
 
 def test_verl_rollout_response_length_caps_generation():
@@ -387,3 +610,16 @@ def test_verl_script_overrides_under_a_null_section():
     the key under veRL's null section."""
     result = _verl_head(f"+{A}optim.override_optimizer_config.optimizer_offload_fraction=1.0")
     assert result.row(f"{A}optim.override_optimizer_config.optimizer_offload_fraction").status == "ignored"
+
+
+def test_mindspeed_partial_rollout_needs_a_decision():
+    """rl_config.partial_rollout_max_split N > 1 (MindSpeed-RL's docs/zh/features/partial_rollout.md): the longest
+    responses continue over up to N iterations on the training devices; verirl continues one on newer weights only
+    on producers of its own."""
+    assert convert("mindspeed-rl", MS_DAPO).get("trainer.async_training") is None
+    result = convert("mindspeed-rl", MS_DAPO, [f"{RL}partial_rollout_max_split=2",
+                                               f"{RL}require_max_age_all_finished=true"])
+    row = result.row(RL + "partial_rollout_max_split")
+    assert row.status == "decide" and "rollout.placement=separate" in row.note
+    assert result.row(RL + "require_max_age_all_finished").status == "ignored"
+    assert load_config_dict(result.config).rollout.placement == "colocated"

@@ -979,6 +979,26 @@ def _sampling_defaults(t: Translation) -> None:
         t.defaults[SAMP + key] = value
 
 
+def _partial_rollout(t: Translation) -> None:
+    """rl_config.partial_rollout_max_split (trainer/grpo_trainer_hybrid.py, trainer/utils/data_strategy.py): above 1,
+    MindSpeed-RL cuts the longest responses and continues them in the next iterations, each piece sampled with that
+    iteration's weights on the same devices, every response finished within that many iterations."""
+    key, done_key = RL + "partial_rollout_max_split", RL + "require_max_age_all_finished"
+    split = int(t.get(key, 1) or 1)
+    if split <= 1:
+        t.ignore(key, f"{split}: no partial rollouts, each response sampled whole from its iteration's weights, as "
+                      f"verirl's")
+        t.ignore(done_key, "read only with partial_rollout_max_split > 1")
+        return
+    t.decide(key, f"{split}: MindSpeed-RL cuts the longest responses and continues them in the next iterations with "
+                  f"their weights (a response spans up to {split} versions), on the training devices; verirl continues "
+                  f"a response on newer weights only on producers of its own (rollout.placement=separate, "
+                  f"trainer.async_training.partial_rollout with mode bounded, docs/async.md): colocated, each step's "
+                  f"responses are sampled whole from its weights")
+    t.ignore(done_key, "whether a response at its last split must finish in that iteration: see "
+                       "partial_rollout_max_split")
+
+
 def translate(t: Translation) -> None:
     version, why = _version(t)
     if version == "pre-2.0":
@@ -992,6 +1012,7 @@ def translate(t: Translation) -> None:
     _steps_and_warmup(t)
     _optimizer(t)
     _algo(t, stage, version)
+    _partial_rollout(t)
     _reward(t, version)
     _data_and_model(t, version)
     _layout(t)

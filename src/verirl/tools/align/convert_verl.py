@@ -14,10 +14,19 @@ verl/experimental/agent_loop/tool_agent_loop.py and tool_parser.py; verl/tools/f
 examples/sglang_multiturn configs of volcengine/verl at b178a3cd). Where an older veRL behaves differently and a
 config may come from it, the note says so.
 
+Its asynchronous trainers, checked against verl-project/verl at 1dda039b: the fully-async recipe
+(verl/experimental/fully_async_policy: config/fully_async_ppo_trainer.yaml, fully_async_main.py,
+fully_async_rollouter.py, fully_async_trainer.py, docs/advance/fully_async.md, the shell/ scripts; and its keys of
+volcengine/verl at b178a3cd, January 2026), the one-step-off recipe (verl/experimental/one_step_off_policy) and the v1
+trainer's colocate_async and separate_async modes (verl/trainer/ppo/v1: trainer_base.py, trainer_separate_async.py,
+replay_buffer.py; docs/advance/v1_async_trainer.md): the ones with a rollout on GPUs of its own become
+rollout.placement=separate with trainer.async_training (_async).
+
 Three kinds of entries: `DIRECT` (one key to one key, with a conversion), the functions called by
 `translate` (keys whose meaning depends on other keys: batch sizes, KL, clipping, steps, warm-up),
 and `IGNORED` (glob, why) for what verirl needs no equivalent of. Anything else is "unknown".
-veRL's defaults and ignored keys are data: verl.yaml beside this file.
+veRL's defaults and ignored keys are data: verl.yaml beside this file (TRAINER_DEFAULTS holds those of its
+asynchronous trainers that differ from ppo_trainer's).
 """
 from __future__ import annotations
 
@@ -118,19 +127,12 @@ DIRECT = [
 
 # ---------------------------------------------------------------- derived keys
 
-def _batches(t: Translation) -> None:
+def _batches(t: Translation, kind: str) -> None:
     """Step, mini-batch and micro-batch sizes, and token budgets."""
-    prompts = t.get("data.train_batch_size")
-    t.put("data.prompts_per_step", prompts, "data.train_batch_size", note="prompts per step in both")
-    if not t.given("data.gen_batch_size"):
-        pass
-    elif t.get("data.gen_batch_size") is None:
-        t.translated("data.gen_batch_size", "null: veRL draws train_batch_size prompts per batch (ray_trainer.py)")
-    elif t.get("data.gen_batch_size") == prompts:
-        t.translated("data.gen_batch_size", "= train_batch_size: one batch of prompts per step, as verirl draws")
+    if kind == FULLY_ASYNC:
+        _fully_async_batches(t)
     else:
-        t.decide("data.gen_batch_size", "veRL draws gen_batch_size prompts and trains on train_batch_size of them "
-                                        "(DAPO's dynamic sampling): verirl draws and trains on data.prompts_per_step")
+        _step_batch(t)
     mini = t.get(A + "ppo_mini_batch_size")
     t.put("actor.mini_batch_prompts", mini, A + "ppo_mini_batch_size",
           note="prompts in both: veRL multiplies it by rollout.n inside its workers (ppo_mini_batch_size *= n), "
@@ -173,8 +175,53 @@ def _batches(t: Translation) -> None:
                   note=f"the deprecated global micro-batch, divided by the {world} devices as veRL does")
 
 
-def _gen_batch(t: Translation) -> int:
-    """Prompts per generation batch: data.gen_batch_size, where null means train_batch_size (ray_trainer.py)."""
+def _step_batch(t: Translation) -> None:
+    """data.train_batch_size prompts per step, drawn in batches of data.gen_batch_size."""
+    prompts = t.get("data.train_batch_size")
+    t.put("data.prompts_per_step", prompts, "data.train_batch_size", note="prompts per step in both")
+    if not t.given("data.gen_batch_size"):
+        pass
+    elif t.get("data.gen_batch_size") is None:
+        t.translated("data.gen_batch_size", "null: veRL draws train_batch_size prompts per batch (ray_trainer.py)")
+    elif t.get("data.gen_batch_size") == prompts:
+        t.translated("data.gen_batch_size", "= train_batch_size: one batch of prompts per step, as verirl draws")
+    else:
+        t.decide("data.gen_batch_size", "veRL draws gen_batch_size prompts and trains on train_batch_size of them "
+                                        "(DAPO's dynamic sampling): verirl draws and trains on data.prompts_per_step")
+
+
+def _fully_async_batches(t: Translation) -> None:
+    """veRL's fully-async trainer updates on require_batches x ppo_mini_batch_size prompts at a time, drawn one by one
+    by its rollouter (fully_async_trainer.py: required_samples); it asserts train_batch_size 0 and gen_batch_size 1."""
+    prompts = _step_prompts(t, FULLY_ASYNC)
+    rb, mini = int(t.get(AT + "require_batches")), int(t.get(A + "ppo_mini_batch_size"))
+    t.put("data.prompts_per_step", prompts, AT + "require_batches", A + "ppo_mini_batch_size",
+          note=f"veRL's fully-async trainer updates on require_batches x ppo_mini_batch_size = {rb} x {mini} = "
+               f"{prompts} prompts at a time: one verirl step")
+    for key, want, what in (("data.train_batch_size", 0, "the prompts of an update are require_batches x "
+                                                         "ppo_mini_batch_size (data.prompts_per_step)"),
+                            ("data.gen_batch_size", 1, "the rollouter draws the prompts one at a time and streams "
+                                                       "them; verirl's producer draws a step's prompts at once")):
+        value = t.get(key)
+        if value == want:
+            t.translated(key, f"{want}, as veRL's fully-async rollouter asserts: {what}")
+        else:
+            t.decide(key, f"{value}: veRL's fully-async rollouter refuses anything but {want} (an assert); {what}")
+
+
+def _step_prompts(t: Translation, kind: str) -> int:
+    """The prompts of one verirl step: the fully-async trainer's update (require_batches x ppo_mini_batch_size), else
+    data.train_batch_size."""
+    if kind == FULLY_ASYNC:
+        return int(t.get(AT + "require_batches")) * int(t.get(A + "ppo_mini_batch_size"))
+    return int(t.get("data.train_batch_size"))
+
+
+def _gen_batch(t: Translation, kind: str) -> int:
+    """Prompts per generation batch: data.gen_batch_size, where null means train_batch_size (ray_trainer.py); the
+    fully-async rollouter's stream is cut into updates of the step's prompts."""
+    if kind == FULLY_ASYNC:
+        return _step_prompts(t, kind)
     gen = t.get("data.gen_batch_size")
     return int(t.get("data.train_batch_size") if gen is None else gen)
 
@@ -197,6 +244,8 @@ def _kl(t: Translation) -> None:
     if bool(t.get("algorithm.use_kl_in_reward")):
         t.decide("algorithm.use_kl_in_reward", "veRL subtracts a KL penalty from the reward; verirl has the KL loss "
                                                "only (algo.kl_coef): drop the penalty or move it to the loss")
+        for key in ["algorithm.kl_penalty", *t.under("algorithm.kl_ctrl")]:
+            t.ignore(key, "a setting of the in-reward KL penalty: see use_kl_in_reward")
     else:
         t.translated("algorithm.use_kl_in_reward", "false, as verirl (no KL in the reward)")
         for key in ["algorithm.kl_penalty", *t.under("algorithm.kl_ctrl")]:
@@ -365,26 +414,38 @@ def _k1_bounds(spec: Any) -> tuple[float, float]:
 RS_K1 = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
 
 
-def _rollout_correction(t: Translation) -> None:
+def _rollout_correction(t: Translation, k: int) -> None:
     """algorithm.rollout_correction (rollout_corr_helper.py). Off in veRL by default, on in verirl (rollout_rs
-    sequence at 3.0): both modes are always written."""
+    sequence at 3.0): both modes are always written. ``k``: the max_staleness of the translation, which verirl
+    trains with only under a correction."""
     is_key, rs_key, lp_key = RC + "rollout_is", RC + "rollout_rs", R + "calculate_log_probs"
     is_mode, rs_mode = t.get(is_key), t.get(rs_key)
     others = [RC + "rollout_is_threshold", RC + "rollout_rs_threshold", RC + "rollout_rs_threshold_lower",
               RC + "rollout_is_batch_normalize"]
     if is_mode is None and rs_mode is None:
-        note = "null: veRL's default, off; verirl's default rejects sequences (rollout_rs sequence, 3.0): null written"
-        t.put("algo.rollout_correction.rollout_is", None, is_key, note=note)
-        t.put("algo.rollout_correction.rollout_rs", None, rs_key, note=note)
+        note = "null: veRL's default, off"
+        if k:
+            _staleness_correction(t, k, [is_key, rs_key], note)
+        else:
+            note += "; verirl's default rejects sequences (rollout_rs sequence, 3.0): null written"
+            t.put("algo.rollout_correction.rollout_is", None, is_key, note=note)
+            t.put("algo.rollout_correction.rollout_rs", None, rs_key, note=note)
         for key in others:
             t.ignore(key, "the correction is off")
-        t.ignore(lp_key, "rollout log-probs: only the rollout correction reads them, and it is off")
+        if k:
+            t.translated(lp_key, "the rollout engine's log-probs, which verirl's correction compares with the "
+                                 "trainer's: its native and vllm engines return them")
+        else:
+            t.ignore(lp_key, "rollout log-probs: only the rollout correction reads them, and it is off")
     elif not t.get(lp_key):
-        note = (f"veRL corrects only with the rollout engine's log-probs, which it keeps only with "
-                f"{lp_key}=true (false here): it ran without the correction; null written (verirl's default would "
-                f"reject sequences)")
-        t.put("algo.rollout_correction.rollout_is", None, is_key, lp_key, note=note)
-        t.put("algo.rollout_correction.rollout_rs", None, rs_key, lp_key, note=note)
+        why = (f"veRL corrects only with the rollout engine's log-probs, which it keeps only with {lp_key}=true (false "
+               f"here): it ran without the correction")
+        if k:
+            _staleness_correction(t, k, [is_key, rs_key, lp_key], why)
+        else:
+            note = f"{why}; null written (verirl's default would reject sequences)"
+            t.put("algo.rollout_correction.rollout_is", None, is_key, lp_key, note=note)
+            t.put("algo.rollout_correction.rollout_rs", None, rs_key, lp_key, note=note)
         for key in others:
             t.ignore(key, "the correction does not run (calculate_log_probs is false)")
     else:
@@ -392,6 +453,9 @@ def _rollout_correction(t: Translation) -> None:
                              "verirl's native and vllm engines return them")
         _rollout_is(t, is_mode)
         _rollout_rs(t, rs_mode)
+        modes = [t.out.get(f"algo.rollout_correction.rollout_{name}") for name in ("is", "rs")]
+        if k and not any(modes):
+            _staleness_correction(t, k, [is_key, rs_key], "none of veRL's modes here is one verirl has")
     if t.get(RC + "bypass_mode"):
         t.decide(RC + "bypass_mode", "bypass mode: veRL takes the rollout's log-probs as the old policy's (no "
                                      "recomputation, loss_type's loss); verirl always recomputes them")
@@ -490,9 +554,14 @@ def _rollout_rs(t: Translation, mode: Optional[str]) -> None:
            "rejected, the loss is divided by a larger count when any is")
 
 
-def _filter_groups(t: Translation) -> None:
+def _filter_groups(t: Translation, kind: str) -> None:
     """DAPO's dynamic sampling (recipe/dapo/dapo_ray_trainer.py; verl.trainer.main_ppo does not read it)."""
     en_key, metric_key, max_key = FG + "enable", FG + "metric", FG + "max_num_gen_batches"
+    if kind in RECIPES:
+        for key in t.under(FG[:-1]):
+            t.ignore(key, f"veRL's {kind} trainer does not read algorithm.filter_groups (its scripts pass it): no "
+                          f"dynamic sampling")
+        return
     if not t.get(en_key, False):
         if t.given(en_key):
             t.translated(en_key, "false: no dynamic sampling, as verirl's default")
@@ -521,8 +590,8 @@ def _filter_groups(t: Translation) -> None:
                  + "verirl filters on the total (reward) or a rule's score; reward written: name a rule of "
                    "reward.verifiers if the other run filtered on one")
     max_b = int(t.get(max_key, 0) or 0)
-    train = int(t.get("data.train_batch_size"))
-    gen = _gen_batch(t)
+    train = _step_prompts(t, kind)
+    gen = _gen_batch(t, kind)
     end = "; at the limit veRL stops the run with an error, verirl trains the step on the groups it has"
     if max_b <= 0:
         t.put("algo.filter_groups.max_num_gen_batches", 0, max_key, note="no limit (veRL: non-positive)" + end)
@@ -659,10 +728,12 @@ def _optimizer(t: Translation) -> None:
             t.decide(A + "optim.lr_warmup_init", f"the warm-up starts from {init}: verirl's starts from 0")
 
 
-def _steps(t: Translation) -> Optional[int]:
+def _steps(t: Translation, kind: str) -> Optional[int]:
     """trainer.total_steps: total_training_steps, else total_epochs x batches per epoch (needs the rows)."""
+    if kind == FULLY_ASYNC:
+        return _fully_async_steps(t)
     steps_key, epochs_key = "trainer.total_training_steps", "trainer.total_epochs"
-    batch = _gen_batch(t)
+    batch = _gen_batch(t, kind)
     if t.get(steps_key) is not None:
         steps = int(t.get(steps_key))
         t.put("trainer.total_steps", steps, steps_key, note="GRPO steps, one rollout each, in both")
@@ -692,19 +763,82 @@ def _steps(t: Translation) -> Optional[int]:
     return steps
 
 
-def _warmup(t: Translation, steps: Optional[int]) -> None:
+def _fully_async_steps(t: Translation) -> Optional[int]:
+    """The fully-async rollouter draws min(rollout.total_rollout_steps, rows x total_epochs) prompts
+    (fully_async_rollouter.py), the trainer updates on data.prompts_per_step of them at a time."""
+    per_step, total_key = _step_prompts(t, FULLY_ASYNC), "rollout.total_rollout_steps"
+    t.ignore("trainer.total_training_steps", "not read by veRL's fully-async trainer: its updates follow "
+                                             "rollout.total_rollout_steps")
+    epochs_keys = ["trainer.total_epochs", *(["rollout.total_epochs"] if t.given("rollout.total_epochs") else [])]
+    epochs = min(int(t.get(k)) for k in epochs_keys)  # volcengine/verl of January 2026 loops over rollout.total_epochs
+    total, rows = t.get(total_key), t.options.train_rows
+    prompts = [int(total)] if total is not None else []
+    if rows is not None:
+        prompts.append(rows * epochs)
+    if not prompts:
+        t.decide(total_key, "null: veRL's rollouter draws rows x total_epochs prompts: pass --train-rows N, or set "
+                            "trainer.total_steps")
+        return None
+    drawn = min(prompts)
+    steps = drawn // per_step
+    if steps == 0:
+        from verirl.core.errors import ConfigError
+
+        raise ConfigError(f"{total_key}={total} (with --train-rows {rows}: {drawn} prompts) is less than one update of "
+                          f"require_batches x ppo_mini_batch_size = {per_step} prompts: veRL would train 0 steps. Give "
+                          f"the prompts of the run.")
+    used = [total_key] if total is not None and drawn == int(total) else [*epochs_keys]
+    t.put("trainer.total_steps", steps, *used,
+          note=f"the rollouter draws {drawn} prompts"
+               + ("" if total is None or drawn == int(total) else f" ({rows} rows x {epochs} epochs, fewer than "
+                                                                  f"{total_key}={total})")
+               + f", the trainer updates on {per_step} at a time: floor({drawn} / {per_step}) = {steps} steps")
+    if rows is None:
+        t.note(total_key, f"veRL stops sooner where the data's rows x total_epochs ({epochs}) is under {total}: pass "
+                          f"--train-rows N to check")
+    for key in epochs_keys:
+        if key not in used:
+            t.translated(key, f"rows x {epochs} epochs is not under {total_key}: the rollouter stops at {total}"
+                         if rows is not None else f"the rollouter also stops after {epochs} epochs of the data")
+    if total is not None and total_key not in used:
+        t.translated(total_key, f"over the {drawn} prompts of {rows} rows x {epochs} epochs, where the rollouter stops")
+    return steps
+
+
+def _scheduler(t: Translation, kind: str, steps: Optional[int]) -> tuple[int, str, Optional[int], str]:
+    """veRL's lr scheduler, which steps once per update_actor call: (optimizer steps per scheduler step, what a
+    scheduler step is, the scheduler's horizon where verirl's step count is known, what it counts). A scheduler step
+    is a step of the classic and v1 sync trainers; an update of the fully-async trainer, whose horizon is its
+    parameter versions (set_total_train_steps); a mini-batch of v1 separate_async, whose horizon is steps x
+    parameter_sync_step (trainer_base.py)."""
+    epochs, mini = int(t.get(A + "ppo_epochs")), int(t.get(A + "ppo_mini_batch_size"))
+    if kind == FULLY_ASYNC:
+        every = int(t.get(AT + "trigger_parameter_sync_step"))
+        return (int(t.get(AT + "require_batches")) * epochs, "update", None if steps is None else steps // every,
+                f"parameter versions (the fully-async trainer's horizon: {steps} steps / trigger_parameter_sync_step "
+                f"{every})")
+    if kind == "separate_async":
+        sync = int(t.get(V1 + "separate_async.parameter_sync_step"))
+        return (epochs, "mini-batch", None if steps is None else steps * sync,
+                f"mini-batches (separate_async's horizon: {steps} steps x parameter_sync_step {sync})")
+    return (_step_prompts(t, kind) // mini) * epochs, "step", steps, "steps"
+
+
+def _warmup(t: Translation, steps: Optional[int], kind: str) -> None:
     """veRL warms up over RL steps (its scheduler steps once per update_actor call); verirl over optimizer steps."""
     ratio_key, steps_key = A + "optim.lr_warmup_steps_ratio", A + "optim.lr_warmup_steps"
-    per_step = (int(t.get("data.train_batch_size")) // int(t.get(A + "ppo_mini_batch_size"))) * int(
-        t.get(A + "ppo_epochs"))
+    per_step, unit, horizon, counts = _scheduler(t, kind, steps)
+    units, per = {"step": ("veRL steps", "train_batch_size / ppo_mini_batch_size x ppo_epochs"),
+                  "update": ("updates", "require_batches x ppo_epochs"),
+                  "mini-batch": ("mini-batches", "ppo_epochs")}[unit]
     explicit = t.get(steps_key)
     ratio = float(t.get(ratio_key))
     if explicit is not None and int(explicit) > 0:
         rl_steps, source = int(explicit), steps_key
         t.ignore(ratio_key, "lr_warmup_steps is set, and wins over the ratio in veRL")
-        how = f"{rl_steps} veRL steps"
+        how = f"{rl_steps} {units}"
     elif ratio > 0:
-        if steps is None:
+        if horizon is None:
             t.decide(ratio_key, f"a warm-up of {ratio:g} of the run's steps, which are not known (epochs without "
                                 f"--train-rows): set actor.warmup_steps = {ratio:g} x total steps x {per_step} "
                                 f"optimizer steps per step")
@@ -712,16 +846,16 @@ def _warmup(t: Translation, steps: Optional[int]) -> None:
                    f"known")
             t.ignore(steps_key, "unset (-1): the ratio applies")
             return
-        rl_steps, source = int(ratio * steps), ratio_key
-        how = f"int({ratio:g} x {steps} steps) = {rl_steps} veRL steps"
+        rl_steps, source = int(ratio * horizon), ratio_key
+        how = f"int({ratio:g} x {horizon} {counts}) = {rl_steps} {units}"
         t.ignore(steps_key, "unset (-1): the ratio applies")
     else:
         if t.given(ratio_key) or t.given(steps_key):
             t.put("actor.warmup_steps", 0, *[k for k in (ratio_key, steps_key) if t.given(k)], note="no warm-up")
         return
     t.put("actor.warmup_steps", rl_steps * per_step, source,
-          note=f"{how} x {per_step} optimizer steps per step (train_batch_size / ppo_mini_batch_size x ppo_epochs); "
-               f"veRL holds the lr for a whole step and starts at 0, verirl ramps per optimizer step from lr/warmup")
+          note=f"{how} x {per_step} optimizer steps per {unit} ({per}); veRL holds the lr for a whole {unit} and "
+               f"starts at 0, verirl ramps per optimizer step from lr/warmup")
 
 
 def _data(t: Translation) -> None:
@@ -910,6 +1044,8 @@ def _engine(t: Translation) -> None:
         t.translated(R + "do_sample", "sampling, as verirl's")
     if t.get(R + "ignore_eos", False):
         t.decide(R + "ignore_eos", "veRL ignores EOS while sampling: verirl always stops at it")
+    t.ignore(R + "enable_sleep_mode", "vLLM's sleep mode, with which veRL frees vLLM's memory while the actor trains: "
+                                      "a vLLM engine setting (verirl's rollout.free_cache_engine)")
 
 
 MTK, AGENT = R + "multi_turn.", R + "agent."
@@ -1352,6 +1488,390 @@ def _rollout_layout(t: Translation, tp: int) -> None:
                       f"the model fits one device")
 
 
+# ---------------------------------------------------------------- asynchronous training
+
+AT, V1 = "async_training.", "trainer.v1."
+FULLY_ASYNC, ONE_STEP_OFF = "fully_async_policy", "one_step_off_policy"
+RECIPES = (FULLY_ASYNC, ONE_STEP_OFF)
+"""veRL's asynchronous recipes (verl/experimental/NAME): trainers of their own, run by their own main, each with a
+top-level rollout section for the rollout's GPUs that the main copies into actor_rollout_ref.rollout."""
+V1_MODES = ("sync", "colocate_async", "separate_async")
+
+# veRL's defaults, by trainer, for the keys its asynchronous trainers read that verl.yaml (ppo_trainer's) lacks or that
+# their configs set otherwise: the recipes' fully_async_ppo_trainer.yaml and one_step_off_ppo_trainer.yaml (each
+# `defaults: [ppo_trainer, _self_]`) and the v1 trainer's section of ppo_trainer.yaml, verl-project/verl at 1dda039b.
+TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
+    FULLY_ASYNC: {AT + "staleness_threshold": 0.1, AT + "trigger_parameter_sync_step": 4, AT + "require_batches": 1,
+                  AT + "partial_rollout": True, "rollout.nnodes": 1, "rollout.n_gpus_per_node": 8,
+                  "rollout.total_rollout_steps": 100, "data.gen_batch_size": 1, R + "calculate_log_probs": True,
+                  RC + "bypass_mode": True, M + "use_remove_padding": True},
+    ONE_STEP_OFF: {"rollout.nnodes": 1, "rollout.n_gpus_per_node": 8, R + "calculate_log_probs": True,
+                   RC + "bypass_mode": True},
+    "separate_async": {V1 + "separate_async.parameter_sync_step": 4, V1 + "sampler.max_off_policy_threshold": 8,
+                       V1 + "sampler.max_off_policy_strategy": "drop", R + "nnodes": 0},
+}
+
+
+def _which_trainer(t: Translation) -> str:
+    """The veRL trainer the keys are for: the fully-async recipe (fully_async_main: an async_training section or
+    rollout.total_rollout_steps), the one-step-off recipe (its main_ppo: the rollout's GPUs, rollout.nnodes /
+    rollout.n_gpus_per_node, without them), else verl.trainer.main_ppo's: with trainer.use_v1 the v1 trainer's
+    trainer.v1.trainer_mode, without it the classic trainer ("sync")."""
+    if t.under("async_training") or t.given("rollout.total_rollout_steps"):
+        return FULLY_ASYNC
+    if t.given("rollout.nnodes") or t.given("rollout.n_gpus_per_node"):
+        return ONE_STEP_OFF
+    if t.get("trainer.use_v1", False):
+        return str(t.get(V1 + "trainer_mode", "sync"))
+    return "sync"
+
+
+def _async(t: Translation, kind: str) -> None:
+    """veRL's trainers with a rollout on GPUs of its own become rollout.placement=separate (docs/async.md): the
+    rollout's GPUs are rollout.nproc producers beside the trainers, on one machine; the staleness veRL allows is
+    trainer.async_training.max_staleness, counted in verirl's updates (one per step)."""
+    _hybrid_engine(t, kind)
+    _recipe_keys(t, kind)
+    mode_key = V1 + "trainer_mode"
+    if kind == "colocate_async":
+        t.decide(mode_key, "colocate_async: veRL's v1 trainer generates the next batches on the trainer's GPUs while "
+                           "it trains (partial rollouts across its steps); verirl runs ahead only with producers on "
+                           "devices of their own (rollout.placement=separate, trainer.async_training): colocated, it "
+                           "trains synchronously, one rollout then its update")
+    elif kind not in (*RECIPES, *V1_MODES):
+        t.decide(mode_key, f"{kind!r} is not a mode of veRL's v1 trainer ({', '.join(V1_MODES)}): verirl trains "
+                           f"synchronously")
+    if kind not in (*RECIPES, "separate_async"):
+        return
+    if kind == FULLY_ASYNC:
+        k, partial = _fully_async_schedule(t)
+    elif kind == ONE_STEP_OFF:
+        k, partial = _one_step_off_schedule(t), None
+    else:
+        k, partial = _separate_async_schedule(t), (mode_key, "veRL's v1 async client always continues them, within "
+                                                             "max_off_policy_threshold versions")
+    keys = _producers(t, kind, k)
+    t.put("rollout.placement", "separate", *keys,
+          note=f"veRL's {kind} generates on GPUs of its own while the trainer's GPUs train: verirl's producers")
+    if partial is not None:
+        _partial(t, *partial, k)
+    for key in t.under(AT[:-1]) + t.under("rollout"):
+        t.unknown(key, f"a key of veRL's {kind} recipe this converter does not know: check it by hand")
+
+
+def _max_staleness(t: Translation, kind: str) -> int:
+    """The updates by which the weights that train a sample may be newer than the ones that sampled it, in veRL's
+    trainer ``kind``: the schedules below say how each follows."""
+    if kind == FULLY_ASYNC:
+        per_step = _step_prompts(t, kind)
+        most = int(per_step * (float(t.get(AT + "staleness_threshold")) + 1) * int(
+            t.get(AT + "trigger_parameter_sync_step")))  # the rollouter's max_required_samples
+        return -(-most // per_step) - 1
+    if kind == ONE_STEP_OFF:
+        return 1
+    if kind == "separate_async":
+        return max(int(t.get(V1 + "sampler.max_off_policy_threshold")) - 1, 0)
+    return 0
+
+
+def _fully_async_schedule(t: Translation) -> tuple[int, Optional[tuple[str, str]]]:
+    """staleness_threshold, trigger_parameter_sync_step and partial_rollout (fully_async_rollouter.py): the
+    rollouter pauses once it holds max_required_samples prompts of the current parameter version, in flight or
+    queued; the trainer takes data.prompts_per_step of them per update and syncs the weights every
+    trigger_parameter_sync_step updates. Returns max_staleness and the partial-rollout request (None: none)."""
+    s_key, sync_key, p_key = AT + "staleness_threshold", AT + "trigger_parameter_sync_step", AT + "partial_rollout"
+    per_step, s, every = _step_prompts(t, FULLY_ASYNC), float(t.get(s_key)), int(t.get(sync_key))
+    most, k = int(per_step * (s + 1) * every), _max_staleness(t, FULLY_ASYNC)
+    target = "trainer.async_training.max_staleness"
+    t.put(target, k, s_key,
+          note=f"veRL's rollouter samples at most int(require_batches x ppo_mini_batch_size x (1 + "
+               f"staleness_threshold) x trigger_parameter_sync_step) = int({per_step} x {1 + s:g} x {every}) = {most} "
+               f"prompts from one parameter version, and the trainer takes {per_step} per update: the last of them "
+               f"is trained by the update ceil({most} / {per_step}) = {k + 1} after that version, with weights {k} "
+               f"updates newer than the ones that sampled it. staleness_threshold is a fraction of a sync period's "
+               f"prompts, max_staleness whole updates: rounded up")
+    for key in (sync_key, AT + "require_batches"):  # in the arithmetic too: one note, on staleness_threshold
+        t.translated(key, "max_staleness: see staleness_threshold", [target])
+        t.out_from[target].append(key)
+    t.put("trainer.async_training.sync_every", every, sync_key,
+          note="the trainer hands its weights to the rollout every trigger_parameter_sync_step updates, in both")
+    t.put("trainer.async_training.mode", "bounded" if k else "fixed", s_key)
+    t.note(s_key, "veRL's rollouter runs ahead as fast as its bound lets it, and an update trains on the prompts the "
+                  "queue holds: verirl's bounded mode (the producer samples from the newest weights it has, at most "
+                  "max_staleness updates old)" if k else
+                  "staleness_threshold 0 and trigger_parameter_sync_step 1: each update trains on prompts sampled from "
+                  "its own weights (veRL's on-policy pipeline), verirl's synchronous step (mode fixed)")
+    wanted = bool(t.get(p_key))
+    if not wanted:
+        t.translated(p_key, "false: a sequence in flight when new weights arrive is dropped (verl-project/verl at "
+                            "1dda039b; volcengine/verl of January 2026 waits for it to finish); verirl's producer "
+                            "finishes it on the weights it started with")
+        return k, None
+    if s == 0:
+        t.ignore(p_key, "staleness_threshold 0: the rollouter samples exactly the prompts of a sync period and the "
+                        "trainer waits for all of them, so no sequence is in flight when new weights arrive")
+        return k, None
+    return k, (p_key, "veRL does not bound how many versions one sequence spans (fully_async/partial/"
+                      "max_partial_span reports it)")
+
+
+def _one_step_off_schedule(t: Translation) -> int:
+    """one_step_off_policy/ray_trainer.py: step s waits for its batch, hands the weights (after s - 1 updates) to the
+    rollout, starts batch s + 1 with them and trains on batch s, sampled from the weights after s - 2 updates."""
+    keys = [k for k in ("rollout.nnodes", "rollout.n_gpus_per_node") if t.given(k)]
+    note = ("veRL's one_step_off_policy recipe (a top-level rollout section, no async_training): step s trains on "
+            "the batch sampled while step s - 1 trained, from the weights after s - 2 updates; verirl's fixed mode "
+            "with max_staleness 1 samples step s from version max(0, s - 2): the same schedule")
+    t.put("trainer.async_training.max_staleness", 1, *keys, note=note)
+    t.put("trainer.async_training.mode", "fixed", *keys, note=note)
+    return 1
+
+
+def _separate_async_schedule(t: Translation) -> int:
+    """The v1 trainer's separate_async mode (trainer_separate_async.py, replay_buffer.py): standalone rollout GPUs
+    generate continuously; each step trains parameter_sync_step mini-batches as they come and then hands the weights
+    to the rollout; the replay buffer bounds how many versions a trained group spans."""
+    mode_key, sync_key = V1 + "trainer_mode", V1 + "separate_async.parameter_sync_step"
+    thr_key, how_key = V1 + "sampler.max_off_policy_threshold", V1 + "sampler.max_off_policy_strategy"
+    threshold, k = int(t.get(thr_key)), _max_staleness(t, "separate_async")
+    t.translated("trainer.use_v1", "veRL's v1 trainer (see trainer.v1.trainer_mode)")
+    t.translated(mode_key, "separate_async: veRL's standalone rollout GPUs generate while the trainer's GPUs train: "
+                           "the rollout.nproc producers of verirl's rollout.placement=separate")
+    t.put("trainer.async_training.max_staleness", k, thr_key,
+          note=f"veRL trains a group only while global_steps - the step that sent its prompt + 1 <= "
+               f"max_off_policy_threshold (replay_buffer.py), so the weights that train it are at most {threshold} - 1 "
+               f"= {k} updates newer than the ones its first token was sampled from")
+    t.put("trainer.async_training.mode", "bounded" if k else "fixed", mode_key, thr_key,
+          note="veRL's rollout runs ahead as fast as the replay buffer lets it: verirl's bounded mode" if k else
+          "max_off_policy_threshold 1: every group is sampled from the weights that train it, verirl's synchronous "
+          "step")
+    t.put("trainer.async_training.sync_every", 1, mode_key,
+          note="veRL's separate_async hands the weights to the rollout after every step (on_step_end), as verirl's "
+               "sync_every 1")
+    strategy = t.get(how_key)
+    if strategy == "wait":
+        t.translated(how_key, "wait: veRL holds the sampling until the groups at the threshold finish, none dropped; "
+                              "verirl's producers likewise sample nothing older than max_staleness")
+    elif strategy == "drop":
+        t.decide(how_key, "drop: veRL drops the finished groups past the threshold (long responses more often than "
+                          "short ones) and trains on new prompts in their place; verirl's producers run at most "
+                          "max_staleness steps ahead, so no group grows too old and none is dropped (veRL's wait)")
+    else:
+        t.decide(how_key, f"{strategy!r} is not one of veRL's strategies (drop, wait): verirl drops no group")
+    train, mini, sync = (int(t.get("data.train_batch_size")), int(t.get(A + "ppo_mini_batch_size")),
+                         int(t.get(sync_key)))
+    if train == sync * mini:
+        t.translated(sync_key, f"= train_batch_size / ppo_mini_batch_size = {train} / {mini}: the mini-batches of a "
+                               f"step, which separate_async trains one by one as they come (verirl's "
+                               f"actor.mini_batch_prompts); the weights go to the rollout once a step",
+                     ["data.prompts_per_step", "actor.mini_batch_prompts"])
+    else:
+        t.decide(sync_key, f"{sync} x ppo_mini_batch_size {mini} = {sync * mini} is not train_batch_size {train}, "
+                           f"which veRL's separate_async refuses (an assert): verirl trains data.prompts_per_step="
+                           f"{train} prompts a step in mini-batches of {mini}")
+    sa = V1 + "separate_async."
+    if t.get(sa + "hybrid_rollout.enable_switch", False):
+        t.decide(sa + "hybrid_rollout.enable_switch", "veRL lends the trainer's GPUs to generation while they would "
+                                                      "wait for samples: verirl's trainers do not generate")
+        for key in t.under(sa + "hybrid_rollout"):
+            t.ignore(key, "how veRL switches its trainer GPUs between training and generation")
+    else:
+        for key in t.under(sa + "hybrid_rollout"):
+            t.ignore(key, "read only with hybrid_rollout.enable_switch, which is off")
+    t.ignore(sa + "num_warmup_batches", "batches veRL sends to the rollout before the first update: verirl's "
+                                        "producers start max_staleness + 1 steps at once")
+    path_key = V1 + "sampler.custom_sampler.path"
+    if t.get(path_key, None):
+        t.decide(path_key, "a sampler class of veRL's own: verirl draws its prompts with its own sampler "
+                           "(docs/data.md)")
+    for key in t.under(V1 + "sampler"):
+        if not t.rows[key].status:
+            t.ignore(key, "null or empty: veRL's replay buffer, no custom sampler" if "custom_sampler" in key or
+                     "sampler_kwargs" in key else "read by the v1 sync trainer only")
+    return k
+
+
+def _producers(t: Translation, kind: str, k: int) -> list[str]:
+    """The other run's devices: its trainer GPUs (trainer.n_gpus_per_node x trainer.nnodes) train, its rollout GPUs
+    (the recipes' rollout.nnodes x rollout.n_gpus_per_node, v1's actor_rollout_ref.rollout.*) generate. verirl's
+    producers and trainers share one machine, a device each: rollout.nproc producers out of trainer.nproc_per_node
+    processes. Returns the keys of the rollout's GPUs."""
+    from math import gcd
+
+    prefix = "rollout." if kind in RECIPES else R
+    nodes_key, gpus_key = prefix + "nnodes", prefix + "n_gpus_per_node"
+    if kind in RECIPES:
+        for key in (R + "nnodes", R + "n_gpus_per_node"):
+            t.ignore(key, f"the recipe's main replaces it with {prefix}{key.rsplit('.', 1)[1]}")
+    t_nodes, t_gpus = int(t.get("trainer.nnodes")), int(t.get("trainer.n_gpus_per_node"))
+    r_nodes = int(t.get(nodes_key, 0) or 0)
+    r_gpus = int(t.get(gpus_key, None) or t_gpus)  # v1's default: ${oc.select:trainer.n_gpus_per_node,8}
+    trainers, rollout = t_nodes * t_gpus, r_nodes * r_gpus
+    keys = [key for key in (nodes_key, gpus_key) if t.given(key) or key in t.defaults]
+    gpus = f"{nodes_key} {r_nodes} x {gpus_key.rsplit('.', 1)[1]} {r_gpus} = {rollout} rollout GPUs"
+    nproc, idle = rollout, ""
+    if rollout == 0:
+        nproc = 1
+        t.decide(nodes_key, f"{gpus}: veRL's {kind} needs GPUs of its own for the rollout (an assert): rollout.nproc=1 "
+                            f"written; give the rollout's GPUs")
+    elif rollout > 1 and t.out.get("algo.filter_groups.enable"):
+        nproc = 1
+        t.decide(gpus_key, f"{gpus}, with DAPO's dynamic sampling: verirl knows a filtered step's prompts only once "
+                           f"the step before is done, so its steps go to one producer after another: rollout.nproc=1 "
+                           f"written")
+    elif rollout > k + 1:
+        idle = (f"; verirl hands out at most max_staleness + 1 = {k + 1} steps at a time, one to each producer, so "
+                f"{rollout - k - 1} of them would idle: fewer producers do as well, or raise max_staleness")
+    t.put("rollout.nproc", nproc, *keys,
+          note=f"{gpus}: one producer process each, which generates and scores whole steps with the whole weights on "
+               f"its device{idle}" if nproc == rollout else "")
+    group = 1
+    for name in ("tensor", "sequence", "pipeline"):
+        group *= int(t.out.get(f"actor.{name}_parallel_size", 1))
+    prompts, mini = int(t.out["data.prompts_per_step"]), int(t.out["actor.mini_batch_prompts"])
+    ranks = max(1, trainers // group)
+    fit = gcd(ranks, gcd(prompts, mini))
+    train_keys = ["trainer.n_gpus_per_node", "trainer.nnodes"]
+    layout = [key for key in t.out_from.get("trainer.nproc_per_node", []) if key not in train_keys]
+    t.put("trainer.nproc_per_node", group * fit + nproc, *train_keys, *keys,
+          note=f"veRL's trainer GPUs, trainer.n_gpus_per_node {t_gpus} x trainer.nnodes {t_nodes} = {trainers}, and "
+               f"its rollout GPUs: {group * fit} trainers + rollout.nproc={nproc} producers = {group * fit + nproc} "
+               f"processes on one machine, a device each")
+    for key in layout:
+        t.note(key, f"trainer.nproc_per_node={group * fit + nproc} written instead: the other run's {trainers} trainer "
+                    f"GPUs and its rollout GPUs (rollout.placement=separate)")
+    if fit != ranks or trainers % group:
+        split = f" / the {group} of a model-parallel group = {ranks} data-parallel ranks" if group > 1 else ""
+        t.decide("trainer.n_gpus_per_node",
+                 f"verirl splits a step's {prompts} prompts and each mini-batch's {mini} over the data-parallel ranks "
+                 f"in whole groups of rollout.n samples, which {trainers} trainer GPUs{split} do not divide (veRL "
+                 f"splits sequences): {group * fit} trainers written, the most that divide them")
+    if t_nodes > 1 or r_nodes > 1:
+        t.decide("trainer.nnodes" if t_nodes > 1 else nodes_key,
+                 f"veRL's run spanned {t_nodes} trainer and {r_nodes} rollout machines: verirl's producers take the "
+                 f"weights through shared memory, so an asynchronous run is on one machine (trainer.nnodes 1) and the "
+                 f"devices are written as one machine's; with fewer, keep the ratio of trainers to producers")
+    _producer_layout(t, nproc)
+    return keys
+
+
+def _producer_layout(t: Translation, nproc: int) -> None:
+    """A producer is one process decoding with the whole weights (rollout.tensor_parallel_size 1)."""
+    key, engine = R + "tensor_model_parallel_size", t.out.get("rollout.engine", "native")
+    size = int(t.out.get("rollout.tensor_parallel_size", 0) or 0) or (
+        1 if engine == "hf" else int(t.out.get("actor.tensor_parallel_size", 1)))
+    if size > 1:
+        t.put("rollout.tensor_parallel_size", 1, key)
+        t.decide(key, f"the rollout decoded over {size} devices a replica: a verirl producer is one process decoding "
+                      f"with the whole weights on its device, so rollout.tensor_parallel_size=1 is written and each of "
+                      f"the {nproc} producers holds the whole model (it must fit one device; the trainers may stay "
+                      f"split)")
+
+
+def _partial(t: Translation, key: str, bound: str, k: int) -> None:
+    """Partial rollouts: a sequence still decoding when new weights arrive continues on them (verirl's native engine
+    loads each newer version between decoding steps, in mode bounded, single-turn, without a filtered step)."""
+    engine = t.out.get("rollout.engine", "native")
+    why = ("max_staleness 0: no weights arrive while a step decodes" if not k else
+           f"rollout.engine={engine} decodes each call to its end (verirl's native engine loads new weights between "
+           f"decoding steps)" if engine != "native" else
+           "verirl's multi-turn episodes keep one version per episode" if t.out.get("rollout.multi_turn.enable") else
+           "a filtered step (algo.filter_groups) reorders its groups" if t.out.get("algo.filter_groups.enable") else "")
+    if why:
+        t.put("trainer.async_training.partial_rollout", False, key)
+        t.decide(key, f"veRL continues the sequences in flight on new weights (partial rollouts); verirl cannot here: "
+                      f"{why}. false written: they finish on the weights they started with")
+        return
+    t.put("trainer.async_training.partial_rollout", True, key,
+          note=f"a sequence still decoding when new weights arrive goes on with them, each token's version and "
+               f"log-prob recorded, in both; {bound}; verirl samples a step's first tokens at most max_staleness "
+               f"versions old")
+
+
+def _staleness_correction(t: Translation, k: int, keys: list[str], what: str) -> None:
+    """verirl trains on samples up to k > 0 versions old only with an off-policy correction (run/checks.py): its
+    default is written where veRL's run had none."""
+    from verirl.config import Config
+
+    rc = Config().algo.rollout_correction
+    bypass = ("; veRL's PPO ratio was taken to the rollout's log-probs (bypass_mode), its clip the only guard"
+              if t.get(RC + "bypass_mode") else "")
+    t.put("algo.rollout_correction.rollout_is", None, *keys)
+    for name in ("rollout_rs", "rollout_rs_threshold", "rollout_rs_threshold_lower"):
+        t.put(f"algo.rollout_correction.{name}", getattr(rc, name), *keys)
+    for key in keys:
+        t.decide(key, f"{what}{bypass}. With max_staleness {k} verirl trains on samples up to {k} "
+                      f"version{'' if k == 1 else 's'} old only "
+                      f"under an off-policy correction, so its default is written: a sequence whose ratio exp(old - "
+                      f"rollout log-prob) is above {rc.rollout_rs_threshold:g} is rejected (rollout_rs "
+                      f"{rc.rollout_rs}); rollout_is=token adds truncated importance weights (AReaL's decoupled loss, "
+                      f"docs/async.md)")
+
+
+def _hybrid_engine(t: Translation, kind: str) -> None:
+    """actor_rollout_ref.hybrid_engine: main_ppo's trainers assert it, the recipes assert it off."""
+    key = "actor_rollout_ref.hybrid_engine"
+    if not t.given(key):
+        return
+    on = bool(t.get(key))
+    if kind in RECIPES:
+        if on:
+            t.decide(key, f"true: veRL's {kind} recipe refuses it (an assert): its rollout runs on GPUs of its own, "
+                          f"verirl's rollout.placement=separate")
+        else:
+            t.translated(key, "false: the rollout on GPUs of its own, as the recipe asserts: rollout.placement="
+                              "separate", ["rollout.placement"])
+    elif on:
+        t.ignore(key, "true: actor, rollout and reference share the trainer's devices (veRL's trainer asserts it), "
+                      "verirl's rollout.placement=colocated" + ("; separate_async's standalone rollout GPUs are "
+                                                               "rollout.nproc" if kind == "separate_async" else ""))
+    else:
+        t.decide(key, "false: veRL's trainer refuses it (only the hybrid engine is supported); verirl colocates")
+
+
+def _recipe_keys(t: Translation, kind: str) -> None:
+    """The recipes' keys that shape no verirl setting, and those of the fully-async recipe of January 2026
+    (volcengine/verl b178a3cd: async_training.use_rollout_log_probs, compute_prox_log_prob, checkpoint_engine)."""
+    if kind not in RECIPES:
+        return
+    t.ignore("rollout.n", "not read: the samples per prompt are actor_rollout_ref.rollout.n")
+    t.ignore(A + "use_rollout_log_probs", "the actor's copy of async_training.use_rollout_log_probs (January 2026: "
+                                          "the update then takes the batch's old log-probs); read by no code of "
+                                          "verl-project/verl at 1dda039b, where they follow "
+                                          "algorithm.rollout_correction.bypass_mode")
+    t.ignore(R + "standalone_gpu_memory_utilization", "vLLM's memory share on the rollout's own GPUs: set "
+                                                      "rollout.gpu_memory_utilization for this machine")
+    t.ignore(AT + "use_trainer_do_validate", "which GPUs validate: the same evaluation")
+    t.ignore(AT + "concurrent_samples_per_replica", "requests in flight per vLLM replica: throughput only")
+    engine = "actor_rollout_ref.checkpoint_engine"  # January 2026: ${oc.select:async_training.checkpoint_engine}
+    for key in [*t.under(AT + "checkpoint_engine"), *t.under(engine), *([engine] if t.given(engine) else [])]:
+        t.ignore(key, "how veRL moves the weights to the rollout's GPUs: verirl's producers read them from shared "
+                      "memory")
+    dynamic = AT + "use_dynamic_resource_scheduling"
+    if t.get(dynamic, False):
+        t.decide(dynamic, "veRL lends the trainer's GPUs to generation between updates: verirl's trainers do not "
+                          "generate")
+    else:
+        t.ignore(dynamic, "false: the rollout keeps its own GPUs")
+    for key in t.under(AT[:-1]):
+        if key.startswith(AT + "dynamic_schedule_"):
+            t.ignore(key, "read only with use_dynamic_resource_scheduling")
+    use, prox = AT + "use_rollout_log_probs", AT + "compute_prox_log_prob"
+    if t.given(use):
+        if t.get(use) and not t.get(prox, False):
+            t.decide(use, "true with compute_prox_log_prob false: veRL takes the rollout's log-probs as the old "
+                          "policy's; verirl recomputes them with the weights that train the step and corrects the "
+                          "difference (algo.rollout_correction)")
+            t.ignore(prox, "false: see use_rollout_log_probs")
+        elif t.get(use):
+            t.translated(use, "with compute_prox_log_prob: the trainer recomputes the old log-probs, as verirl")
+            t.translated(prox, "veRL recomputes them with the weights of the sync period's first update, verirl with "
+                               "the weights that train the step: the same with trigger_parameter_sync_step 1")
+        else:
+            t.translated(use, "false: the trainer recomputes the old log-probs with its weights, as verirl")
+            t.ignore(prox, "read only with use_rollout_log_probs")
+
+
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
 SWITCHES = [
     ("distillation.enabled", "distillation from teacher models: not available in verirl", "distillation"),
@@ -1362,11 +1882,15 @@ SWITCHES = [
 ]
 
 
-def _v1_trainer(t: Translation) -> None:
+def _v1_trainer(t: Translation, kind: str) -> None:
     """trainer.use_v1 (true at veRL's head): the v1 trainer, whose sync mode is one rollout then its update, as verirl
-    trains; its asynchronous modes train on rollouts of older weights."""
+    trains; its asynchronous modes are _async's."""
     mode_key = "trainer.v1.trainer_mode"
     mode = t.get(mode_key, "sync")
+    if kind in RECIPES:
+        for key in ["trainer.use_v1", *t.under("trainer.v1")]:
+            t.ignore(key, f"read by verl.trainer.main_ppo only: the {kind} recipe runs a trainer of its own")
+        return
     if not t.get("trainer.use_v1", False):
         t.ignore("trainer.use_v1", "false: veRL's classic trainer, one rollout then its update, as verirl")
         for key in t.under("trainer.v1"):
@@ -1376,13 +1900,13 @@ def _v1_trainer(t: Translation) -> None:
         t.translated("trainer.use_v1", "veRL's v1 trainer, here in sync mode: one rollout then its update, as verirl")
         t.translated(mode_key, "sync: on-policy rollouts, as verirl's")
     else:
-        t.decide(mode_key, f"veRL's v1 trainer in {mode} mode trains on rollouts of older weights: verirl trains "
-                           f"synchronously, one rollout then its update")
         t.translated("trainer.use_v1", "veRL's v1 trainer (see trainer.v1.trainer_mode)")
     for key in t.under("trainer.v1"):
-        if key != mode_key:
-            t.ignore(key, f"a setting of the v1 trainer's {key.split('.')[2]} mode or sampler"
-                          + (", not used in sync mode" if mode == "sync" else "; see trainer_mode"))
+        if not t.rows[key].status:
+            section = key.split(".")[2]
+            t.ignore(key, f"a setting of the v1 trainer's {section} mode or sampler"
+                          + (f", not used in {mode} mode" if section != mode and (mode == "sync" or section in V1_MODES)
+                             else "; see trainer_mode"))
 
 
 def _switches(t: Translation) -> None:
@@ -1440,13 +1964,24 @@ def _reward(t: Translation) -> None:
             t.ignore(key, "part of the reward model, which verirl does not run")
 
 
-def _trainer(t: Translation) -> None:
+def _trainer(t: Translation, kind: str) -> None:
+    # the fully-async trainer saves and validates every N parameter versions, trigger_parameter_sync_step updates each
+    # (fully_async_trainer.py: current_param_version); volcengine/verl of January 2026 read rollout.test_freq
+    every = int(t.get(AT + "trigger_parameter_sync_step")) if kind == FULLY_ASYNC else 1
+    test_key = "rollout.test_freq" if kind == FULLY_ASYNC and t.given("rollout.test_freq") else "trainer.test_freq"
+    if test_key != "trainer.test_freq":
+        t.ignore("trainer.test_freq", "volcengine/verl's fully-async trainer of January 2026 validates every "
+                                      "rollout.test_freq parameter versions")
+    versions = f" parameter versions x trigger_parameter_sync_step {every} updates each" if every > 1 else ""
     save = int(t.get("trainer.save_freq"))
-    t.put("trainer.save_freq", max(save, 0), "trainer.save_freq",
-          note="every N steps" if save > 0 else "veRL's -1 never saves; verirl's 0 saves only at the end")
-    test = int(t.get("trainer.test_freq"))
-    t.put("eval.every", max(test, 0), "trainer.test_freq", note="evaluate every N steps")
-    t.put("eval.at_end", test > 0, "trainer.test_freq",
+    t.put("trainer.save_freq", max(save, 0) * every, "trainer.save_freq",
+          note=(f"every {save}{versions} = {save * every} steps" if versions else "every N steps") if save > 0
+          else "veRL's -1 never saves; verirl's 0 saves only at the end")
+    test = int(t.get(test_key))
+    t.put("eval.every", max(test, 0) * every, test_key,
+          note=f"evaluate every {test}{versions} = {test * every} steps" if versions and test > 0
+          else "evaluate every N steps")
+    t.put("eval.at_end", test > 0, test_key,
           note="veRL also evaluates after the last step when test_freq > 0")
     if t.given(R + "val_kwargs.do_sample") or t.given(R + "val_kwargs.n") or t.given("trainer.test_freq"):
         if t.get(R + "val_kwargs.do_sample"):
@@ -1500,9 +2035,11 @@ def _trainer(t: Translation) -> None:
 
 def translate(t: Translation) -> None:
     """Every veRL key the tables know, in the order a step uses them."""
+    kind = _which_trainer(t)
+    t.defaults.update(TRAINER_DEFAULTS.get(kind, {}))
     t.apply(DIRECT)
     _advantages(t)
-    _batches(t)
+    _batches(t, kind)
     _engine(t)
     _multi_turn(t)
     _layout(t)
@@ -1510,16 +2047,17 @@ def translate(t: Translation) -> None:
     _clip(t)
     _policy_loss(t)
     _loss_scale(t)
-    _rollout_correction(t)
+    _rollout_correction(t, _max_staleness(t, kind))
     _optimizer(t)
-    steps = _steps(t)
-    _warmup(t, steps)
+    steps = _steps(t, kind)
+    _warmup(t, steps, kind)
     _data(t)
     _model(t)
     _reward(t)
-    _filter_groups(t)
+    _filter_groups(t, kind)
     _overlong(t)
-    _trainer(t)
+    _trainer(t, kind)
+    _async(t, kind)
     _switches(t)
-    _v1_trainer(t)
+    _v1_trainer(t, kind)
     fit_multi_turn(t, "veRL")
