@@ -1,5 +1,6 @@
-"""Seeing a run: the FLOP formula behind perf/mfu, throughput per phase, the progress modes, and
-the hang watchdog (a real reward rule that sleeps past a short stall timeout)."""
+"""Seeing a run: the FLOP formula behind perf/mfu, throughput per phase, the progress modes, an
+asynchronous step's async/* fields on the console line and in the live view's table, and the hang
+watchdog (a real reward rule that sleeps past a short stall timeout)."""
 import json
 import re
 
@@ -128,3 +129,34 @@ def test_the_rich_view_shows_the_table_and_the_phase_bar(tmp_path):
     for label in ("reward", "response length", "entropy", "grad norm", "mean of last"):
         assert label in text, label
     assert "rollout" in text and "update" in text and "s/step" in text  # the phase bar and its legend
+
+
+def test_an_asynchronous_step_shows_its_staleness_and_waits_and_a_synchronous_one_does_not():
+    import io
+
+    from rich.console import Console
+
+    from verirl.run.display import metrics_table
+    from verirl.run.runlog import step_line
+
+    sync = {"step": 3, "reward/mean": 0.5, "reward/acc/mean": 0.5, "response_length/mean": 12.0,
+            "actor/entropy": 1.2, "actor/grad_norm": 0.3, "timing/all": 0.85, "perf/tps": 120.0}
+    waits = {"async/staleness_mean": 0.5, "async/staleness_max": 1.0, "async/queue_depth": 2.0,
+             "async/trainer_idle_s": 0.125, "async/rollout_idle_s": 0.031, "async/weight_sync_s": 0.0042}
+    async_ = {**sync, **waits}
+
+    def table(m: dict) -> str:
+        out = io.StringIO()
+        Console(file=out, width=120, color_system=None).print(metrics_table(m, [m]))
+        return out.getvalue()
+
+    line = step_line(async_)
+    assert "  0.85s  idle 0.12s  stale 1  tps 120" in line, line
+    text = table(async_)
+    for label, value in [("staleness", "0.5"), ("max", "1"), ("queue depth", "2"), ("trainer idle s", "0.125"),
+                         ("rollout idle s", "0.031"), ("weight sync s", "0.0042")]:
+        assert re.search(rf"^ *{label} +{re.escape(value)} +{re.escape(value)} *$", text, re.M), (label, text)
+    line, text = step_line(sync), table(sync)
+    assert "idle" not in line and "stale" not in line, line
+    assert line.endswith("  0.85s  tps 120"), line
+    assert "staleness" not in text and "queue" not in text and "idle" not in text and "sync" not in text, text

@@ -183,10 +183,31 @@ def test_a_multi_turn_run_gets_its_figure_and_its_episodes_turn_by_turn(tmp_path
                for r in (0.0, 1.0)]
     (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     page = build([str(run)])
-    assert "agents" in {p.stem for p in page.parent.glob("*.png")}
+    pngs = {p.stem for p in page.parent.glob("*.png")}
+    assert "agents" in pngs and "async" not in pngs  # a synchronous run: no async/ keys, no figure of them
     html = page.read_text()
-    assert "Multi-turn episodes" in html
+    assert "Multi-turn episodes" in html and "Asynchronous training" not in html
     assert html.count(">observation</div>") == 2 and "&lt;tool_response&gt;1528257" in html
+
+
+def test_an_asynchronous_run_gets_its_figure_of_staleness_and_waits(tmp_path):
+    run = tmp_path / "async"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": 0.1 * s, "async/staleness_mean": 0.5 * (s > 1),
+             "async/staleness_max": float(s > 1), "async/queue_depth": 1.0 + (s > 1), "async/trainer_idle_s": 0.3 / s, "async/rollout_idle_s": 0.02,
+             "async/weight_sync_s": 0.004} for s in range(1, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build([str(run)])
+    assert sorted(p.stem for p in page.parent.glob("*.png")) == ["async", "reward"]
+    assert "Asynchronous training" in page.read_text()
+    chart = {c.name: c for c in make_figures([load(str(run), "async", 0)])}["async"]
+    assert chart.metrics == ["async/staleness_mean", "async/staleness_max", "async/queue_depth",
+                             "async/trainer_idle_s", "async/rollout_idle_s", "async/weight_sync_s"]
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
+               for ax in chart.figure.axes]
+    assert legends == [["mean", "max"], [], ["trainer idle", "rollout idle", "weight sync"]], legends
+    _, _, text = _png(page.parent / "async.png")
+    assert "async/staleness_max" in text["Description"] and "async/weight_sync_s" in text["Description"]
 
 
 # --- errors a user can fix ----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 * ``rich``: a live view under the run's messages: a progress bar with the ETA, and a table of the
   latest and smoothed (last 10 steps) reward overall, per rule and per task, response lengths, KL,
-  entropy, clip fraction, grad norm, and the step's time split by phase as a bar.
+  entropy, clip fraction, grad norm (a multi-turn run's turns and tool calls, an asynchronous run's
+  staleness, queue depth and idle times too), and the step's time split by phase as a bar.
 * ``plain``: one line per step, no escape codes (CI, Ray workers, ``nohup``, a file).
 * ``off``: no live view; only the ``log.console_every`` lines (``verirl train --quiet`` sets both off);
   messages and the final table remain.
@@ -95,6 +96,9 @@ def metrics_table(m: dict, recent: list[dict]) -> Table:
              ("tool calls unparsed", "tools/parse_errors"), ("tool timeouts", "tools/timeouts"),
              ("clip fraction", "actor/pg_clipfrac"), ("grad norm", "actor/grad_norm"),
              ("groups kept", "filter/kept_groups"), ("mismatch kl", "mismatch/kl"),
+             ("staleness", "async/staleness_mean"), ("  max", "async/staleness_max"),
+             ("queue depth", "async/queue_depth"), ("trainer idle s", "async/trainer_idle_s"),
+             ("rollout idle s", "async/rollout_idle_s"), ("weight sync s", "async/weight_sync_s"),
              ("tokens/s", "perf/tps"), ("mfu", "perf/mfu")]
     for label, key in rows:
         if key in m:

@@ -183,8 +183,11 @@ def step_line(m: dict) -> str:
     kept = f"  groups {m['filter/kept_groups']:.0f}/{m['filter/gen_batches']:.0f}b" if "filter/kept_groups" in m else ""
     masked = f"  masked {m['mismatch/masked_frac']:.1%}" if m.get("mismatch/masked_frac") else ""
     turns = f"  turns {m['turns/mean']:.2f}  tools {m['tools/calls_mean']:.2f}" if "turns/mean" in m else ""
+    stale = f"  stale {m['async/staleness_max']:.0f}" if "async/staleness_max" in m else ""
+    idle = f"  idle {m['async/trainer_idle_s']:.2f}s" if "async/trainer_idle_s" in m else ""
     return (f"step {m['step']:>5}  reward {m['reward/mean']:+.3f}  {rules}  len {m['response_length/mean']:.1f}"
-            f"{turns}{kl}  ent {m['actor/entropy']:.3f}{kept}{masked}  {m['timing/all']:.2f}s  tps {m['perf/tps']:.0f}")
+            f"{turns}{kl}  ent {m['actor/entropy']:.3f}{kept}{masked}  {m['timing/all']:.2f}s{idle}{stale}"
+            f"  tps {m['perf/tps']:.0f}")
 
 
 def print_summary(console, s: dict, n_val: int, n_samples: int) -> None:

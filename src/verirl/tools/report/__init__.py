@@ -5,7 +5,8 @@
 Figures (800 x 450 px each, written where a run logged their metrics): reward.png (reward/mean),
 reward_rules.png (reward/<rule>/mean), reward_tasks.png (reward/task/<task>/mean),
 response_length.png (mean, max, clip ratio), actor.png (KL, entropy, clip fraction), timing.png
-(each phase's seconds stacked per step), throughput.png (perf/tps*, perf/mfu), validation.png
+(each phase's seconds stacked per step), throughput.png (perf/tps*, perf/mfu), async.png (an asynchronous
+run's async/* staleness, queue depth, idle and weight sync seconds), validation.png
 (val/* at step 0 = before training and at each evaluation), filter_mismatch.png (filter/kept_groups,
 mismatch/kl, mismatch/masked_frac). Per-step curves are drawn thin, with a trailing moving average
 bold. The page, index.html, shows them with each run's config.yaml, summary.json and the best and

@@ -24,7 +24,7 @@ MOST_PANELS = 12  # per figure (rules, tasks, validation metrics); more would be
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights")  # timing/<phase>, stacked
 STYLES = ("-", "--", ":", "-.")
 NAMES = ("reward", "reward_rules", "reward_tasks", "response_length", "agents", "actor", "timing", "throughput",
-         "validation", "filter_mismatch")  # every figure's file name, <name>.png, in page order
+         "async", "validation", "filter_mismatch")  # every figure's file name, <name>.png, in page order
 
 
 @dataclass
@@ -66,6 +66,12 @@ def smooth_window(runs: list[RunData], smooth: int) -> int:
 def _present(runs: list[RunData], keys) -> list[str]:
     have = set().union(*(r.keys() for r in runs)) if runs else set()
     return [k for k in keys if k in have]
+
+
+def _labelled(runs: list[RunData], title: str, labels: dict[str, str], ylabel: str) -> Panel:
+    """A panel of the keys of ``labels`` some run logged, each named in the legend by its label."""
+    keys = _present(runs, labels)
+    return Panel(title, keys, ylabel, key_labels=[labels[k] for k in keys])
 
 
 def _natural(key: str) -> list:
@@ -113,20 +119,19 @@ def plan(runs: list[RunData]) -> list[tuple[str, str, str, list[Panel]]]:
     add("response_length", "Response length",
         "response_length/mean and /max (tokens), and clip_ratio: the fraction of responses cut at "
         "rollout.max_new_tokens (no end-of-sequence).",
-        [Panel("response length", _present(runs, ["response_length/mean", "response_length/max"]), "tokens",
-               key_labels=["mean", "max"]),
+        [_labelled(runs, "response length", {"response_length/mean": "mean", "response_length/max": "max"}, "tokens"),
          Panel("clip ratio", _present(runs, ["response_length/clip_ratio"]), "fraction")])
     add("agents", "Multi-turn episodes",
         "turns/mean and /max: assistant turns per episode; tools/calls_mean: tool calls per episode; tools/errors, "
         "tools/parse_errors and tools/timeouts: calls that failed, could not be read, or ran out of time (counts); "
         "response_length/model_tokens against /total: the tokens the model sampled (trained on) against every "
         "response token, tool results included.",
-        [Panel("turns", _present(runs, ["turns/mean", "turns/max"]), "turns", key_labels=["mean", "max"]),
+        [_labelled(runs, "turns", {"turns/mean": "mean", "turns/max": "max"}, "turns"),
          Panel("tool calls", _present(runs, ["tools/calls_mean"]), "per episode"),
-         Panel("tool failures", _present(runs, ["tools/errors", "tools/parse_errors", "tools/timeouts"]), "calls",
-               key_labels=["errors", "unparsed", "timeouts"]),
-         Panel("tokens", _present(runs, ["response_length/model_tokens", "response_length/total"]), "tokens",
-               key_labels=["sampled", "all"])])
+         _labelled(runs, "tool failures", {"tools/errors": "errors", "tools/parse_errors": "unparsed",
+                                           "tools/timeouts": "timeouts"}, "calls"),
+         _labelled(runs, "tokens", {"response_length/model_tokens": "sampled", "response_length/total": "all"},
+                   "tokens")])
     add("actor", "Policy update", "actor/kl (to the reference model, when there is one), actor/entropy (mean token "
                                   "entropy) and actor/pg_clipfrac (the fraction of tokens whose ratio was clipped).",
         [Panel(k.split("/")[1], [k]) for k in _present(runs, ["actor/kl", "actor/entropy", "actor/pg_clipfrac"])])
@@ -140,6 +145,16 @@ def plan(runs: list[RunData]) -> list[tuple[str, str, str, list[Panel]]]:
         "perf/tps_update: over those phases alone; perf/mfu: model FLOPs utilisation.",
         [Panel("tokens per second", tps, "tokens/s", key_labels=[k.split("/")[1] for k in tps]),
          Panel("MFU", _present(runs, ["perf/mfu"]), "fraction of peak")])
+    add("async", "Asynchronous training",
+        "async/staleness_mean and /max: how many policy versions older than the trainer's the step's samples "
+        "are; async/queue_depth: the steps the producers had ready, this one included; async/trainer_idle_s: "
+        "seconds the trainer waited for the batch; async/rollout_idle_s: seconds the producer waited for its "
+        "job and weights; async/weight_sync_s: seconds to copy the weights to the producers.",
+        [_labelled(runs, "staleness", {"async/staleness_mean": "mean", "async/staleness_max": "max"}, "versions"),
+         Panel("queue depth", _present(runs, ["async/queue_depth"]), "steps"),
+         _labelled(runs, "idle and weight sync", {"async/trainer_idle_s": "trainer idle",
+                                                  "async/rollout_idle_s": "rollout idle",
+                                                  "async/weight_sync_s": "weight sync"}, "seconds")])
     val = sorted(_matching(runs, r"val/([^/]+)"), key=_val_order)
     add("validation", "Held-out evaluation", _capped(
         val, "val/*: the held-out split, scored at step 0 (before training), every eval.every steps and at the end."),
