@@ -350,9 +350,9 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
         remove_padding=actor.use_remove_padding and packable, share_prompt=actor.share_prompt,
         chunk=actor.logprob_chunk, compute_dtype=training_dtype(cfg, model))
-    # samples of older weights (trainer.async_training.max_staleness > 0) need the proximal policy's pass
-    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1 and \
-        cfg.trainer.async_training.max_staleness == 0
+    # one optimizer step per batch: the update's own first forward is at the weights before it (the proximal
+    # policy, also for samples of older weights: docs/async.md), so no old-log-prob pass is needed
+    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
     ref_budget = (cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device) * actor.sequence_parallel_size
     low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))
     loss = PolicyLossParams(
