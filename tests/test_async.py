@@ -316,3 +316,13 @@ def test_layouts_async_cannot_run_are_one_paragraph_before_anything_loads(tmp_pa
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_plan_counts_the_trainers_and_names_the_producers(capsys):
+    """`verirl plan`: the world size is the trainers' (3 processes - 1 producer = 2 data-parallel ranks)."""
+    assert main(["plan", *BASE, "rollout.placement=separate", "trainer.nproc_per_node=3",
+                 "trainer.async_training.max_staleness=1"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer.nproc_per_node 3 x trainer.nnodes 1 - rollout.nproc 1 producers" in out
+    assert "samples at most 1 version old (mode fixed" in out
+    assert "4 / world size 2" in out

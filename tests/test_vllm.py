@@ -311,3 +311,12 @@ def test_a_multi_turn_grpo_step_on_vllm_matches_the_trainers_logprobs(tmp_path):
         assert r["turns/mean"] > 1.5, r
         assert r["rollout/logprob_diff/max"] < 1e-3, r
         assert r["response_length/model_tokens"] < r["response_length/total"], r
+
+
+def test_a_producer_with_vllm_samples_what_the_trainer_would(tmp_path):
+    """rollout.placement=separate with vLLM in the producer, k=0: the engine the producer holds gets each
+    update's weights from the store, so its log-probs are the trainer's (the push check of the engine)."""
+    rows = _train(tmp_path / "run", "rollout.placement=separate", "trainer.nproc_per_node=2", steps=2)
+    for r in rows:
+        assert r["rollout/logprob_diff/max"] < 1e-3, r
+        assert r["async/staleness_max"] == 0.0

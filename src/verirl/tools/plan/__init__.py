@@ -20,8 +20,8 @@ from typing import Optional
 
 from verirl.config import Config
 from verirl.core.errors import ModelError
-from verirl.config.layout import (REWARD_WORKERS_CAP, cpu_cores, reward_workers_per_rank, rollout_tensor_parallel,
-                                  threads_per_rank, world_size)
+from verirl.config.layout import (REWARD_WORKERS_CAP, cpu_cores, producers, reward_workers_per_rank,
+                                  rollout_tensor_parallel, threads_per_rank, world_size)
 from verirl.models.device import visible_devices
 
 __all__ = ["make_plan", "render", "Plan", "count_parameters"]
@@ -195,6 +195,9 @@ class Layout:
     pipeline_schedule: str = "1f1b"
     pipeline_layers: tuple = ()  # decoder layers per stage (empty: an even split)
     pipeline_bubble: float = 0.0  # the share of a pipelined pass each rank waits, at the planned micro-batches
+    producers: int = 0  # rollout.placement=separate: processes that generate and score (not in world_size)
+    max_staleness: int = 0  # trainer.async_training.max_staleness
+    async_mode: str = ""  # trainer.async_training.mode with producers
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """``rank``'s place on the mesh (dp, pp, sp, tp; the last the innermost): its coordinates."""
@@ -285,6 +288,8 @@ def make_layout(cfg: Config) -> Layout:
     return Layout(
         world_size=world, nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, launcher=t.launcher,
         strategy=actor.strategy if world > 1 else "none", group_size=n,
+        producers=producers(cfg), max_staleness=t.async_training.max_staleness,
+        async_mode=t.async_training.mode if producers(cfg) else "",
         prompts_per_step=data.prompts_per_step, prompts_per_rank=per_rank,
         sequences_per_step=data.prompts_per_step * n, sequences_per_rank=per_rank * n,
         mini_batch_prompts=actor.mini_batch_prompts, mini_batches_per_step=mini_batches, epochs=actor.epochs,
@@ -551,8 +556,13 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
     ranks = f"/ world size {L.world_size}" if alone else f"/ data-parallel size {L.data_parallel}"
     rows = [("layout", "", ""),
             ("world size", f"{L.world_size}",
-             f"trainer.nproc_per_node {L.nproc_per_node} x trainer.nnodes {L.nnodes}; launcher {L.launcher}; "
+             f"trainer.nproc_per_node {L.nproc_per_node} x trainer.nnodes {L.nnodes}"
+             + (f" - rollout.nproc {L.producers} producers" if L.producers else "") + f"; launcher {L.launcher}; "
              + (f"actor.strategy {L.strategy}" if L.world_size > 1 else "one rank, no data parallelism")),
+            *([("producers", f"{L.producers}",
+                f"rollout.placement separate: they generate and score while the trainers update, samples at most "
+                f"{L.max_staleness} version{'' if L.max_staleness == 1 else 's'} old (mode {L.async_mode}; "
+                f"docs/async.md)")] if L.producers else []),
             *_mesh_rows(L),
             ("prompts per step", f"{L.prompts_per_step}", "data.prompts_per_step (counts prompts)"),
             ("prompts per rank", f"{L.prompts_per_rank}",
