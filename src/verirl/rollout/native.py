@@ -169,8 +169,8 @@ class _LeanStepper:
 
     def reload(self, model) -> None:
         """The model's weights changed in place mid-call: pack them again (the cache kept)."""
+        self.captured = None  # a captured graph reads the old packed weights (freed first: not both at once)
         self.dec.pack(model)
-        self.captured = None  # a captured graph reads the old packed weights
 
     def _fixed_step(self):
         t, p, col = self.inputs

@@ -453,6 +453,18 @@ def check_async(cfg: Config, ask: Optional[Ask] = None) -> None:
         raise ConfigError(f"rollout.placement=separate with rollout.tensor_parallel_size="
                           f"{rollout_tensor_parallel(cfg)}: a producer is one process decoding with the whole weights. "
                           f"Set rollout.tensor_parallel_size=1 (the trainers may stay tensor-parallel).")
+    from verirl.config.layout import data_parallel_size
+
+    if cfg.algo.filter_groups.enable and data_parallel_size(cfg) > 1:
+        raise ConfigError(f"algo.filter_groups.enable=true with rollout.placement=separate and "
+                          f"{data_parallel_size(cfg)} data-parallel trainers: the producer decides how many groups a "
+                          f"short filtered step keeps, for one rank. Use one data-parallel trainer (the others "
+                          f"tensor-, sequence- or pipeline-parallel), or rollout.placement=colocated.")
+    if t.launcher == "ray" and cfg.model.device not in ("cpu",):
+        raise ConfigError(f"rollout.placement=separate with trainer.launcher=ray and model.device="
+                          f"{cfg.model.device}: the producers start beside trainer rank 0's actor, and Ray gives that "
+                          f"actor only its own devices, so a producer would have none. Use trainer.launcher=local on "
+                          f"one machine, or model.device=cpu.")
     if r.nproc > 1 and cfg.algo.filter_groups.enable:
         raise ConfigError(f"rollout.nproc={r.nproc} with algo.filter_groups.enable=true: a filtered step takes as "
                           f"many prompts as it needs, so step t + 1's prompts are known only once step t is done, "

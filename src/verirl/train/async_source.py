@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from verirl.config import Config, to_dict
-from verirl.core.errors import ConfigError, UserError
+from verirl.core.errors import UserError
 from verirl.train.producer import Job, Produced, producer_main
 from verirl.train.weight_store import WeightStore
 
@@ -46,6 +46,7 @@ class _Producer:
     # killed mid-message breaks its own pipe only)
     out: list[int] = field(default_factory=list)  # the steps handed to it and not yet answered, in order
     restarts: int = 0  # in a row: reset by each answer
+    ready: bool = False  # it said so: its model, engine and rules are built
 
     def send(self, msg) -> None:
         self.jobs.send_bytes(pickle.dumps(msg))
@@ -70,6 +71,7 @@ class RolloutSource:
         self.positions: dict[int, int] = {}  # step -> the sampler position after it (answered steps)
         self.next_job = 1
         self.published = -1
+        self._waiting_since: Optional[float] = None  # when the trainer began waiting for the current step
         self.floor = 0  # no step samples from an older version than this (a continued run's first steps)
         self.closed = False
 
@@ -94,8 +96,16 @@ class RolloutSource:
                      f"at step {first - 1} does not hold, so from here this run differs from one never stopped.")
         for p in self.producers:
             self._spawn(p)
+
+    def ready(self, wait_s: float) -> Optional[bool]:
+        """True once every producer has built its model and engine; None if some have not within ``wait_s``."""
+        deadline = time.monotonic() + wait_s
         for p in self.producers:
-            self._await_ready(p)
+            if not p.ready:
+                self._await_ready(p, deadline)
+                if not p.ready:
+                    return None
+        return True
 
     def close(self) -> None:
         """Stop the producers (a None job each, then SIGKILL after 10 s)."""
@@ -119,16 +129,20 @@ class RolloutSource:
 
     # -- each step
 
-    def batch(self, step: int, watchdog=None) -> tuple[Produced, dict[str, float]]:
+    def batch(self, step: int, wait_s: Optional[float] = None) -> Optional[tuple[Produced, dict[str, float]]]:
         """Step ``step``'s batch, waiting for it (and handing out the jobs up to step + k); -> (the batch,
-        async/* metrics of the wait)."""
+        async/* metrics of the wait), or None when it is not there within ``wait_s`` (call again)."""
         self._hand_out(step)
-        t0 = time.perf_counter()
+        if self._waiting_since is None:
+            self._waiting_since = time.perf_counter()
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         while step not in self.done:
-            self._receive(1.0)
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            self._receive(1.0 if deadline is None else max(min(1.0, deadline - time.monotonic()), 0.0))
             self._watch_producers()
             self._hand_out(step)
-        waited = time.perf_counter() - t0
+        waited, self._waiting_since = time.perf_counter() - self._waiting_since, None
         produced = self.done.pop(step)
         # the steps answered and waiting, this one included: how far the producers are ahead
         depth = 1 + sum(1 for s in self.done if s > step)
@@ -145,13 +159,17 @@ class RolloutSource:
         self.published = version
         return time.perf_counter() - t0
 
-    def queued(self, after: int) -> list[Produced]:
+    def queued(self, after: int, wait_s: Optional[float] = None) -> Optional[list[Produced]]:
         """The answered steps after ``after``, in order (a checkpoint keeps them); in fixed mode the steps
         after + 1 .. after + k are waited for first: they sample from versions after - k .. after - 1,
-        older than the checkpoint's weights (version ``after``), so a resumed run could not make them."""
+        older than the checkpoint's weights (version ``after``), so a resumed run could not make them (None:
+        still waiting after ``wait_s``)."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         if self.fixed:
             for step in range(after + 1, min(after + self.k, self.total) + 1):
                 while step not in self.done:
+                    if deadline is not None and time.monotonic() > deadline:
+                        return None
                     self._hand_out(after + 1)
                     self._receive(1.0)
                     self._watch_producers()
@@ -198,6 +216,7 @@ class RolloutSource:
         for end in (p.jobs, p.answers):
             if end is not None:
                 end.close()
+        p.ready = False
         jobs_r, p.jobs = self.ctx.Pipe(duplex=False)
         p.answers, answers_w = self.ctx.Pipe(duplex=False)
         p.process = self.ctx.Process(target=producer_main, name=f"verirl-producer-{p.index}", daemon=True,
@@ -207,8 +226,10 @@ class RolloutSource:
         jobs_r.close()  # the producer's ends: held by it alone, so that either side sees the other go
         answers_w.close()
 
-    def _await_ready(self, p: _Producer) -> None:
-        while True:
+    def _await_ready(self, p: _Producer, deadline: Optional[float] = None) -> None:
+        """Until producer ``p`` says it is ready (or ``deadline``, a time.monotonic()); its error, if it
+        raised one while it started, is raised here."""
+        while deadline is None or time.monotonic() < deadline:
             msg = self._read(p, 1.0)
             if msg is None:
                 if not p.process.is_alive():
@@ -217,6 +238,7 @@ class RolloutSource:
                                          f"is above.") from None
                 continue
             if msg[0] == "ready":
+                p.ready = True
                 return
             self._handle(msg)
 
@@ -252,6 +274,9 @@ class RolloutSource:
                 self.starts[produced.step + 1] = produced.position
         elif kind == "error":
             _, index, what, line, trace = msg
+            if what == "oom":  # it exits: `_watch_producers` starts it again, as after a kill
+                self.say(f"producer {index} ran out of memory ({line}).")
+                return
             if what == "user":
                 raise ProducerFailed(f"producer {index}: {line}")
             raise RuntimeError(f"producer {index} raised {line}\n--- its traceback ---\n{trace}")
@@ -266,29 +291,39 @@ class RolloutSource:
                 if msg is None:
                     break
                 self._handle(msg)
-            if p.restarts >= self.max_restarts:
-                raise ProducerFailed(
-                    f"producer {p.index} died {p.restarts + 1} times in a row (last exit code {p.process.exitcode}); "
-                    f"trainer.async_training.max_restarts={self.max_restarts}. Its error, if it printed one, is "
-                    f"above; the last checkpoint is whole, and the same command continues from it.")
-            p.restarts += 1
             steps = [s for s in p.out if s not in self.done]
-            self.say(f"producer {p.index} (pid {p.process.pid}) ended with exit code {p.process.exitcode}; starting "
-                     f"it again (restart {p.restarts} of at most {self.max_restarts}) and generating step"
-                     f"{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or '-'} again.")
-            self._spawn(p)
-            self._await_ready(p)
+            while True:
+                if p.restarts >= self.max_restarts:
+                    raise ProducerFailed(
+                        f"producer {p.index} died {p.restarts + 1} times in a row (last exit code "
+                        f"{p.process.exitcode}); trainer.async_training.max_restarts={self.max_restarts}. Its error, "
+                        f"if it printed one, is above; the last checkpoint is whole, and the same command continues "
+                        f"from it.")
+                p.restarts += 1
+                self.say(f"producer {p.index} (pid {p.process.pid}) ended with exit code {p.process.exitcode}; "
+                         f"starting it again (restart {p.restarts} of at most {self.max_restarts}) and generating "
+                         f"step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or '-'} again.")
+                self._spawn(p)
+                try:
+                    self._await_ready(p)
+                    break
+                except ProducerFailed:  # died again while it started: counted, tried again
+                    time.sleep(1.0)
             p.out = []
-            for s in steps:
-                self._send(p, Job(s, self.version_for(s), self.fixed, self._start_of(s)))
+            for i, s in enumerate(steps):
+                self._send(p, Job(s, self.version_for(s), self.fixed, self._start_of(s, first=i == 0)))
 
-    def _start_of(self, step: int) -> Optional[int]:
-        """Where step ``step``'s prompts start in the sampler, for a job handed out again."""
+    def _start_of(self, step: int, first: bool) -> Optional[int]:
+        """Where step ``step``'s prompts start in the sampler, for a job handed out again: known in advance,
+        or after the step before it was answered; None for a later job of the one producer of a filtered
+        run (it goes on from where the job before it leaves the sampler)."""
         if step in self.starts:
             return self.starts[step]
         if (step - 1) in self.positions:
             return self.positions[step - 1]
-        raise ConfigError(f"step {step}: the prompt sampler's position is not known")  # pragma: no cover
+        if not first:
+            return None
+        raise RuntimeError(f"step {step}: the prompt sampler's position is not known")  # a bug: it always is
 
 
 ROLLOUT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask", "stopped",
@@ -331,3 +366,17 @@ def queue_from_state(state: Optional[list[dict]]) -> list[Produced]:
             ShapedRewards(RewardResult(w["totals"], w["per_rule"], w["errors"]), w["for_advantages"]),
             d["stats"], d["episodes"], d["versions"], d["position"], d["seconds"], d["idle_s"]))
     return out
+
+
+POLL_S = 5.0  # the longest any trainer rank waits in one collective for rank 0's producers
+
+
+def on_rank0(dist, poll: Callable[[float], object]):
+    """``poll(POLL_S)`` on rank 0 until it answers (not None), every other trainer rank waiting with it in
+    short broadcasts: no collective waits longer than POLL_S for the producers, whatever
+    trainer.dist_timeout_s is. -> the answer, on every rank."""
+    while True:
+        got = poll(POLL_S) if dist.is_main else None
+        got = dist.broadcast(got)
+        if got is not None:
+            return got

@@ -384,7 +384,7 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
         shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
         flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward,
-        separate=rollout.placement == "separate")
+        separate=rollout.placement == "separate", sync_every=cfg.trainer.async_training.sync_every)
 
 
 def flop_model(model) -> Optional[FlopModel]:

@@ -67,10 +67,11 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     extra = {"sampler": run.sampler.state_dict(), **log.offsets(), "eval_start": summary.get("eval_start"),
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite.total, "nonfinite_in_a_row": run.nonfinite.in_a_row}
-    if run.source is not None:  # an asynchronous run's answered steps after this one (`RolloutSource.queued`)
-        from verirl.train.async_source import queue_state
+    if run.step.separate:  # an asynchronous run's answered steps after this one (`RolloutSource.queued`), rank 0's
+        from verirl.train.async_source import on_rank0, queue_state
 
-        extra["async_queue"] = queue_state(run.source.queued(step))
+        queued = on_rank0(run.dist, lambda wait_s: run.source.queued(step, wait_s))
+        extra["async_queue"] = queue_state(queued) if run.dist.is_main else []
     if checkpoint_format(run) == "sharded":
         return _save_sharded(run, step, extra)
     pipe = pipeline_of(run.model)

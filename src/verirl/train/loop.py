@@ -149,22 +149,17 @@ def start_producers(run: Run, first: int, log: RunLog) -> None:
     """rollout.placement=separate: trainer rank 0 starts the producers (`verirl.train.async_source`) from
     the weights this run starts with (version first - 1), the prompt sampler where the checkpoint left it,
     and the answered steps the checkpoint kept. Every trainer rank takes part in gathering the weights."""
-    from verirl.train.async_source import RolloutSource, queue_from_state
+    from verirl.train.async_source import RolloutSource, on_rank0, queue_from_state
 
     with whole_model(run.model):
         weights = full_state_dict(run.model)
         if run.dist.is_main:
             resume = run.checkpoints.resume
             queued = queue_from_state(resume.state.get("async_queue")) if resume is not None else []
-            source = RolloutSource(run.cfg, weights, log.print)
-            try:
-                with log.status(f"starting {run.cfg.rollout.nproc} producer process(es)..."):
-                    source.start(first, run.sampler.position, first - 1, weights, queued)
-            except BaseException:
-                source.close()
-                raise
-            run.source = source
-    run.dist.barrier()
+            run.source = RolloutSource(run.cfg, weights, log.print)
+            run.source.start(first, run.sampler.position, first - 1, weights, queued)
+    with log.status(f"starting {run.cfg.rollout.nproc} producer process(es)..."):  # closed by the loop if it fails
+        on_rank0(run.dist, lambda wait_s: run.source.ready(wait_s))
 
 
 def finish(run: Run, log: RunLog, summary: dict, started: float) -> dict:

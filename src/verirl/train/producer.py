@@ -142,8 +142,10 @@ def _stderr(text: str) -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """SIGKILL when the trainer that started this process dies (Linux), and Ctrl-C left to the trainer."""
+    """SIGKILL when the trainer that started this process dies (Linux); Ctrl-C and SIGTERM (which reach the
+    whole process group) are left to the trainer, which saves a checkpoint and then stops this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -172,12 +174,17 @@ def producer_main(cfg_dict: dict, index: int, store: WeightStore, jobs, results,
         _answer(results, ("ready", index))
         serve(parts, store, jobs, results, parent, partial, index)
     except BaseException as e:  # noqa: BLE001 - sent to the trainer, which raises it there
-        kind = "user" if isinstance(e, UserError) else "bug"
+        kind = "user" if isinstance(e, UserError) else "oom" if isinstance(e, torch.OutOfMemoryError) else "bug"
         with _suppress():
             _answer(results, ("error", index, kind, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        _close(parts)
         os._exit(1)
-    finally:
-        if parts is not None:
+    _close(parts)
+
+
+def _close(parts: Optional["ProducerParts"]) -> None:
+    if parts is not None:
+        with _suppress():
             parts.watchdog.stop()
             parts.close()
 
@@ -226,9 +233,8 @@ def serve(parts: ProducerParts, store: WeightStore, jobs, results, parent: int, 
         if partial:
             def refresh() -> int:
                 nonlocal current
-                newest = store.latest()
-                if newest > current and store.load(newest, parts.weights):
-                    current = newest
+                if store.latest() > current:  # a load a write tore is retried: the model holds one version whole
+                    current = store.wait_load(parts.weights, at_least=current + 1, alive=alive)
                 return current
             engine.refresh = refresh
             parts.engine = recording = Recording(engine)

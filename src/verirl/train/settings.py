@@ -60,6 +60,7 @@ class StepSettings:
     peak_flops: float = 0.0  # one device's peak FLOP/s (trainer.peak_flops, or measured)
     env_reward: str = "sum"  # multi-turn: what the environment's rewards add to the answer's (sum / last)
     separate: bool = False  # rollout.placement=separate: the batches come from producers (`verirl.train.async_source`)
+    sync_every: int = 1  # separate: the weights go to the producers every N updates (and after the last)
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global

@@ -135,12 +135,11 @@ def received(run: Run, step: int, timer: Timer) -> StepBatch:
     """An asynchronous run's batch of ``step`` (`verirl.train.async_source`): waited for on rank 0, sent to
     every trainer rank, each keeping its positions' groups; the producer's phase times count as this
     step's rollout and reward times, and async/* says how it waited and how old its samples are."""
+    from verirl.train.async_source import on_rank0
+
     dist, settings = run.dist, run.step
-    got = None
-    if run.source is not None:  # rank 0
-        with timer("wait_rollout"):
-            got = run.source.batch(step)
-    produced, waits = dist.broadcast(got)
+    with timer("wait_rollout"):  # rank 0 waits on its producers, the other ranks on rank 0 (in short waits)
+        produced, waits = on_rank0(dist, lambda wait_s: run.source.batch(step, wait_s))
     run.sampler.load_state_dict({**run.sampler.state_dict(), "position": produced.position})  # checkpoints say it
     for phase in ("rollout", "reward", "tools"):
         if phase in produced.seconds:
@@ -172,6 +171,8 @@ def received(run: Run, step: int, timer: Timer) -> StepBatch:
 def publish_weights(run: Run, version: int, timer: Timer) -> float:
     """Hand the trainer's weights after ``version`` updates to the producers (every trainer rank takes
     part: a sharded model is gathered); -> the seconds the copy into shared memory took (rank 0's)."""
+    if version % run.step.sync_every and version != run.total_steps:
+        return 0.0  # not due: nothing gathered
     with timer("weight_sync"), whole_model(run.model):
         weights = full_state_dict(run.model)
         seconds = run.source.publish(version, weights) if run.source is not None else 0.0

@@ -52,6 +52,7 @@ class WeightStore:
     @classmethod
     def create(cls, weights: dict[str, torch.Tensor], slots: int) -> "WeightStore":
         entries, size = layout(unique(weights))
+        check_room(size * slots, slots)
         buffers = [torch.empty(size, dtype=torch.uint8).share_memory_() for _ in range(slots)]
         header = torch.full((slots, 2), -1, dtype=torch.int64).share_memory_()
         header[:, 1] = 0
@@ -111,6 +112,27 @@ class WeightStore:
             if not alive():
                 raise RuntimeError("the trainer that publishes the weights is gone")
             time.sleep(poll_s)
+
+
+def check_room(need: int, slots: int, where: str = "/dev/shm") -> None:
+    """Shared memory (``where``, the tmpfs torch's shared tensors live in) has room for ``need`` bytes;
+    a `verirl.core.errors.ConfigError` that says how much and the fix otherwise (a container's default
+    /dev/shm is 64 MB)."""
+    import os
+
+    from verirl.core.errors import ConfigError
+
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # no such tmpfs here: torch says what it lacks
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise ConfigError(f"rollout.placement=separate: the weights store needs {need / 2**20:.0f} MB of shared "
+                          f"memory ({slots} cop{'y' if slots == 1 else 'ies'} of the weights: max_staleness + 1 in "
+                          f"mode fixed, 1 in bounded) and {where} has {free / 2**20:.0f} MB free. Give the container "
+                          f"more (docker run --shm-size=...), or use trainer.async_training.mode=bounded or a "
+                          f"smaller max_staleness.")
 
 
 def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
