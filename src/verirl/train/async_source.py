@@ -367,16 +367,3 @@ def queue_from_state(state: Optional[list[dict]]) -> list[Produced]:
             d["stats"], d["episodes"], d["versions"], d["position"], d["seconds"], d["idle_s"]))
     return out
 
-
-POLL_S = 5.0  # the longest any trainer rank waits in one collective for rank 0's producers
-
-
-def on_rank0(dist, poll: Callable[[float], object]):
-    """``poll(POLL_S)`` on rank 0 until it answers (not None), every other trainer rank waiting with it in
-    short broadcasts: no collective waits longer than POLL_S for the producers, whatever
-    trainer.dist_timeout_s is. -> the answer, on every rank."""
-    while True:
-        got = poll(POLL_S) if dist.is_main else None
-        got = dist.broadcast(got)
-        if got is not None:
-            return got

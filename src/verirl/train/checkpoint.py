@@ -68,7 +68,8 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
              "run_dir": str(run.run_dir.resolve()), "config": to_dict(run.cfg),
              "nonfinite_steps": run.nonfinite.total, "nonfinite_in_a_row": run.nonfinite.in_a_row}
     if run.step.separate:  # an asynchronous run's answered steps after this one (`RolloutSource.queued`), rank 0's
-        from verirl.train.async_source import on_rank0, queue_state
+        from verirl.train.async_source import queue_state
+        from verirl.train.distributed import on_rank0
 
         queued = on_rank0(run.dist, lambda wait_s: run.source.queued(step, wait_s))
         extra["async_queue"] = queue_state(queued) if run.dist.is_main else []

@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
@@ -259,3 +259,17 @@ def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequenc
 def close(dist: Optional[Dist]) -> None:
     if dist is not None and dist.active and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+POLL_S = 5.0  # the longest any trainer rank waits in one collective for rank 0's producers
+
+
+def on_rank0(dist: "Dist", poll: Callable[[float], object]):
+    """``poll(POLL_S)`` on rank 0 until it answers (not None), every other trainer rank waiting with it in
+    short broadcasts: no collective waits longer than POLL_S for the producers, whatever
+    trainer.dist_timeout_s is. -> the answer, on every rank."""
+    while True:
+        got = poll(POLL_S) if dist.is_main else None
+        got = dist.broadcast(got)
+        if got is not None:
+            return got

@@ -149,7 +149,8 @@ def start_producers(run: Run, first: int, log: RunLog) -> None:
     """rollout.placement=separate: trainer rank 0 starts the producers (`verirl.train.async_source`) from
     the weights this run starts with (version first - 1), the prompt sampler where the checkpoint left it,
     and the answered steps the checkpoint kept. Every trainer rank takes part in gathering the weights."""
-    from verirl.train.async_source import RolloutSource, on_rank0, queue_from_state
+    from verirl.train.async_source import RolloutSource, queue_from_state
+    from verirl.train.distributed import on_rank0
 
     with whole_model(run.model):
         weights = full_state_dict(run.model)

@@ -33,7 +33,7 @@ from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.update import Correction, compute_logprobs, update_policy
 from verirl.train.build import Run
 from verirl.train.settings import RewardShaping, StepSettings
-from verirl.train.distributed import Dist
+from verirl.train.distributed import Dist, on_rank0
 from verirl.train.packing import PackCache
 from verirl.train.pipelined import whole_model
 from verirl.train.strategy import full_state_dict, full_weights, memory_metrics
@@ -135,8 +135,6 @@ def received(run: Run, step: int, timer: Timer) -> StepBatch:
     """An asynchronous run's batch of ``step`` (`verirl.train.async_source`): waited for on rank 0, sent to
     every trainer rank, each keeping its positions' groups; the producer's phase times count as this
     step's rollout and reward times, and async/* says how it waited and how old its samples are."""
-    from verirl.train.async_source import on_rank0
-
     dist, settings = run.dist, run.step
     with timer("wait_rollout"):  # rank 0 waits on its producers, the other ranks on rank 0 (in short waits)
         produced, waits = on_rank0(dist, lambda wait_s: run.source.batch(step, wait_s))
