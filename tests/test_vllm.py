@@ -255,7 +255,10 @@ def test_multi_turn_episodes_on_vllm_are_the_native_engines_greedy_ones(engine):
     from verirl.rollout.native import NativeEngine
     from verirl.rollout.render import TurnRenderer
 
+    from verirl.models import load_model
+
     lm, eng = engine
+    lm.model.load_state_dict(load_model("tiny").model.state_dict())  # the shipped weights: the earlier tests updated them
     eng.sync_weights(lm.model)
     prompts = encode_prompts(arith_split(0, 6, 0)[0], lm.tokenizer, 64)
     limits = TurnLimits(3, 3, 64, 20, 16)  # prompt + episode within the engine's max_model_len=128
