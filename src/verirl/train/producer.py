@@ -15,6 +15,7 @@ The producer dies with its trainer (the parent-death signal, and the job queue's
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -67,11 +68,6 @@ class Produced:
     seconds: dict[str, float]  # the producer's phases: rollout, reward, tools
     idle_s: float  # how long the producer waited for this job and its weights
     producer: int = 0
-
-    @property
-    def oldest(self) -> int:
-        """The oldest weights version any token of the batch was sampled with."""
-        return min((run[0] for row in self.versions for run in row), default=0)
 
 
 @dataclass(kw_only=True)
@@ -175,7 +171,7 @@ def producer_main(cfg_dict: dict, index: int, store: WeightStore, jobs, results,
         serve(parts, store, jobs, results, parent, partial, index)
     except BaseException as e:  # noqa: BLE001 - sent to the trainer, which raises it there
         kind = "user" if isinstance(e, UserError) else "oom" if isinstance(e, torch.OutOfMemoryError) else "bug"
-        with _suppress():
+        with contextlib.suppress(BaseException):
             _answer(results, ("error", index, kind, f"{type(e).__name__}: {e}", traceback.format_exc()))
         _close(parts)
         os._exit(1)
@@ -184,7 +180,7 @@ def producer_main(cfg_dict: dict, index: int, store: WeightStore, jobs, results,
 
 def _close(parts: Optional["ProducerParts"]) -> None:
     if parts is not None:
-        with _suppress():
+        with contextlib.suppress(BaseException):
             parts.watchdog.stop()
             parts.close()
 
@@ -193,16 +189,8 @@ def _answer(results, msg) -> None:
     results.send_bytes(pickle.dumps(msg))
 
 
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return True
-
-
 def serve(parts: ProducerParts, store: WeightStore, jobs, results, parent: int, partial: bool, index: int) -> None:
-    from verirl.train.step import produce
+    from verirl.train.step import _on, produce
     from verirl.train.step_metrics import Timer
 
     alive = lambda: os.getppid() == parent  # noqa: E731
@@ -253,7 +241,7 @@ def serve(parts: ProducerParts, store: WeightStore, jobs, results, parent: int, 
         lengths = batch.rollout.response_lengths.tolist()
         rows = recording.runs(lengths) if recording is not None else [[[loaded, int(n)]] for n in lengths]
         _answer(results, ("batch", Produced(
-            job.step, batch.prompts, batch.settings.prompts_per_step, _host(batch.rollout), batch.texts, logged,
+            job.step, batch.prompts, batch.settings.prompts_per_step, _on(batch.rollout, "cpu"), batch.texts, logged,
             batch.stats, batch.episodes, rows, parts.sampler.position,
             {k: v for k, v in timer.seconds.items() if k != "all"}, idle, index)))
         waited = time.perf_counter()
@@ -287,8 +275,3 @@ class Recording:
                     runs.append([v, 1])
             out.append(runs)
         return out
-
-
-def _host(r: Rollout) -> Rollout:
-    return Rollout(*(None if t is None else t.cpu() for t in (
-        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask, r.stopped, r.sample_logprobs)))
