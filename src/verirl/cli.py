@@ -124,11 +124,17 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="RUN_DIR (its newest checkpoint), RUN_DIR/checkpoints or .../step_N; whole "
                                       "or sharded (whose model.safetensors is written tensor by tensor)")
     p.add_argument("out_dir", help="new directory for config.json, model.safetensors, tokenizer, generation_config")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA run's checkpoint (actor.lora.rank > 0) as its peft adapter directory "
+                        "(adapter_config.json, adapter_model.safetensors: PeftModel.from_pretrained(base, OUT)) "
+                        "instead of the merged model (docs/lora.md)")
 
 
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="a Hugging Face model directory (a run's RUN_DIR/final, or "
-                                                   "`verirl export`'s output), or tiny (default)")
+                                                   "`verirl export`'s output), a LoRA adapter directory (`verirl "
+                                                   "export --adapter`'s: its base with the adapter merged), or tiny "
+                                                   "(default)")
     p.add_argument("--data", default="arith",
                    help="a json/jsonl/parquet/arrow file or folder (raw or preprocessed), or arith: the built-in "
                         "held-out split (default)")
@@ -469,10 +475,12 @@ def _export(args) -> int:
     from verirl.core.errors import UserError
     from verirl.run.checkpoint import export_checkpoint
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)
     except UserError as e:
         return _user_error("export", e)
-    print(f"exported {args.checkpoint} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
+    how = f"PeftModel.from_pretrained(base, '{out}'), or verirl eval --model {out}" if args.adapter else \
+        f"AutoModelForCausalLM.from_pretrained('{out}')"
+    print(f"exported {args.checkpoint} -> {out} (load with {how})")
     return 0
 
 

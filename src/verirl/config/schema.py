@@ -280,6 +280,26 @@ class AlgoConfig:
                                  "(hf, replay) turn it off, and say so once.")
 
 
+LORA_INITS = Registry("actor.lora.init", {
+    "true": "peft's default: A Kaiming-uniform, B zero (the adapted model starts as the base)",
+    "gaussian": "A Gaussian scaled by the rank, B zero",
+    "orthogonal": "A and B from orthogonal rows of one matrix: B A = 0 with neither zero (an even rank)"})
+
+
+@dataclass
+class LoraConfig:
+    rank: int = setting(0, "LoRA adapters of this rank on the actor (docs/lora.md); 0 = off, every parameter "
+                           "trained", ge=0)
+    alpha: float = setting(16.0, "the adapters' scale is alpha / rank (peft's lora_alpha)", gt=0)
+    dropout: float = setting(0.0, "dropout on the adapters' input while training (off in the log-prob passes and "
+                                  "decoding)", ge=0, le=1)
+    target_modules: Any = setting("all-linear", "the linear layers that get adapters: all-linear (every linear "
+                                                "layer but the output layer) or a list of module names, e.g. "
+                                                "[q_proj,v_proj]")
+    init: str = setting("true", "the adapters' initialisation, by peft's init_lora_weights names", choices=LORA_INITS,
+                        normal=lambda v: str(v).lower())
+
+
 @dataclass
 class ActorConfig:
     lr: float = setting(1e-6, "AdamW peak learning rate (veRL's default for the actor of a real model)", gt=0)
@@ -313,6 +333,8 @@ class ActorConfig:
     pipeline_layers: list[int] = setting([], "decoder layers of each stage, first to last (MindSpeed-RL's "
                                              "num_layer_list); [] = an even split, earlier stages one more")
     offload: str = setting("none", "none / optimizer / params: what leaves the device between phases (where supported)")
+    lora: LoraConfig = section(LoraConfig, "LoRA: low-rank adapters trained instead of the whole model; the reference "
+                                           "is the base with the adapters off (docs/lora.md).")
 
 
 @dataclass

@@ -105,12 +105,17 @@ def _token_string(value: Any) -> Optional[str]:
 def diagnose(model_dir: str, template: str = "", templates_file: str = "") -> Report:
     """Every check on ``model_dir``; raises `ModelError` only when it is not a readable model directory."""
     from verirl.models.load import resolve_path
+    from verirl.models.lora import adapter_base, is_adapter_dir
 
     real = Path(resolve_path(model_dir))
     if not real.is_dir():
         raise ModelError(f"MODEL_DIR '{model_dir}' is not a directory. Give a Hugging Face model directory "
                          f"(config.json and the tokenizer files; weights are not read), or tiny.")
     raw = _read_json(real / "config.json")
+    if raw is None and is_adapter_dir(real):  # a LoRA adapter directory: the model is its base, merged with it
+        base = adapter_base(real)
+        if base:
+            return diagnose(base, template, templates_file)
     if raw is None:
         raise ModelError(f"MODEL_DIR '{model_dir}' has no config.json, so it is not a Hugging Face model directory. "
                          f"Point at the folder that holds config.json and the tokenizer files.")

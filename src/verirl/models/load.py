@@ -17,6 +17,8 @@ from verirl.core.errors import ModelError
 from verirl.models.device import resolve_device
 from verirl.core.ops.linear import use_fast_linears
 from verirl.core.registry import Registry
+from verirl.models.lora import (ADAPTER_CONFIG, apply_lora, is_adapter_dir, is_lora, load_adapter_into, merge_into_base,
+                                 merged_state, read_adapter_dir, save_adapter)
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 DTYPES = Registry("model.dtype", {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16})
@@ -115,9 +117,12 @@ def model_config(path: str, override: Optional[dict] = None):
 
 def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
                override_config: Optional[dict] = None) -> LoadedModel:
-    """The model and tokenizer of ``path`` (a Hugging Face directory or tiny) on ``device``, with
-    ``override_config`` replacing values of its config.json (see `model_config`)."""
+    """The model and tokenizer of ``path`` (a Hugging Face directory, tiny, or a peft LoRA adapter
+    directory: its base with the adapter merged) on ``device``, with ``override_config`` replacing values
+    of its config.json (see `model_config`)."""
     real = resolve_path(path)
+    if is_adapter_dir(real) and not os.path.exists(os.path.join(real, "config.json")):
+        return _load_adapter(path, real, dtype, device, override_config)
     if not os.path.isdir(real) or not os.path.exists(os.path.join(real, "config.json")):
         raise ModelError(f"model.path='{path}' ({real}) is not a Hugging Face model directory "
                          f"(no config.json). Point model.path at one, or rebuild the tiny model "
@@ -138,18 +143,44 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
     return LoadedModel(model, tokenizer, stops, pad_token_id(tokenizer, stops), real)
 
 
+def _load_adapter(path: str, real: str, dtype: str, device: str, override_config: Optional[dict]) -> LoadedModel:
+    """A peft LoRA adapter directory as a plain model: its base (base_model_name_or_path), the adapter
+    merged into it; the adapter directory's tokenizer when it has one (verirl's exports do)."""
+    settings, base, tensors = read_adapter_dir(real)
+    if not base:
+        raise ModelError(f"model.path='{path}' is a LoRA adapter directory whose {ADAPTER_CONFIG} names no "
+                         f"base model (base_model_name_or_path): set it to the base model's directory.")
+    lm = load_model(base, dtype, device, override_config)
+    apply_lora(lm.model, settings)
+    load_adapter_into(lm.model, real, tensors)
+    merge_into_base(lm.model)
+    tokenizer = lm.tokenizer
+    if os.path.exists(os.path.join(real, "tokenizer_config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(real)
+    return LoadedModel(lm.model, tokenizer, lm.stop_ids, lm.pad_id, lm.path)
+
+
 def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int],
-            state_dict: Optional[dict] = None) -> None:
+            state_dict: Optional[dict] = None, adapter_base: Optional[str] = None) -> None:
     """Write config, safetensors, tokenizer and a generation_config that names every stop id;
     ``state_dict``: the weights to write, when they are not the model's own (a sharded model's,
     gathered whole); empty: no weights file (a sharded checkpoint's, whose weights are its shards).
+    A LoRA-adapted model (`verirl.models.lora`) is written merged (W + scale x B A under the base's names:
+    a plain Hugging Face directory), or with ``adapter_base`` as a peft adapter directory of its adapters
+    over that base model (``state_dict`` may then hold the adapters' tensors only).
 
     Written into a temporary sibling and renamed into place, so a crash never leaves half a model."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    if state_dict is not None and not state_dict:
+    lora = is_lora(model)
+    if lora and adapter_base is not None:
+        save_adapter(tmp, model, state_dict if state_dict is not None else model.state_dict(), adapter_base)
+    elif lora:
+        model.save_pretrained(tmp, safe_serialization=True,
+                              state_dict=merged_state(model, state_dict if state_dict is not None else model.state_dict()))
+    elif state_dict is not None and not state_dict:
         tmp.mkdir(parents=True)
         model.config.save_pretrained(tmp)
     else:

@@ -9,7 +9,9 @@ products, attention) with
   per generate call), the rotary applied to q and k together from a table built once,
 * a preallocated KV cache written in place, masks as additive key biases sliced per step,
 * short attention as two matmuls (`verirl.core.ops.attention`), long prefills through SDPA,
-* nothing but tensors between the layers.
+* nothing but tensors between the layers,
+* a LoRA-adapted layer's weight merged (W + scale x B A, `verirl.models.lora.merged_weight`) when the
+  weights are laid out: the adapters cost nothing per decoding step.
 With ``low`` (model.compute_dtype, mixed precision) the four products of each layer multiply in that
 dtype from weights cast once per generate call; the norms, rotary, attention, residual stream,
 output layer and sampling stay in the model's dtype.
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from verirl.core.ops.attention import small_attention, small_enough
 from verirl.core.ops.linear import PackedLinear
+from verirl.models.lora import merged_weight as W
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
 
@@ -97,7 +100,7 @@ class LeanDecoder:
         model's weights changed in place mid-call (an asynchronous run's partial rollouts), the cache kept."""
         dec, cfg = model.get_decoder(), model.config
         head = model.get_output_embeddings()
-        self.head = PackedLinear(head.weight, head.bias)
+        self.head = PackedLinear(W(head), head.bias)
 
         def linear(w, b):
             if self.low is not None:
@@ -111,11 +114,11 @@ class LeanDecoder:
                 self.layers.append(_Layer(
                     layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                     layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon,
-                    linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    linear(torch.cat([W(a.q_proj), W(a.k_proj), W(a.v_proj)]),
                            _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)),
-                    linear(a.o_proj.weight, a.o_proj.bias),
-                    linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias)),
-                    linear(m.down_proj.weight, m.down_proj.bias)))
+                    linear(W(a.o_proj), a.o_proj.bias),
+                    linear(torch.cat([W(m.gate_proj), W(m.up_proj)]), _cat(m.gate_proj.bias, m.up_proj.bias)),
+                    linear(W(m.down_proj), m.down_proj.bias)))
 
     def alloc(self, batch: int, length: int, like: torch.Tensor, zeros: bool = False) -> None:
         """A cache of ``length`` positions for ``batch`` rows; ``zeros``: written with zeros (a step that

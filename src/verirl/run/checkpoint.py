@@ -47,6 +47,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import zlib
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ STEP_DIR = re.compile(r"step_(\d+)")
 REQUIRED = ("state.json", "optimizer.pt", "rng_rank0.safetensors", "model/config.json")  # and model/*.safetensors,
 # or with "weights": "sharded" in state.json, every rank's shards/rankR.safetensors and shards/rankR.json
 SHARDED = "sharded"
+ADAPTERS = "lora"  # state.json "weights" of a LoRA run's checkpoint: model/ is a peft adapter directory
 START_OVER = ("To start this run over use trainer.resume=false trainer.overwrite=true (it deletes these "
               "checkpoints and the run's logs); to keep them, move them away first or choose a new "
               "trainer.run_dir.")
@@ -157,16 +159,20 @@ class Checkpoint:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, stop_ids, weights: dict, optimizer_state: dict,
-                    scheduler_state: dict, extra: dict, keep: int = 0) -> Path:
+                    scheduler_state: dict, extra: dict, keep: int = 0, adapter_base: Optional[str] = None) -> Path:
     """Write checkpoint ``step`` atomically, its manifest last (see the module docstring); returns
     its path. ``weights`` and ``optimizer_state``: whole tensors (a sharded model's gathered first);
-    ``model`` gives the Hugging Face directory its config, ``tokenizer`` and ``stop_ids`` the rest."""
+    ``model`` gives the Hugging Face directory its config, ``tokenizer`` and ``stop_ids`` the rest.
+    ``adapter_base``: a LoRA run's, whose ``model/`` is a peft adapter directory over that base."""
     from verirl.models import save_hf
 
     tmp = begin_checkpoint(ckpt_root, step)
-    save_hf(model, tokenizer, tmp / "model", stop_ids, weights)
+    save_hf(model, tokenizer, tmp / "model", stop_ids, weights, adapter_base=adapter_base)
+    if os.environ.get("VERIRL_TEST_KILL_IN_SAVE") == f"{step}:0":  # tests: the process dies mid-save
+        os.kill(os.getpid(), signal.SIGKILL)
     torch.save({"optimizer": optimizer_state, "scheduler": scheduler_state}, tmp / "optimizer.pt")
-    _write_state(tmp, {"format": FORMAT, "step": step, "world_size": 1, **extra})
+    _write_state(tmp, {"format": FORMAT, "step": step, "world_size": 1, **extra,
+                       **({"weights": ADAPTERS} if adapter_base is not None else {})})
     return finish_checkpoint(ckpt_root, tmp, step, keep)
 
 
@@ -277,6 +283,14 @@ def _state_problem(path: Path) -> Optional[str]:
     return f"state.json lacks {', '.join(missing)}" if missing else None
 
 
+def holds_adapters(path: Path) -> bool:
+    """Whether a checkpoint holds LoRA adapters (its model/ a peft adapter directory), by its state.json."""
+    try:
+        return json.loads((Path(path) / "state.json").read_bytes()).get("weights") == ADAPTERS
+    except (OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return False
+
+
 def shard_world(path: Path) -> Optional[int]:
     """The number of ranks whose shards a sharded checkpoint holds (state.json's layout); None for a
     checkpoint of whole tensors, or when state.json cannot tell."""
@@ -292,6 +306,8 @@ def _missing_required(path: Path) -> list[str]:
 
     world = shard_world(path)
     required = list(REQUIRED) + ([rel for r in range(world) for rel in shard_files(r)] if world else [])
+    if holds_adapters(path):
+        required = [rel if rel != "model/config.json" else "model/adapter_config.json" for rel in required]
     out = [f"{rel} is missing" for rel in required if not (path / rel).is_file()]
     if (path / "model").is_dir() and not world and not any((path / "model").glob("*.safetensors")):
         out.append("model/ holds no .safetensors weights")
@@ -345,7 +361,8 @@ def _header_problems(path: Path) -> list[str]:
     for f in sorted([*path.glob("rng_rank*.safetensors"), *(path / "model").glob("*.safetensors"),
                      *path.glob("shards/*.safetensors")]):
         problems.append(_safetensors_problem(f, f.relative_to(path).as_posix()))
-    problems.append(_json_problem(path / "model" / "config.json", "model/config.json"))
+    config = "model/adapter_config.json" if holds_adapters(path) else "model/config.json"
+    problems.append(_json_problem(path / config, config))
     try:
         opt = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
         if not (isinstance(opt, dict) and {"optimizer", "scheduler"} <= set(opt)):
@@ -506,9 +523,10 @@ def restore_rng(ckpt: Checkpoint) -> None:
         raise damaged(ckpt.path / "state.json", "the random generator states", e) from e
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
+def export_checkpoint(checkpoint: Path, out_dir: Path, adapter: bool = False) -> Path:
     """Copy a verified checkpoint's Hugging Face model directory to ``out_dir`` (atomically). From a
-    run directory: its newest checkpoint that verifies (bad ones skipped are named on stderr)."""
+    run directory: its newest checkpoint that verifies (bad ones skipped are named on stderr). A LoRA
+    run's checkpoint: the merged model, or with ``adapter`` its peft adapter directory."""
     found = find_checkpoint(Path(checkpoint))
     if found is None:
         raise CheckpointError(f"no verirl checkpoint in {checkpoint}: give RUN_DIR, RUN_DIR/checkpoints or "
@@ -519,21 +537,34 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
         raise CheckpointError(f"{out_dir} is a file; give a new directory to export into.")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; choose a new output directory.")
+    if adapter and not holds_adapters(ckpt.path):
+        raise CheckpointError(f"--adapter: {ckpt.path} holds a whole model, not LoRA adapters (its run had "
+                              f"actor.lora.rank=0); export it without --adapter.")
     try:
-        export_model_dir(ckpt, out_dir)
+        export_model_dir(ckpt, out_dir, merged=not adapter)
     except OSError as e:  # a parent that is a file, a read-only disk, no permission, a full disk
         raise CheckpointError(f"could not write {out_dir} ({type(e).__name__}: {e.strerror or e}); give a new "
                               f"directory on a writable disk.") from None
     return out_dir
 
 
-def export_model_dir(ckpt: Checkpoint, out_dir: Path) -> None:
+def export_model_dir(ckpt: Checkpoint, out_dir: Path, merged: bool = True) -> None:
     """``ckpt``'s Hugging Face directory at ``out_dir`` (written beside it, then renamed into place; an
     existing ``out_dir`` replaced): copied, and for a sharded checkpoint its ``model.safetensors`` written
-    from the shards one tensor at a time (`verirl.run.shards.write_safetensors`)."""
+    from the shards one tensor at a time (`verirl.run.shards.write_safetensors`). A LoRA checkpoint's
+    adapter directory is copied as it is, or with ``merged`` its base model loaded with the adapter merged
+    in and written as a plain Hugging Face directory."""
     from verirl.run.shards import Shards, write_safetensors
 
     out_dir = Path(out_dir)
+    if merged and holds_adapters(ckpt.path):
+        from verirl.models import load_model, save_hf
+
+        model = (ckpt.state.get("config") or {}).get("model") or {}
+        lm = load_model(str(ckpt.model_dir), model.get("dtype", "float32"), "cpu", dict(model.get("override_config") or {}))
+        save_hf(lm.model, lm.tokenizer, out_dir, lm.stop_ids)  # written beside, then renamed into place
+        _fsync_dir(out_dir.parent)
+        return
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(ckpt.model_dir, tmp)

@@ -22,6 +22,7 @@ from verirl.data import PromptSampler, encode_prompts
 from verirl.data.dataset import data_loading_options, load_data, load_prompts
 from verirl.models.perf import FlopModel, device_name, peak_flops
 from verirl.models import load_model
+from verirl.models.lora import LoraSettings, apply_lora, target_modules
 from verirl.models.device import compute_dtype, resolve_device
 from verirl.config.layout import reward_workers_per_rank, rollout_tensor_parallel, threads_per_rank
 from verirl.rewards import Scorer
@@ -164,7 +165,10 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
         if resume is None and str(cfg.trainer.resume).lower() in ("false", "none", ""):
             clear_previous_run(run_dir)  # trainer.overwrite=true; only once the inputs are known to be good
     dist.barrier()  # the other ranks start once rank 0 holds the directory
-    ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+    lora = lora_settings(cfg)
+    if lora is not None:  # adapters trained, the base frozen; the reference is the base with them off: no copy
+        apply_lora(lm.model, lora)
+    ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 and lora is None else None
     if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
         for model in (lm.model, ref) if ref is not None else (lm.model,):
             tensor_parallel(model, dist.mesh[TP])
@@ -205,6 +209,15 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
                total_steps=t.total_steps,
                checkpoints=CheckpointPolicy(t.save_freq, t.keep_checkpoints, load_checkpoint(resume) if resume else None),
                nonfinite=NonfiniteCount(t.max_nonfinite_steps), device=device_name(resolve_device(cfg.model.device)))
+
+
+def lora_settings(cfg: Config) -> Optional[LoraSettings]:
+    """actor.lora as plain values, or None when off (rank 0)."""
+    lo = cfg.actor.lora
+    if not lo.rank:
+        return None
+    return LoraSettings(lo.rank, float(lo.alpha), float(lo.dropout), target_modules(lo.target_modules),
+                        str(lo.init).lower())
 
 
 def with_tools(prompts: list[Prompt], tokenizer, envs, data, source: str, too_long: str = "") -> list[Prompt]:

@@ -22,6 +22,7 @@ import torch
 
 from verirl.config import to_dict, upgrade_dict
 from verirl.core.errors import CheckpointError, UserError
+from verirl.models.lora import base_path, from_peft_names, is_adapter_dir, is_adapter_key, is_lora, read_adapter_dir
 from verirl.run.checkpoint import (Checkpoint, begin_checkpoint, damaged, finish_checkpoint, load_optimizer_state,
                                    load_weights, reason, restore_rng, save_checkpoint, save_sharded_rest,
                                    shard_world)
@@ -47,8 +48,11 @@ def checkpoint_due(run: Run, step: int) -> bool:
 
 def checkpoint_format(run: Run) -> str:
     """"whole" or "sharded": ``trainer.checkpoint_format``, where auto is sharded when the actor's
-    parameters are split across ranks (FSDP2 over more than one rank, tensor or pipeline parallel)."""
+    parameters are split across ranks (FSDP2 over more than one rank, tensor or pipeline parallel). A LoRA
+    run's checkpoints hold its adapters only: whole (gathered, they are small)."""
     chosen = run.cfg.trainer.checkpoint_format
+    if is_lora(run.model):
+        return "whole"
     if chosen != "auto":
         return chosen
     d = run.dist
@@ -76,15 +80,16 @@ def save(run: Run, step: int, log: RunLog, summary: dict) -> Path:
     if checkpoint_format(run) == "sharded":
         return _save_sharded(run, step, extra)
     pipe = pipeline_of(run.model)
+    lora = is_lora(run.model)  # the adapters alone: the base is model.path's, unchanged
     with whole_model(run.model):  # every rank; the tensors outlive the block (a pipelined model's frees only its own)
-        weights = full_state_dict(run.model)
+        weights = full_state_dict(run.model, only=is_adapter_key if lora else None)
     optimizer_state = stage_optimizer_state(pipe, run.optimizer) if pipe else full_optimizer_state(run.optimizer)
     try:
         path = None
         if run.dist.is_main:
             path = save_checkpoint(run.run_dir / "checkpoints", step, run.model, run.tokenizer, run.stop_ids,
                                    weights, optimizer_state, run.scheduler.state_dict(), extra,
-                                   keep=run.checkpoints.keep)
+                                   keep=run.checkpoints.keep, adapter_base=base_path(run.cfg.model.path) if lora else None)
         return run.dist.broadcast(path)  # the other ranks wait until it is written
     except Exception as e:  # OSError, or torch's / safetensors' own error types around the OS error
         raise_write_failure(run.run_dir, f"the checkpoint of step {step}", e)
@@ -153,6 +158,14 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
         _restore_sharded(ckpt, world, model, optimizer, scheduler)
         return
     weights = load_weights(ckpt)
+    adapters = is_adapter_dir(ckpt.model_dir)
+    if adapters != is_lora(model):
+        saved = f"LoRA adapters (rank {read_adapter_dir(ckpt.model_dir)[0].rank})" if adapters else "a whole model"
+        raise CheckpointError(f"{ckpt.path} holds {saved}, and this run trains "
+                              f"{'LoRA adapters' if is_lora(model) else 'the whole model'}: resume with the "
+                              f"checkpoint's actor.lora.rank, or start a new run directory.")
+    if adapters:
+        weights = from_peft_names(weights)
     held = _held(model)
     own = model.state_dict(keep_vars=True)
     weights = {k: v for k, v in weights.items() if k not in own or held(own[k])}  # pipelined: this rank's stages
@@ -161,7 +174,7 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
     except RuntimeError as e:  # shapes that differ
         raise CheckpointError(f"{ckpt.model_dir}: the weights do not fit the model: {reason(e)}. Was the "
                               f"checkpoint saved from another model.path?") from e
-    missing = [k for k in missing if held(own[k])]
+    missing = [k for k in missing if held(own[k]) and (not adapters or is_adapter_key(k))]  # LoRA: base from model.path
     tied = {k for k in missing if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"{ckpt.model_dir}: weights do not fit the model (missing {sorted(set(missing) - tied)[:3]}, "

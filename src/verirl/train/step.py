@@ -28,6 +28,7 @@ from verirl.core.algo import informative_groups, kl_penalty, normalize_then_sum,
 from verirl.core.errors import DataError
 from verirl.train.evaluate import decode_responses
 from verirl.train.step_metrics import ResponseStats, Timer, step_metrics
+from verirl.models.lora import adapters_off
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.update import Correction, compute_logprobs, update_policy
@@ -208,6 +209,16 @@ def score(run: Run, texts: list[str], fields: list[dict]) -> Callable[[], Reward
     return result
 
 
+@contextlib.contextmanager
+def reference_model(run: Run) -> Iterator[torch.nn.Module]:
+    """The reference policy: its own copy, or (LoRA) the actor itself with its adapters off."""
+    if run.ref is not None:
+        yield run.ref
+        return
+    with adapters_off(run.model):
+        yield run.model
+
+
 def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     """The consumer's half of a step: the old and reference log-prob passes (the scoring finishes
     meanwhile), the rewards awaited and the advantages of the global batch computed, the policy update
@@ -218,9 +229,9 @@ def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     if settings.old_pass is not None:
         with timer("old_log_prob"):
             old_logprobs = compute_logprobs(run.model, rollout, settings.old_pass, layouts, dist)
-    if run.ref is not None:
-        with timer("ref"):
-            ref_logprobs = compute_logprobs(run.ref, rollout, settings.ref_pass, layouts, dist)
+    if settings.ref_pass is not None:
+        with timer("ref"), reference_model(run) as ref:
+            ref_logprobs = compute_logprobs(ref, rollout, settings.ref_pass, layouts, dist)
     with timer("reward"):  # what is left of the scoring once the passes are done
         rewards = batch.rewards()
         advantage_rewards = torch.tensor(rewards.for_advantages, dtype=torch.float32)

@@ -28,7 +28,7 @@ on load (`shard_state_dict`, `shard_optimizer_state`).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -232,12 +232,15 @@ def full(t):
     return t.full_tensor() if isinstance(t, _dtensor()) else t
 
 
-def full_state_dict(model) -> dict[str, torch.Tensor]:
+def full_state_dict(model, only: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
     """The model's state dict with whole tensors (gathered when sharded; every rank calls it). Tied
-    weights stay one tensor under both names, as in the model."""
+    weights stay one tensor under both names, as in the model. ``only``: the names to gather (LoRA: the
+    adapters), the rest left out."""
     gathered: dict[int, torch.Tensor] = {}
     out = {}
     for k, v in model.state_dict(keep_vars=True).items():
+        if only is not None and not only(k):
+            continue
         if id(v) not in gathered:
             gathered[id(v)] = full(v).detach()
         out[k] = gathered[id(v)]
