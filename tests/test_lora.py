@@ -164,3 +164,34 @@ def test_a_lora_checkpoint_does_not_resume_a_full_run(tmp_path, capsys):
     assert main(["train", f"trainer.run_dir={run}", *SMALL, "trainer.total_steps=2"]) == 2
     err = capsys.readouterr().err
     assert "holds LoRA adapters (rank 4)" in err and "actor.lora.rank" in err
+
+
+@pytest.mark.slow
+def test_two_ranks_with_lora_take_the_one_rank_steps_with_fsdp2_and_ddp(tmp_path):
+    """Adapters across ranks (FSDP2: sharded with the frozen base in the same layers; DDP: replicated):
+    the same rollouts, statistics within 1e-5 and adapters within 1e-5 of one rank's after 2 steps."""
+    from verirl.cli import main
+
+    common = ["train", "trainer.total_steps=2", "trainer.save_freq=2", *SMALL, *LORA, "rollout.n=8",
+              "trainer.dump_rollouts=true", "trainer.threads=1", "trainer.dist_timeout_s=60",
+              "model.compute_dtype=null"]
+    assert main(common + [f"trainer.run_dir={tmp_path / 'one'}"]) == 0
+
+    def rows(run, name="metrics.jsonl"):
+        return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+    one = rows(tmp_path / "one")
+    a = _adapter(tmp_path / "one/checkpoints/step_000002")
+    for strategy in ("fsdp2", "ddp"):
+        run = tmp_path / strategy
+        assert main(common + [f"trainer.run_dir={run}", "trainer.nproc_per_node=2", f"actor.strategy={strategy}"]) == 0
+        drop = ("prompt",)
+        assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "one", "rollouts.jsonl")] == \
+            [{k: v for k, v in r.items() if k not in drop} for r in rows(run, "rollouts.jsonl")]
+        for x, y in zip(one, rows(run)):
+            for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
+                assert abs(x[key] - y[key]) <= 1e-5 * max(abs(x[key]), abs(y[key])) + 1e-8, (strategy, key)
+        b = _adapter(run / "checkpoints/step_000002")
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k] - b[k]).abs().max() <= 1e-5 * max(a[k].abs().max(), 1e-3), (strategy, k)
