@@ -2,7 +2,9 @@
 and the layout checks' one-paragraph errors. Nothing here loads weights, except to check the
 parameter count against the real tiny model."""
 import json
+import re
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -14,8 +16,8 @@ from verirl.core.errors import ConfigError
 from verirl.models.load import TINY_DIR
 from verirl.config.layout import check_layout, reward_workers_per_rank, threads_per_rank
 from verirl.run.checks import local_devices
-from verirl.tools.plan import (count_parameters, count_parameters_on_meta, estimate_memory, make_layout, make_plan,
-                               read_model_config, render)
+from verirl.tools.plan import (count_adapters, count_parameters, count_parameters_on_meta, estimate_memory,
+                               make_layout, make_plan, read_model_config, render)
 
 TINY_PARAMETERS = 1_032_064
 
@@ -244,3 +246,109 @@ def test_train_dry_run_prints_the_plan_and_loads_no_weights(tmp_path, capsys):
     assert "1,032,064 parameters" in dry and not run.exists()
     assert main(["train", "--dry-run", "--json", *overrides]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["parameters"] == TINY_PARAMETERS
+
+
+# ---------------------------------------------------------------- LoRA (actor.lora)
+
+LORA_SMALL = ["data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2", "rollout.max_new_tokens=8",
+              "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
+              "reward.workers=0", "data.train_size=16", "eval.size=2", "trainer.total_steps=1"]
+
+
+def _peft_count(config, targets) -> int:
+    """The adapters' parameters peft injects into the model built from ``config`` (on the meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    from verirl.models.lora import LoraSettings, apply_lora
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's notes on Mixtral's patterns that match no layer
+        apply_lora(model, LoraSettings(8, 16.0, target_modules=targets))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("targets,by_hand", [
+    # the tiny model: h 128, 4 heads of 32, 2 kv heads (64 wide), i 512, 4 layers; rank 8 x (in + out) each:
+    # q 8 x (128 + 128), k and v 8 x (128 + 64), o 8 x (128 + 128), gate, up and down 8 x (128 + 512)
+    ("all-linear", 4 * (2048 + 1536 + 1536 + 2048 + 3 * 5120)),  # 90,112: every linear layer but lm_head
+    ("[q_proj,v_proj]", 4 * (2048 + 1536)),  # 14,336
+])
+def test_lora_trains_the_adapters_only_and_needs_no_reference_copy(targets, by_hand):
+    plan = _plan("actor.lora.rank=8", f"actor.lora.target_modules={targets}", "algo.kl_coef=0.1")
+    M, A = plan.memory, plan.memory.adapters
+    assert A.parameters == by_hand == M.trained_parameters and A.counted == "formula"
+    assert by_hand == _peft_count(read_model_config("tiny"), "all-linear" if targets == "all-linear"
+                                  else ("q_proj", "v_proj"))
+    assert M.parameters == TINY_PARAMETERS and M.trained_share == pytest.approx(by_hand / (TINY_PARAMETERS + by_hand))
+    assert M.params == (TINY_PARAMETERS + by_hand) * 4  # the frozen base and the adapters, float32
+    assert M.grads == by_hand * 4 and M.optimizer == by_hand * 8  # the adapters' alone
+    assert plan.layout.reference_pass and M.reference == 0  # kl_coef > 0: the base with the adapters off
+    assert M.model_states == M.params + M.grads + M.optimizer
+    full = _plan("algo.kl_coef=0.1").memory
+    assert full.reference == TINY_PARAMETERS * 4 and full.trained_parameters == TINY_PARAMETERS
+    assert M.update_phase < full.update_phase and M.model_states < 0.3 * full.model_states
+    text = render(plan)
+    assert re.search(rf"parameters trained +{by_hand:,}  LoRA adapters: rank 8 x \(in \+ out\)", text)
+    assert re.search(r"reference model +0 B  0: the base with the adapters off", text)
+    assert "AdamW over the adapters only" in text and "model states" in text
+    cfg = load_config("tiny", ["actor.lora.rank=8", f"actor.lora.target_modules={targets}",
+                               "trainer.nproc_per_node=2", "actor.strategy=fsdp2"])
+    fsdp = estimate_memory(cfg, make_layout(cfg), read_model_config("tiny"))  # FSDP2 shards the adapters too
+    assert (fsdp.params, fsdp.grads, fsdp.optimizer) == (M.params // 2, M.grads // 2, M.optimizer // 2)
+
+
+def test_the_json_output_has_the_adapters(capsys):
+    assert main(["plan", "--json", "actor.lora.rank=8", "actor.lora.target_modules=[q_proj,v_proj]"]) == 0
+    m = json.loads(capsys.readouterr().out)["memory"]
+    assert m["adapters"]["parameters"] == m["trained_parameters"] == 14_336 and m["reference"] == 0
+    assert m["adapters"]["by_module"] == {"q_proj": 8192, "v_proj": 6144} and m["adapters"]["rank"] == 8
+    assert main(["plan", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)["memory"]
+    assert m["adapters"] is None and m["trained_parameters"] == TINY_PARAMETERS and m["trained_share"] == 1.0
+
+
+def test_another_architecture_s_adapters_are_counted_on_the_meta_device(tmp_path):
+    config = AutoConfig.for_model("gemma", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=400)
+    config.save_pretrained(tmp_path)
+    _tiny_tokenizer(tmp_path)
+    A = _plan(f"model.path={tmp_path}", "actor.lora.rank=8").memory.adapters
+    assert A.counted == "meta device" and A.parameters == _peft_count(config, "all-linear")
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("llama", dict(attention_bias=True)), ("qwen3", dict(head_dim=24)), ("mistral", {}),
+    ("qwen2_moe", dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[2])),
+    ("mixtral", dict(num_local_experts=3, num_experts_per_tok=2)),  # peft adapts the router and the fused experts
+])
+def test_the_adapter_count_is_peft_s(model_type, extra):
+    config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300, **extra)
+    for targets in ("all-linear", ("q_proj", "v_proj"), ("lm_head",)):
+        assert count_adapters(config, 8, targets).parameters == _peft_count(config, targets)
+
+
+def test_a_target_module_the_model_lacks_is_refused_with_its_linear_layers(capsys):
+    assert main(["plan", "actor.lora.rank=8", "actor.lora.target_modules=[q_proj,wq]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verirl plan: config error: actor.lora.target_modules=['q_proj', 'wq']: wq is not a "
+                          "linear layer of model.path=tiny") and err.count("\n") == 1
+    assert "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in err and "all-linear" in err
+    assert main(["plan", "actor.lora.target_modules=[wq]"]) == 0  # rank 0: no adapters, nothing to check
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "[q_proj,v_proj]"])
+def test_the_lora_estimate_is_a_real_run_s_model_states(targets, tmp_path):
+    """One step of the tiny model with adapters: perf/model_states_gb (every parameter, the adapters' gradients
+    and AdamW state, no reference) within 10% of the plan's model states."""
+    overrides = [f"trainer.run_dir={tmp_path / 'r'}", *LORA_SMALL, "actor.lora.rank=8",
+                 f"actor.lora.target_modules={targets}", "algo.kl_coef=0.1"]
+    assert main(["train", *overrides]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    measured = next(r["perf/model_states_gb"] for r in rows if "perf/model_states_gb" in r)
+    m = _plan(*overrides).memory
+    estimate = (m.params + m.grads + m.optimizer + m.reference) / 2**30
+    assert estimate == pytest.approx(measured, rel=0.10)

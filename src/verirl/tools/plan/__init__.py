@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from verirl.config import Config
-from verirl.core.errors import ModelError
+from verirl.core.errors import ConfigError, ModelError
 from verirl.config.layout import (REWARD_WORKERS_CAP, cpu_cores, producers, reward_workers_per_rank,
                                   rollout_tensor_parallel, threads_per_rank, world_size)
 from verirl.models.device import visible_devices
 
-__all__ = ["make_plan", "render", "Plan", "count_parameters"]
+__all__ = ["make_plan", "render", "Plan", "count_parameters", "count_adapters"]
 
 OPTIMIZER_BYTES = 8  # AdamW: two float32 moments per parameter
 LOGITS_BYTES = 4  # the output layer's logits are float32
@@ -152,6 +152,125 @@ def read_model_config(path: str):
                          f"for a newer architecture.") from None
 
 
+# ---------------------------------------------------------------- LoRA adapters from config.json
+
+# The linear layers of the dense families' decoder layers (llama, mistral, qwen2, qwen3), and the output layer
+DENSE_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+OUTPUT_LAYER = "lm_head"
+
+
+@dataclass
+class Adapters:
+    """actor.lora's adapters, counted from the model's config: each adapted linear layer of shape
+    (out, in) gains A (rank x in) and B (out x rank), rank x (in + out) parameters."""
+    rank: int
+    target_modules: list[str]  # the layers' names, "all-linear" resolved (every linear layer but the output layer)
+    parameters: int  # of the whole model
+    by_module: dict[str, int]  # parameters per target name, over all the layers that carry it
+    layers: int  # adapted layers in the whole model
+    counted: str  # "formula" (the dense families) or "meta device" (peft's adapters on the model built there)
+    per_token_layer: int = 0  # activations the adapters keep per token per decoder layer, in elements
+    held: int = 0  # on the most loaded rank before sharding (pipeline stages: its layers'; else all)
+
+
+def _meta_model(config):
+    """The causal LM of ``config`` built on the meta device (shapes only). Raises EstimateUnavailable."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises for a model it cannot build
+        raise EstimateUnavailable(f"transformers cannot build it as a causal LM ({type(e).__name__})") from None
+
+
+def _dense_shapes(config) -> Optional[dict[str, list[tuple[int, int]]]]:
+    """{name: [(in, out) of each layer by that name]} of a dense family's linear layers (`DENSE_LINEARS` in
+    each decoder layer, the output layer once), from config.json alone; None for another model."""
+    model_type = getattr(config, "model_type", "")
+    if model_type not in FORMULA_FAMILIES or any(_moe_layers(config, model_type)):
+        return None
+    s = model_shape(config)
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    per_layer = {"q_proj": (s.hidden, q), "k_proj": (s.hidden, kv), "v_proj": (s.hidden, kv), "o_proj": (q, s.hidden),
+                 "gate_proj": (s.hidden, s.intermediate), "up_proj": (s.hidden, s.intermediate),
+                 "down_proj": (s.intermediate, s.hidden)}
+    shapes = {name: [per_layer[name]] * s.layers for name in DENSE_LINEARS}
+    shapes[OUTPUT_LAYER] = [(s.hidden, s.vocab)]
+    return shapes
+
+
+def _model_shapes(model) -> tuple[dict[str, list[tuple[int, int]]], str]:
+    """({name: [(in, out)]} of a built model's nn.Linear layers by their last name, the output layer's name)."""
+    import torch
+
+    shapes: dict[str, list[tuple[int, int]]] = {}
+    output, out_name = model.get_output_embeddings(), ""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name:
+            last = name.rsplit(".", 1)[-1]
+            shapes.setdefault(last, []).append((m.in_features, m.out_features))
+            out_name = last if m is output else out_name
+    return shapes, out_name
+
+
+def _peft_counts(model, rank: int, targets) -> tuple[dict[str, int], int]:
+    """({target name: adapter parameters}, adapted layers) of peft's adapters injected into ``model`` (on the
+    meta device): exact for whatever peft adapts (a mixture of experts' router and fused experts too)."""
+    import warnings
+
+    from verirl.models.lora import LoraSettings, apply_lora, lora_layers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's notes on the patterns of the layers a model lacks
+        apply_lora(model, LoraSettings(rank, float(rank), target_modules=targets))
+    by_module: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            owner = name.split(".lora_")[0].replace(".base_layer", "").rsplit(".", 1)[-1]
+            by_module[owner] = by_module.get(owner, 0) + p.numel()
+    return by_module, len(lora_layers(model))
+
+
+def count_adapters(config, rank: int, targets, dropout: float = 0.0, path: str = "") -> Adapters:
+    """The adapters of ``targets`` ("all-linear" or module names, as `verirl.models.lora.target_modules`
+    gives them) at ``rank``: rank x (in + out) for each targeted linear layer, from the shapes for the dense
+    families, otherwise peft's own adapters on the model built on the meta device. Raises ConfigError for a
+    name that is no linear layer of the model (the error names those it has), EstimateUnavailable when the
+    model's layers cannot be known."""
+    shapes, output, model = _dense_shapes(config), OUTPUT_LAYER, None
+    if shapes is None:
+        model = _meta_model(config)
+        shapes, output = _model_shapes(model)
+    names = sorted(shapes)
+    if targets != "all-linear":
+        unknown = [n for n in targets if n not in shapes]
+        if unknown or not targets:
+            where = f"model.path={path}" if path else "the model"
+            what = (f"{', '.join(unknown)} {'is not a linear layer' if len(unknown) == 1 else 'are not linear layers'}"
+                    f" of {where}" if unknown else "names no layer")
+            raise ConfigError(
+                f"actor.lora.target_modules={list(targets)}: {what} ({getattr(config, 'model_type', '?')}, from its "
+                f"config.json). Its linear layers: {', '.join(names)}; all-linear adapts every one of them but the "
+                f"output layer{f' {output}' if output else ''}. Give some of these names, e.g. "
+                f"actor.lora.target_modules=[q_proj,v_proj], or all-linear.")
+    wanted = [n for n in names if n != output] if targets == "all-linear" else list(dict.fromkeys(targets))
+    if model is None:
+        by_module = {n: sum(rank * (i + o) for i, o in shapes[n]) for n in wanted}
+        adapted, counted = sum(len(shapes[n]) for n in wanted), "formula"
+    else:
+        by_module, adapted = _peft_counts(model, rank, targets)
+        counted = "meta device"
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = max(getattr(text, "num_hidden_layers", 1) or 1, 1)
+    # what the adapters keep for the backward, per token and decoder layer: A x (rank), and x itself with dropout
+    per_token = sum(len(shapes.get(n, ())) * (rank + (shapes[n][0][0] if dropout > 0 else 0))
+                    for n in wanted if n != output) // layers
+    return Adapters(rank, sorted(by_module) if model is not None else wanted, sum(by_module.values()), by_module,
+                    adapted, counted, per_token)
+
+
 class EstimateUnavailable(Exception):
     """The model's config does not give what the memory estimate needs (the plan goes on without it)."""
 
@@ -198,6 +317,7 @@ class Layout:
     producers: int = 0  # rollout.placement=separate: processes that generate and score (not in world_size)
     max_staleness: int = 0  # trainer.async_training.max_staleness
     async_mode: str = ""  # trainer.async_training.mode with producers
+    lora_rank: int = 0  # actor.lora.rank: adapters trained, the reference the actor with them off (0 = off)
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """``rank``'s place on the mesh (dp, pp, sp, tp; the last the innermost): its coordinates."""
@@ -239,6 +359,10 @@ class Memory:
     peak: int
     formulas: dict[str, str] = field(default_factory=dict)
     leaves_out: list[str] = field(default_factory=list)
+    trained_parameters: int = 0  # what the optimizer updates: every parameter, or (LoRA) the adapters
+    trained_share: float = 1.0  # of all the parameters the actor holds (the base's and the adapters')
+    model_states: int = 0  # params + grads + optimizer + reference: what perf/model_states_gb measures
+    adapters: Optional[Adapters] = None  # actor.lora.rank > 0
 
 
 @dataclass
@@ -306,7 +430,8 @@ def make_layout(cfg: Config) -> Layout:
         generate_calls_per_rank=_ceil(decoded, per_call), sequences_per_generate_call=per_call * n,
         tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout_tp,
         sequence_parallel=sp, pipeline_parallel=pp, pipeline_schedule=actor.pipeline_schedule,
-        pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest))
+        pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest),
+        lora_rank=actor.lora.rank)
 
 
 def pipeline_micro_batches(actor, pp: int, sequences: int, longest: int) -> int:
@@ -370,10 +495,43 @@ def make_resources(cfg: Config, cores: Optional[int] = None) -> Resources:
     return Resources(cores, local, threads, threads_from, workers, workers_from)
 
 
+def _layers_held(config, layout: Layout) -> int:
+    """Decoder layers on the pipeline rank that holds the most (all of them without stages)."""
+    L = model_shape(config).layers
+    if layout.pipeline_parallel == 1:
+        return L
+    from verirl.models.pipeline import stage_indices, stage_layers, stages_per_rank
+
+    per_rank = stages_per_rank(layout.pipeline_schedule)
+    split = stage_layers(L, layout.pipeline_parallel * per_rank, list(layout.pipeline_layers) or None)
+    return max(sum(len(split[s]) for s in stage_indices(r, layout.pipeline_parallel, per_rank))
+               for r in range(layout.pipeline_parallel))
+
+
+def lora_adapters(cfg: Config, config, layout: Optional[Layout] = None) -> Optional[Adapters]:
+    """actor.lora's adapters on this model (None when actor.lora.rank is 0), ``held`` on the most loaded
+    pipeline rank (the output layer's adapter counted on it too). Raises ConfigError for target_modules
+    naming a layer the model does not have."""
+    lo = cfg.actor.lora
+    if not lo.rank:
+        return None
+    from verirl.models.lora import target_modules
+
+    adapters = count_adapters(config, lo.rank, target_modules(lo.target_modules), lo.dropout, cfg.model.path)
+    adapters.held = adapters.parameters
+    if layout is not None and layout.pipeline_parallel > 1:
+        head = adapters.by_module.get(OUTPUT_LAYER, 0)
+        L = model_shape(config).layers
+        adapters.held = (adapters.parameters - head) * _layers_held(config, layout) // L + head
+    return adapters
+
+
 def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     """Bytes per rank: the model's states (sharded by fsdp2 over the world), the activations of one
     forward/backward at the token budget, one chunk of the output layer's logits, and the rollout's
-    KV cache. An estimate: see ``leaves_out``."""
+    KV cache. An estimate: see ``leaves_out``. With actor.lora.rank > 0 the parameters are the frozen
+    base's and the adapters', the gradients and AdamW's moments the adapters' alone, and there is no
+    reference copy (the reference is the base with the adapters off)."""
     try:
         shape = model_shape(config)
     except AttributeError as e:  # not a decoder-only language model's config
@@ -396,10 +554,13 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     dp_shards = layout.data_parallel * layout.sequence_parallel  # FSDP2 shards over dp x sp
     shards = (dp_shards if layout.strategy == "fsdp2" and dp_shards > 1 else 1) * tp
     held = _held(total, parts, config, layout)  # this rank's pipeline stages (all of it without)
-    params = held * b // shards
-    grads = held * b // shards
-    optimizer = held * OPTIMIZER_BYTES // shards
-    reference = held * b // shards if layout.reference_pass else 0
+    adapters = lora_adapters(cfg, config, layout)
+    extra = adapters.held if adapters else 0  # the adapters' parameters beside the frozen base's
+    trained = extra if adapters else held  # what gets gradients and AdamW's moments
+    params = (held + extra) * b // shards
+    grads = trained * b // shards
+    optimizer = trained * OPTIMIZER_BYTES // shards
+    reference = held * b // shards if layout.reference_pass and adapters is None else 0
     if layout.token_budget > 0:
         tokens = layout.token_budget
     else:
@@ -415,7 +576,8 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         if layout.pipeline_schedule == "gpipe":
             in_flight = pipeline_micro_batches(cfg.actor, layout.pipeline_parallel,
                                                layout.mini_batch_sequences_per_rank, layout.max_sequence_length)
-    activations = int(tokens * layers_held * per_token_layer * b * in_flight)
+    lora_per_token_layer = adapters.per_token_layer if adapters else 0  # each adapted layer's A x (and dropout's x)
+    activations = int(tokens * layers_held * (per_token_layer + lora_per_token_layer) * b * in_flight)
     from verirl.core.ops.head_logprobs import auto_chunk  # the rule the passes use (imports torch: here, not at start)
 
     vocab = shape.vocab // tp  # a vocabulary-parallel output layer: this rank's rows
@@ -424,10 +586,12 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     split = layout.rollout_tensor_parallel > 1  # decoding on the tensor-parallel plan: this rank's heads and weights
     kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
         // (tp if split else 1)
-    rollout_params = params if split else total * b + (params if shards > 1 else 0)
+    whole = total + (adapters.parameters if adapters else 0)
+    rollout_params = params if split else whole * b + (params if shards > 1 else 0)
     # FSDP2 inside pipeline stages keeps each stage's layers gathered through a pass and its gradients whole
     # until the schedule's end: the stage's whole parameters and gradients instead of their shards
-    gathered = 2 * (held * b // tp) - params - grads if layout.pipeline_parallel > 1 and shards > tp else 0
+    gathered = ((held + extra) * b // tp + trained * b // tp - params - grads
+                if layout.pipeline_parallel > 1 and shards > tp else 0)
     update = params + grads + optimizer + reference + activations + output_layer + gathered
     rollout = rollout_params + optimizer + reference + kv_cache
     where = " x ".join(part for part in (
@@ -435,16 +599,35 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         if layout.strategy == "fsdp2" and layout.data_parallel > 1 else "",
         f"split over the tensor-parallel group of {tp}" if tp > 1 else "") if part)
     count = f"{held:,} (this rank's stages, of {total:,})" if layout.pipeline_parallel > 1 else f"{total:,}"
+    over = f" / {shards}" if shards > 1 else ""
+    if adapters:
+        ad = f"{extra:,} (this rank's stages, of {adapters.parameters:,})" if layout.pipeline_parallel > 1 \
+            else f"{extra:,}"
+        state_formulas = {
+            "params": f"({count} frozen + {ad} adapters) x {b} B ({cfg.model.dtype}){over}",
+            "grads": f"the adapters only: {ad} x {b} B{over}",
+            "optimizer": f"AdamW over the adapters only: 2 x float32 = {OPTIMIZER_BYTES} B x {ad}{over}",
+            "reference": ("0: the base with the adapters off (actor.lora), no copy" if layout.reference_pass
+                          else "algo.kl_coef=0: no reference model"),
+        }
+    else:
+        state_formulas = {
+            "params": f"{count} x {b} B ({cfg.model.dtype}){over}",
+            "grads": f"{count} x {b} B, as the parameters{over}",
+            "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {count}{over}",
+            "reference": (f"parameters only, {count} x {b} B{over}"
+                          if layout.reference_pass else "algo.kl_coef=0: no reference model"),
+        }
     formulas = {
-        "params": f"{count} x {b} B ({cfg.model.dtype})" + (f" / {shards}" if shards > 1 else ""),
-        "grads": f"{count} x {b} B, as the parameters" + (f" / {shards}" if shards > 1 else ""),
-        "optimizer": f"AdamW: 2 x float32 = {OPTIMIZER_BYTES} B x {count}" + (f" / {shards}" if shards > 1 else ""),
-        "reference": (f"parameters only, {count} x {b} B" + (f" / {shards}" if shards > 1 else "")
-                      if layout.reference_pass else "algo.kl_coef=0: no reference model"),
+        **state_formulas,
+        "model_states": "params + grads + optimizer + reference (what a run's perf/model_states_gb measures)",
         "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + "
                         + (f"4 x {kv_width} + 4 x {shape.active_intermediate:g}" if tp == 1 else
                            f"(4 x {kv_width} + 4 x {shape.active_intermediate:g}) / tp {tp}")
-                        + f") x {b} B; {ACTIVATION_FORMULA}"),
+                        + (f" + {lora_per_token_layer:,} of the adapters" if lora_per_token_layer else "")
+                        + f") x {b} B; {ACTIVATION_FORMULA}"
+                        + ("; the adapters: rank per adapted layer (A x), + its input with actor.lora.dropout"
+                           if lora_per_token_layer else "")),
         "output_layer": f"3 x {min(chunk, tokens):,} rows x vocab {vocab:,}{f' (of {shape.vocab:,}, 1/{tp})' if tp > 1 else ''}"
                         f" x 4 B (one chunk of float32 logits, probabilities and their gradient) + the last hidden "
                         f"states",
@@ -474,9 +657,16 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         "packing and prompt sharing make real forwards shorter than the worst case counted here "
         "(every sequence at data.max_prompt_length + rollout.max_new_tokens)",
     ]
+    if adapters:
+        leaves_out.append("LoRA: the native engine's merged weights (W + scale x B A) laid out for each generate "
+                          "call; and a frozen layer keeps less for the backward than the activations count (no "
+                          "weight gradient needs its input)")
     return Memory(shape.model_type, total, parts, counted, cfg.model.dtype, b, shards, tokens, params, grads,
                   optimizer, reference, activations, output_layer, kv_cache, rollout_params, update, rollout,
-                  max(update, rollout), formulas, leaves_out)
+                  max(update, rollout), formulas, leaves_out,
+                  trained_parameters=adapters.parameters if adapters else total,
+                  trained_share=adapters.parameters / whole if adapters else 1.0,
+                  model_states=params + grads + optimizer + reference, adapters=adapters)
 
 
 def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
@@ -490,6 +680,10 @@ def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
     resources = make_resources(cfg, cores)
     config = read_model_config(cfg.model.path)
     memory, note = None, ""
+    try:
+        lora_adapters(cfg, config)  # actor.lora.target_modules against the model's linear layers (ConfigError)
+    except EstimateUnavailable:
+        pass  # its layers cannot be known from its config: the run's own check names them
     try:
         memory = estimate_memory(cfg, layout, config)
     except EstimateUnavailable as e:  # the checks passed; only the estimate is missing
@@ -548,6 +742,17 @@ def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _trained(M: Memory) -> str:
+    """How the parameters trained are counted: every one, or the LoRA adapters layer by layer."""
+    A = M.adapters
+    if A is None:
+        return "every parameter (actor.lora.rank 0: full-parameter training)"
+    parts = ", ".join(f"{name} {n:,}" for name, n in A.by_module.items())
+    layers = f"{A.layers} linear layer{'' if A.layers == 1 else 's'}"
+    return (f"LoRA adapters: rank {A.rank} x (in + out) for each of {layers} ({parts}; counted by {A.counted}); "
+            f"{M.trained_share:.2%} of the {M.parameters + A.parameters:,} parameters, the base frozen")
+
+
 def _rows(plan: Plan) -> list[tuple[str, str, str]]:
     """(section or label, value, how it is counted); a row with an empty value and how is a heading."""
     L, R, M = plan.layout, plan.resources, plan.memory
@@ -603,7 +808,8 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
         budget = (f"a budget of {L.ref_token_budget:,} tokens, at most "
                   f"{s(L.ref_micro_batches, 'micro-batch', 'micro-batches')}" if L.ref_token_budget else
                   f"{s(L.ref_micro_batches, 'micro-batch', 'micro-batches')} of <= {L.micro_batch_size} sequences")
-        rows.append(("reference pass", "runs", f"algo.kl_coef > 0: {budget} per rank per step"))
+        rows.append(("reference pass", "runs", f"algo.kl_coef > 0: {budget} per rank per step"
+                     + ("; the actor with its LoRA adapters off (no second model)" if L.lora_rank else "")))
     else:
         rows.append(("reference pass", "skipped", "algo.kl_coef 0: no reference model, no KL term"))
     rows.append(("generate calls per rank", f"{L.generate_calls_per_rank}",
@@ -621,10 +827,12 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
     f = M.formulas
     rows += [("memory per rank", "", f"an ESTIMATE from config.json ({M.model_type}, {M.parameters:,} parameters "
                                      f"counted by {M.counted}), not a measurement; {f['shards']}"),
+             ("parameters trained", f"{M.trained_parameters:,}", _trained(M)),
              ("parameters", human_bytes(M.params), f["params"]),
              ("gradients", human_bytes(M.grads), f["grads"]),
              ("optimizer state", human_bytes(M.optimizer), f["optimizer"]),
              ("reference model", human_bytes(M.reference), f["reference"]),
+             ("model states", human_bytes(M.model_states), f["model_states"]),
              ("activations", human_bytes(M.activations), f["activations"]),
              ("output layer", human_bytes(M.output_layer), f["output_layer"]),
              ("rollout KV cache", human_bytes(M.kv_cache), f["kv_cache"]),
