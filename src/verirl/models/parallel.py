@@ -7,7 +7,8 @@ across the group), so a layer's weights are held 1/tp per rank and the hidden st
 are whole on every rank. The embedding is vocabulary-parallel (rows split; the looked-up vectors
 summed across the group), and so is the output layer that shares its weight: its log-probs come from
 `verirl.core.ops.head_logprobs.vocab_parallel_head_logprobs` on the rank's rows (`head_shard`), so
-no rank holds a whole vocabulary's logits. Norms stay replicated.
+no rank holds a whole vocabulary's logits. Norms stay replicated. LoRA adapters split with their layers:
+a column-parallel layer's B, a row-parallel layer's A (`_styles`).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def tensor_parallel(model: torch.nn.Module, mesh: "DeviceMesh") -> torch.nn.Modu
     check_tensor_parallel(model.config, mesh.size())
     decoder = model.get_decoder()
     for layer in decoder.layers:
-        plan = {name: ColwiseParallel() for name in _COLUMN} | {name: RowwiseParallel() for name in _ROW}
+        plan = {k: v for name in _COLUMN for k, v in _styles(layer, name, ColwiseParallel, "lora_B").items()}
+        plan |= {k: v for name in _ROW for k, v in _styles(layer, name, RowwiseParallel, "lora_A").items()}
         parallelize_module(layer, mesh, plan)
     parallelize_module(decoder.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate(),
                                                                    output_layouts=Replicate()))
@@ -68,6 +70,18 @@ def tensor_parallel(model: torch.nn.Module, mesh: "DeviceMesh") -> torch.nn.Modu
     # gather; the result is the same tensor
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     return model
+
+
+def _styles(layer: torch.nn.Module, name: str, style, adapter_part: str) -> dict:
+    """The plan of one linear layer: ``style`` on it, or on a LoRA-adapted layer (`verirl.models.lora`) on its
+    base layer and on the adapter's factor that shares the split dimension: a column-parallel layer's B
+    (out x rank: its output rows split like the base's), a row-parallel layer's A (rank x in: its input
+    columns split, its partial products summed across the group like the base's); the other factor is
+    replicated."""
+    module = layer.get_submodule(name)
+    if getattr(module, "base_layer", None) is None or not hasattr(module, adapter_part):
+        return {name: style()}
+    return {f"{name}.base_layer": style(), **{f"{name}.{adapter_part}.{a}": style() for a in getattr(module, adapter_part)}}
 
 
 def _local_logits(head: torch.nn.Module, mesh: "DeviceMesh") -> None:
