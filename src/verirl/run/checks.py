@@ -3,7 +3,8 @@ raises one paragraph (`ConfigError` or another `UserError`) naming the key, the 
 
 The rules: the values alone (`verirl.config.values.VALUE_RULES`: finiteness, each key's declared
 bounds and names, the batch arithmetic), the layout of ranks (`verirl.config.layout.check_layout`),
-the names each room's registry knows, the reward rules, the algorithm options, then what needs this
+the names each room's registry knows, the reward rules, the algorithm options, the layout an activation
+dump runs on (data-parallel only), then what needs this
 machine: installed packages, paths, the run directory, the model directory (`verirl.models.diagnose`,
 no weights read), the launch, the data's template, the modules an activation dump names. They live here, above the config, because the
 names are the rooms' (models, data, rollout, rewards). `verirl train` and `verirl plan` run them
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from verirl.config import Config
-from verirl.config.layout import check_layout, rollout_tensor_parallel, world_size
+from verirl.config.layout import check_layout, data_parallel_size, rollout_tensor_parallel, world_size
 from verirl.config.values import VALUE_RULES
 from verirl.core.errors import ConfigError
 
@@ -301,6 +302,35 @@ def check_activation_modules(cfg: Config, ask: Optional[Ask] = None) -> None:
                           f"(its modules are named like {', '.join(names[:4])}, ...).")
 
 
+def check_activation_dump(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """trainer.dump_activations runs on data-parallel layouts only: `verirl compare-activations` merges a
+    step's rank files as shares of the batch (each token once, one shape per module), which tensor,
+    sequence and pipeline parallel ranks are not."""
+    d, a = cfg.trainer.dump_activations, cfg.actor
+    if not d.steps:
+        return
+    why = {"tensor": f"the ranks of a tensor-parallel group hold the same tokens (the merge would count each "
+                     f"{a.tensor_parallel_size} times) and each records its own columns of the split layers (their "
+                     f"shapes differ between ranks)",
+           "sequence": "each rank of a sequence-parallel group records its slice of every packed row, cut where "
+                       "no other layout cuts it, and the slices are not checked to merge into the row's "
+                       "statistics",
+           "pipeline": "each stage records only its own layers, numbered in execution order from 0 on every "
+                       "stage (the merge would interleave the stages)"}
+    split = [(k, v) for k, v in (("tensor", a.tensor_parallel_size), ("sequence", a.sequence_parallel_size),
+                                 ("pipeline", a.pipeline_parallel_size)) if v > 1]
+    if not split:
+        return
+    raise ConfigError(f"trainer.dump_activations.steps={list(d.steps)} with "
+                      f"{' x '.join(f'actor.{k}_parallel_size={v}' for k, v in split)}: an activation dump's rank "
+                      f"files are merged as data-parallel shares of the batch, and here "
+                      f"{'; '.join(why[k] for k, _ in split)}. Dump on a data-parallel-only layout (actor."
+                      f"tensor_parallel_size, sequence_parallel_size and pipeline_parallel_size 1, any number of "
+                      f"ranks, fsdp2 or ddp) or on one rank: the statistics do not depend on the data-parallel "
+                      f"layout, so `verirl compare-activations` compares that dump with any other the same way; or "
+                      f"set trainer.dump_activations.steps=[].")
+
+
 def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
     MLP width and vocabulary split evenly (read from its config.json, no weights); actor.sequence_parallel_size
@@ -353,7 +383,10 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
 
 def check_pipeline(cfg: Config, config) -> None:
     """actor.pipeline_parallel_size > 1: a schedule verirl runs, a token budget to pad every micro-batch to,
-    and stages that split the model's layers."""
+    stages that split the model's layers, and (1F1B, interleaved or not) at least one sequence per stage in
+    each data-parallel rank's mini-batch. Micro-batches are token-budgeted bins of a mini-batch's sequences,
+    so their count is known before the step only as at most its sequences; a mini-batch with fewer than the
+    stages can never fill the pipeline, the rest is checked when the step is laid out (`at_least`)."""
     from verirl.models.parallel import TP_FAMILIES
     from verirl.models.pipeline import SCHEDULES, stage_layers, stages_per_rank
 
@@ -371,7 +404,20 @@ def check_pipeline(cfg: Config, config) -> None:
                           f"row padded to that budget between stages (the padding costs transfers and receive "
                           f"buffers, no compute). Set it to a few times data.max_prompt_length + "
                           f"rollout.max_new_tokens.")
-    stage_layers(config.num_hidden_layers, pp * stages_per_rank(schedule), a.pipeline_layers or None)
+    stages = pp * stages_per_rank(schedule)
+    stage_layers(config.num_hidden_layers, stages, a.pipeline_layers or None)
+    dp, n = data_parallel_size(cfg), cfg.rollout.n
+    sequences = a.mini_batch_prompts // dp * n
+    if schedule != "gpipe" and sequences < stages:
+        raise ConfigError(f"actor.pipeline_parallel_size={pp} with actor.pipeline_schedule={schedule} needs at least "
+                          f"{stages} micro-batches in every optimizer step ({pp} pipeline ranks x {stages // pp} "
+                          f"stage{'s' if stages > pp else ''} each: one micro-batch per stage), and a micro-batch "
+                          f"holds at least one sequence; each data-parallel rank's mini-batch holds "
+                          f"actor.mini_batch_prompts={a.mini_batch_prompts} / {dp} data-parallel rank"
+                          f"{'s' if dp > 1 else ''} x rollout.n={n} = {sequences} sequences, fewer than {stages}, so "
+                          f"no split of it fills the pipeline. Raise actor.mini_batch_prompts or rollout.n to make "
+                          f"{stages} or more sequences per rank, use actor.pipeline_schedule=gpipe (any number of "
+                          f"micro-batches), or fewer stages.")
 
 
 def _module_names(path: str, override: dict) -> list[str]:
@@ -514,6 +560,7 @@ RULES: list[Rule] = [
     Rule("algorithm names", check_algorithms, False),
     Rule("launch", check_launch, False),
     Rule("multi-turn", check_multi_turn, False),
+    Rule("activation dump layout", check_activation_dump, False),
     Rule("trackers", check_trackers, True),
     Rule("engine", check_engine, True),
     Rule("launcher", check_launcher, True),
