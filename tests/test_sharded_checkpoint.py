@@ -224,12 +224,21 @@ def test_a_dp2_tp2_checkpoint_holds_every_rank_s_blocks_and_resumes_on_one_rank(
 
 
 @pytest.mark.slow
-def test_the_dp2_tp2_checkpoint_resumes_on_tp2_pp2(tmp_path, uninterrupted, dp2_tp2):
-    """The same checkpoint read by tp2 x pp2 (4 ranks, ddp): each rank takes its stages' layers, each cut to
-    its tensor-parallel columns or rows, from the dp2 x tp2 pieces that overlap them; step 3 within 1e-4 of
-    the uninterrupted run, and its own checkpoint sharded by stage and by column."""
+@pytest.mark.parametrize("source", ["dp2_tp2", "uninterrupted"])
+def test_a_dp2_tp2_or_one_rank_checkpoint_resumes_on_tp2_pp2(tmp_path, request, uninterrupted, source):
+    """A checkpoint read by tp2 x pp2 (4 ranks, ddp): the dp2 x tp2 one (each rank takes its stages' layers,
+    each cut to its tensor-parallel columns or rows, from the pieces that overlap them) and the one-rank run's
+    of step 2 (whole tensors, each rank cutting its share from them); step 3 within 1e-4 of the uninterrupted
+    run, and its own checkpoint sharded by stage and by column."""
     run = tmp_path / "run"
-    shutil.copytree(dp2_tp2, run)
+    if source == "dp2_tp2":
+        shutil.copytree(request.getfixturevalue("dp2_tp2"), run)
+    else:  # the uninterrupted run as it stood after step 2: its step 3 checkpoint and final/ left out
+        shutil.copytree(uninterrupted, run, ignore=lambda d, names: {"step_000003", "final"} & set(names))
+        (run / "checkpoints" / "latest").write_text("step_000002")
+        state = json.loads((_step(run, 2) / "state.json").read_text())
+        assert state["world_size"] == 1 and "weights" not in state  # one file of whole tensors
+        assert (_step(run, 2) / "model" / "model.safetensors").exists()
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=3", "trainer.nproc_per_node=4",
                          "actor.tensor_parallel_size=2", "actor.pipeline_parallel_size=2", "actor.strategy=ddp",
                          "rollout.tensor_parallel_size=1"]) == 0
