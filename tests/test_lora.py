@@ -168,10 +168,11 @@ def test_a_lora_checkpoint_does_not_resume_a_full_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_ranks_with_lora_take_the_one_rank_steps_with_fsdp2_ddp_and_tp2(tmp_path):
+def test_two_ranks_with_lora_take_the_one_rank_steps_in_every_layout(tmp_path):
     """Adapters across ranks (FSDP2: sharded with the frozen base in the same layers; DDP: replicated; tensor
-    parallel: B split with a column-parallel layer, A with a row-parallel one): the same rollouts,
-    statistics within 1e-5 and adapters within 1e-5 of one rank's after 2 steps."""
+    parallel: B split with a column-parallel layer, A with a row-parallel one; pipeline stages: each with
+    its layers' adapters; a producer process, which samples step 2 with the adapters of step 1): the same
+    rollouts, statistics within 1e-5 and adapters within 1e-5 of one rank's after 2 steps."""
     from verirl.cli import main
 
     common = ["train", "trainer.total_steps=2", "trainer.save_freq=2", *SMALL, *LORA, "rollout.n=8",
@@ -185,13 +186,15 @@ def test_two_ranks_with_lora_take_the_one_rank_steps_with_fsdp2_ddp_and_tp2(tmp_
     one = rows(tmp_path / "one")
     a = _adapter(tmp_path / "one/checkpoints/step_000002")
     layouts = {"fsdp2": ["actor.strategy=fsdp2"], "ddp": ["actor.strategy=ddp"],
-               "tp2": ["actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=1"]}
+               "tp2": ["actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=1"],
+               "pp2": ["actor.pipeline_parallel_size=2", "actor.strategy=ddp", "actor.max_token_len_per_device=512"],
+               "separate": ["rollout.placement=separate", "rollout.nproc=1"]}  # a producer with the adapters
     for strategy, layout in layouts.items():
         run = tmp_path / strategy
         assert main(common + [f"trainer.run_dir={run}", "trainer.nproc_per_node=2", *layout]) == 0
-        drop = ("prompt",)
+        drop = ("prompt", "versions")  # versions: an asynchronous run's per-token weight versions
         assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "one", "rollouts.jsonl")] == \
-            [{k: v for k, v in r.items() if k not in drop} for r in rows(run, "rollouts.jsonl")]
+            [{k: v for k, v in r.items() if k not in drop} for r in rows(run, "rollouts.jsonl")], strategy
         for x, y in zip(one, rows(run)):
             for key in ("actor/pg_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
                 assert abs(x[key] - y[key]) <= 1e-5 * max(abs(x[key]), abs(y[key])) + 1e-8, (strategy, key)

@@ -99,11 +99,14 @@ def build_parts(cfg: Config, index: int, say=None) -> ProducerParts:
     """The producer's model, engine, prompts, sampler, rules and tools, from the run's config (the same
     prompts in the same order as the trainer's: `verirl.train.build` makes both)."""
     from verirl.config.layout import reward_workers_per_rank
-    from verirl.train.build import (build_scorer, environments, multi_turn, rollout_engine, seed_everything,
-                                    step_settings, with_tools)
+    from verirl.models.lora import apply_lora
+    from verirl.train.build import (build_scorer, environments, lora_settings, multi_turn, rollout_engine,
+                                    seed_everything, step_settings, with_tools)
 
     seed_everything(cfg.trainer.seed)
     lm = load_model(cfg.model.path, cfg.model.dtype, producer_device(cfg, index), dict(cfg.model.override_config))
+    if lora_settings(cfg) is not None:  # the trainer's layout: its weights (adapters included) arrive by name
+        apply_lora(lm.model, lora_settings(cfg))
     lm.model.requires_grad_(False)
     envs = environments(cfg, lm.tokenizer, hide=(cfg.trainer.run_dir,))
     train, _, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
