@@ -139,6 +139,8 @@ CASES = [
      "each stage records only its own layers"),
     ("launch", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "actor.offload": "params"},
      "not available with 2 ranks that all hold parts of one model"),
+    ("lora", {"actor.lora.rank": 5, "actor.lora.init": "orthogonal"}, "so the rank must be even"),
+    ("lora", {"actor.lora.rank": 4, "actor.lora.target_modules": 3}, "is neither all-linear nor a list"),
     ("asynchronous training", {"trainer.async_training.max_staleness": 1}, "needs rollout.placement=separate"),
     ("asynchronous training", {"rollout.placement": "separate", "trainer.nproc_per_node": 2,
                                "trainer.async_training.max_staleness": 1, "algo.rollout_correction.rollout_rs": None},

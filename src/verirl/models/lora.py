@@ -62,9 +62,9 @@ def target_modules(value) -> Union[str, tuple[str, ...]]:
     """actor.lora.target_modules as peft takes it: "all-linear", or a tuple of module names (a list, or
     one string of comma-separated names)."""
     if isinstance(value, str):
-        names = [v.strip() for v in value.split(",") if v.strip()]
-        return "all-linear" if names == ["all-linear"] else tuple(names)
-    return tuple(str(v) for v in value)
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    names = tuple(str(v) for v in value)
+    return "all-linear" if names == ("all-linear",) else names
 
 
 def linear_names(model) -> list[str]:

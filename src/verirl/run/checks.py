@@ -239,7 +239,10 @@ def check_paths(cfg: Config, ask: Optional[Ask] = None) -> None:
             raise ConfigError(f"{key}='{path}' does not exist. Give an existing file or folder.")
     from verirl.models.load import resolve_path  # tiny-tools: the shipped directory
 
-    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(resolve_path(cfg.model.path), "config.json")):
+    from verirl.models.lora import is_adapter_dir  # a LoRA adapter directory: its base, the adapter merged
+
+    if cfg.model.path != "tiny" and not os.path.isfile(os.path.join(resolve_path(cfg.model.path), "config.json")) \
+            and not is_adapter_dir(cfg.model.path):
         what = "has no config.json" if os.path.isdir(cfg.model.path) else "is not a directory"
         raise ConfigError(
             f"model.path='{cfg.model.path}' {what}. Give a Hugging Face model directory "
@@ -467,6 +470,23 @@ def check_multi_turn(cfg: Config, ask: Optional[Ask] = None) -> None:
                           "(e.g. rollout.multi_turn.tools=[calculator]) or an environment (file.py:Class).")
 
 
+def check_lora(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """actor.lora (docs/lora.md): target_modules names linear layers, the initialisation fits the rank,
+    and the engine can decode with the adapters."""
+    lo = cfg.actor.lora
+    if not lo.rank:
+        return
+    targets = lo.target_modules
+    if not (isinstance(targets, str) and targets.strip()) and not (
+            isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)):
+        raise ConfigError(f"actor.lora.target_modules={targets!r} is neither all-linear nor a list of module names; "
+                          f"give e.g. actor.lora.target_modules=all-linear or [q_proj,k_proj,v_proj,o_proj].")
+    if str(lo.init).lower() == "orthogonal" and lo.rank % 2:
+        raise ConfigError(f"actor.lora.init=orthogonal with actor.lora.rank={lo.rank}: the orthogonal "
+                          f"initialisation splits one rank x rank orthogonal matrix into A's and B's halves, so "
+                          f"the rank must be even. Use rank {lo.rank + 1} or init=true.")
+
+
 def check_async(cfg: Config, ask: Optional[Ask] = None) -> None:
     """rollout.placement and trainer.async_training (docs/async.md): producers and trainers both present,
     on one machine, and the options each mode can honour."""
@@ -552,6 +572,7 @@ def check_async(cfg: Config, ask: Optional[Ask] = None) -> None:
 
 RULES: list[Rule] = [
     *(_value_rule(fn) for fn in VALUE_RULES),
+    Rule("lora", check_lora, False),
     Rule("asynchronous training", check_async, False),  # before the layout: it says what the trainers' count is
     Rule("layout", lambda cfg, ask: check_layout(cfg, ask.devices), False),  # first: it spells the arithmetic out
     Rule("names", check_names, False),
