@@ -18,7 +18,7 @@ from verirl.models.lora import LoraSettings, adapters_off, apply_lora, is_adapte
 from verirl.rollout.lean import LeanDecoder
 from verirl.train.build import build_run
 from verirl.train.packing import PackCache
-from verirl.train.step import consume, produce, reference_model, train_step
+from verirl.train.step import consume, produce, reference_model
 from verirl.train.step_metrics import Timer
 from verirl.train.update import compute_logprobs
 

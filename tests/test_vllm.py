@@ -113,6 +113,26 @@ def test_the_push_check_does_not_depend_on_the_trainers_compute_dtype(tmp_path):
         assert max(r["rollout/logprob_diff/max"] for r in rows) > 1e-3, rows  # bfloat16 against another rounding
 
 
+def test_lora_adapters_reach_vllm_as_its_lora_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    """actor.lora: vLLM keeps the base it loaded and gets the adapters (a peft directory reloaded in place):
+    3 steps with the trainer's log-probs within 1e-3, the engine's adapters read back equal to the
+    trainer's; a push that leaves one layer's adapter out fails, naming it."""
+    from verirl.rollout.vllm import SKIP_ENV
+
+    lora = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lr=1e-3"]
+    rows = _train(tmp_path / "run", *lora)
+    for r in rows:
+        assert r["rollout/logprob_diff/max"] < 1e-3 and r["rollout/push_max_abs_diff"] == 0.0, r
+        assert 0 < r["perf/push_peak_gb"] * 2**30 <= 512 * 4 * 4, r  # the largest adapter factor, not a layer
+    kl = [r["actor/kl"] for r in rows]
+    assert max(kl) > 1e-4, kl  # the adapters moved the policy away from the base: it matters what vLLM holds
+    monkeypatch.setenv(SKIP_ENV, r"layers\.1\.mlp\.down_proj\.lora_")  # test hook: that adapter is never written
+    with pytest.raises(RuntimeError, match=r"the LoRA push into vLLM failed: 1 adapter tensor in the engine "
+                                           r"differs .*model\.layers\.1\.mlp\.down_proj\.lora_A") as e:
+        _train(tmp_path / "skipped", *lora)  # at the start's push: B is still zero, A is not
+    assert "layers.0." not in str(e.value) and "layers.2." not in str(e.value)
+
+
 @pytest.fixture(scope="module")
 def engine():
     from verirl.models.load import load_model

@@ -58,7 +58,9 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from verirl.core.dtensors import local
+from verirl.models.lora import is_lora
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
+from verirl.rollout.vllm_lora import AdapterPush, engine_adapters, engine_rank
 from verirl.core.types import Rollout
 
 # Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
@@ -138,6 +140,11 @@ def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, 
                 x[torch.arange(len(cols)), cols.to(p.device)] = 1
                 tensors[name], probed[name] = module.cpu_linear(x, p, None).T, cols
     return tensors, probed, dict(getattr(model, "packed_modules_mapping", {}) or {}), worker.model_config.dtype
+
+
+def _packed_modules(worker) -> dict:
+    """(Runs in the vLLM worker.) The model's ``packed_modules_mapping`` (fused name -> its members)."""
+    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
 
 
 def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
@@ -227,7 +234,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256, max_num_batched_tokens: int = 0,
                  enable_chunked_prefill: bool = True, enforce_eager: bool = True, free_cache_engine: bool = True,
                  max_model_len: int = 0, seed: int = 0, push_skip: Optional[str] = None,
-                 whole: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+                 whole: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, lora_rank: int = 0):
         world, rank = _world()
         tp = int(tensor_parallel_size)
         if tp < 1 or world % tp:
@@ -267,7 +274,11 @@ class VLLMEngine:
                       gpu_memory_utilization=float(gpu_memory_utilization), enforce_eager=bool(enforce_eager),
                       enable_chunked_prefill=bool(enable_chunked_prefill),
                       logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
-                      enable_sleep_mode=self.free_cache_engine)
+                      enable_sleep_mode=self.free_cache_engine,
+                      # a multi-turn episode's every turn is sent as its whole token prefix (prompt, turns,
+                      # observations): cached, only the new observation tokens are prefilled. vLLM's default
+                      # for decoder models, said here so a changed default cannot turn it off
+                      enable_prefix_caching=True)
         if max_num_seqs:
             kwargs["max_num_seqs"] = int(max_num_seqs)
         if max_num_batched_tokens:
@@ -276,6 +287,8 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if override_config:
             kwargs["hf_overrides"] = dict(override_config)
+        if lora_rank:  # a LoRA run: the base from model.path, the adapters pushed (`verirl.rollout.vllm_lora`)
+            kwargs.update(enable_lora=True, max_lora_rank=engine_rank(lora_rank), max_loras=1)
         if world > 1:
             # one engine per group of tp consecutive ranks, inside the launcher's process group (docs/vllm.md):
             # vLLM's "external_launcher" executor runs the one worker in this process with RANK / LOCAL_RANK
@@ -300,6 +313,8 @@ class VLLMEngine:
         self.last_push: list[str] = []  # the names pushed by the last sync_weights
         self.last_skipped: list[str] = []  # the names the test hook kept back
         self.made_bytes = 0  # the largest tensor the last push assembled (gathered or sent) for vLLM
+        self.adapters = AdapterPush(str(path), self.push_skip) if lora_rank else None  # a LoRA run's push
+        self.lora_request = None  # the adapters every request carries, once pushed
 
     def close(self) -> None:
         """Shut the engine down. With several ranks call it BEFORE the launcher's process group is
@@ -308,6 +323,8 @@ class VLLMEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
+        if getattr(self, "adapters", None) is not None:
+            self.adapters.close()
 
     # -- weights ---------------------------------------------------------------------------------
     def _weights(self, model) -> Iterator[tuple[str, torch.Tensor]]:
@@ -336,6 +353,8 @@ class VLLMEngine:
         them (`check_push`); -> ``{"rollout/push_max_abs_diff": ...}`` (empty with tensor_parallel_size > 1)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])  # weights back on the device; the KV cache stays freed
+        if self.adapters is not None and is_lora(model):
+            return self._sync_adapters(model)
         self.last_push, self.last_skipped, self.made_bytes = [], [], 0
         cuda = torch.cuda.is_available()
         if cuda:
@@ -354,6 +373,21 @@ class VLLMEngine:
         if self.tp > 1:
             return out
         return {**out, "rollout/push_max_abs_diff": self.check_push(model)}
+
+    def _sync_adapters(self, model) -> dict[str, float]:
+        """A LoRA run's push: its adapters written for vLLM and reloaded in place, then read back and
+        checked (`verirl.rollout.vllm_lora`); the base weights stay the ones vLLM loaded."""
+        self.lora_request = self.adapters.request(self.adapters.write(model, self.whole))
+        self.llm.llm_engine.add_lora(self.lora_request)
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old adapters
+        self.pushes += 1
+        out = {"perf/push_peak_gb": self.adapters.largest / 2**30}
+        if self.tp > 1:  # vLLM holds its tensor-parallel share of each adapter
+            return out
+        engine = self.llm.collective_rpc(engine_adapters)[0]
+        packed = self.llm.collective_rpc(_packed_modules)[0]
+        return {**out, "rollout/push_max_abs_diff": self.adapters.check(engine, packed, model, self.whole,
+                                                                         PUSH_TOLERANCE)}
 
     def check_push(self, model, columns: int = PROBE_COLUMNS) -> float:
         """The largest |engine - trainer| over ``model``'s weights (0.0 after a good push, whatever the
@@ -454,7 +488,8 @@ class VLLMEngine:
                 seed = None if params.seed is None else request_seed(
                     params.seed, g, j if rows is None else rows[i], 0 if rows is None else starts[i])
                 sampling.append(self._sampling(params, seed))
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self.lora_request) \
+            if prompts else []
         outputs = outputs[first * n:(first + len(mine)) * n]  # this rank's rows
         R = params.max_new_tokens
         N = len(mine) * n
@@ -485,7 +520,7 @@ class VLLMEngine:
 
 
 def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, max_model_len: int, seed: int,
-                 tensor_parallel_size: int = 1) -> dict:
+                 tensor_parallel_size: int = 1, lora_rank: int = 0) -> dict:
     """The vLLM engine's keyword arguments from the rollout section ``r`` (training and `verirl eval`;
     ``tensor_parallel_size``: the engine's, resolved); the context length at most the model's (vLLM
     refuses more)."""
@@ -494,4 +529,4 @@ def vllm_options(r, lm, dtype: str, override_config: dict, max_num_seqs: int, ma
                 tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
                 enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
-                free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed)
+                free_cache_engine=r.free_cache_engine, max_model_len=max_model_len, seed=seed, lora_rank=lora_rank)

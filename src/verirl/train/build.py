@@ -309,7 +309,7 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt],
         decoders = 1 if producer else max(world_size(cfg) // tp, 1)  # a producer decodes whole steps
         seqs = r.max_num_seqs or cfg.data.prompts_per_step * r.n // decoders
         options = vllm_options(r, lm, vllm_dtype(cfg, lm.model), dict(cfg.model.override_config), seqs,
-                               cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, tp)
+                               cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, tp, cfg.actor.lora.rank)
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=push_tensor(lm.model), **options), train, \
             cfg.data.shuffle
     if r.engine != "replay":
