@@ -205,3 +205,16 @@ def test_two_ranks_with_lora_take_the_one_rank_steps_in_every_layout(tmp_path):
         # (tp2, measured: 1.3e-8 and 1.4e-7 in two runs, the other elements < 1e-9); within 1% of one step
         for k in a:
             assert (a[k] - b[k]).abs().max() <= 1e-5 * a[k].abs().max() + 1e-2 * LR, (strategy, k)
+
+
+@pytest.mark.slow
+def test_the_smollm2_recipe_plans_with_the_adapters_and_no_reference(tmp_path, capsys):
+    """configs/smollm2_lora.yaml passes the checks and `verirl plan` counts its adapters (rank 32 on all
+    210 linear layers of SmolLM2-135M) and no reference copy."""
+    from verirl.cli import main
+    from verirl.models.smollm2 import smollm2_dir
+
+    assert main(["plan", "--config", "configs/smollm2_lora.yaml", f"model.path={smollm2_dir()}",
+                 "model.device=cpu", f"trainer.run_dir={tmp_path / 'r'}", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["memory"]["trained_parameters"] == 32 * 30 * (2 * (576 + 576) + 2 * (576 + 192) + 3 * (576 + 1536))
