@@ -3,6 +3,7 @@ writes one (a file), one rank against two ranks (the same episodes), a resume af
 (the step it continues with equals the uninterrupted run's), and a replay of the dumped episodes
 (trains to the same metrics without running the environment)."""
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -54,11 +55,22 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12) or abs(a - b) < 1e-7
 
 
-def test_a_multi_turn_step_trains_and_dumps_its_episodes(tmp_path, env):
+@pytest.mark.parametrize("reward", ["sum", "last"])
+def test_a_multi_turn_step_trains_and_dumps_its_episodes(tmp_path, env, reward):
     run = tmp_path / "run"
-    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", env, *BASE]) == 0
+    assert main(["train", f"trainer.run_dir={run}", "trainer.total_steps=1", env, *BASE,
+                 f"rollout.multi_turn.reward={reward}"]) == 0
     (m,) = _rows(run)
     assert m["turns/mean"] == pytest.approx(3.0) and m["turns/max"] == 3.0
+    # a multi-turn step's tool counts and tool time are logged even when no tool is called
+    assert {"tools/calls_mean", "tools/errors", "tools/parse_errors", "tools/timeouts", "timing/tools"} <= set(m)
+    assert m["tools/calls_mean"] == m["tools/errors"] == m["tools/parse_errors"] == m["tools/timeouts"] == 0.0
+    assert m["timing/tools"] >= 0.0
+    view = _live_view(m)
+    for label, key in [("turns", "turns/mean"), ("max", "turns/max"), ("with observations", "response_length/total"),
+                       ("tool errors", "tools/errors"), ("tool time s", "timing/tools")]:
+        assert re.search(rf"^ *{label} +{re.escape(f'{m[key]:.4g}')} ", view, re.M), (label, view)
+    assert f"rollout {m['timing/rollout']:.2f}s (tools {m['timing/tools']:.2f}s)" in view, view
     assert m["response_length/model_tokens"] < m["response_length/total"]  # the hints are not trained on
     records = _rows(run, "rollouts.jsonl")
     assert len(records) == 16
@@ -69,8 +81,30 @@ def test_a_multi_turn_step_trains_and_dumps_its_episodes(tmp_path, env):
         assert "hint 1: check the sum" in r["turns"][1]["text"] and r["turns"][1]["role"] == "observation"
         # the last turn reaches the environment only when it ended on its stop token (not cut at its limit)
         answered = r["stopped"] and "<answer>" in r["turns"][-1]["text"]
-        assert r["env_reward"] == pytest.approx(0.2 + (0.5 if answered else 0.0))
+        if reward == "sum":  # 0.1 + 0.1 for the hints, 0.5 for an answer in the last turn
+            assert r["env_reward"] == pytest.approx(0.2 + (0.5 if answered else 0.0))
+        else:  # the last reward the environment returned: the third turn's, or the second hint's when cut
+            assert r["env_reward"] == pytest.approx((0.5 if answered else 0.0) if r["stopped"] else 0.1)
         assert r["scores"]["env"] == r["env_reward"]
+        weights = {"acc": 1.0, "exact": 1.0, "format": 0.1}  # the tiny config's rules, per task
+        rules = sum(weights[k] * v for k, v in r["scores"].items() if k != "env" and v is not None)
+        assert r["reward"] == pytest.approx(rules + r["env_reward"])  # what the step trains on
+    assert m["reward/env/mean"] == pytest.approx(sum(r["env_reward"] for r in records) / len(records))
+
+
+def _live_view(m: dict) -> str:
+    """The rich live view's table and phase bar of one step's metrics, as plain text."""
+    import io
+
+    from rich.console import Console
+
+    from verirl.run.display import metrics_table, phase_bar
+
+    out = io.StringIO()
+    console = Console(file=out, width=160, color_system=None)
+    console.print(metrics_table(m, [m]))
+    console.print(phase_bar(m))
+    return out.getvalue()
 
 
 def test_a_resumed_multi_turn_run_continues_as_the_uninterrupted_one(tmp_path, env):
@@ -120,6 +154,7 @@ def test_two_ranks_take_the_one_rank_multi_turn_step(tmp_path, env, kind):
     (a,), (b,) = _rows(one), _rows(two)
     if kind == "calculator":
         assert a["tools/calls_mean"] > 0.5 and a["turns/mean"] > 1.5  # the model called the calculator
+        assert {"tools/errors", "tools/parse_errors", "tools/timeouts"} <= set(a) and a["timing/tools"] > 0
     for key in ("reward/mean", "turns/mean", "tools/calls_mean", "response_length/model_tokens",
                 "response_length/total"):
         assert a[key] == b[key], key

@@ -173,8 +173,12 @@ def test_a_multi_turn_run_gets_its_figure_and_its_episodes_turn_by_turn(tmp_path
     run.mkdir()
     rows = [{"step": s, "reward/mean": 0.1 * s, "turns/mean": 1.5 + 0.1 * s, "turns/max": 3.0,
              "tools/calls_mean": 0.5, "tools/errors": 1.0, "tools/parse_errors": 0.0, "tools/timeouts": 0.0,
-             "response_length/model_tokens": 20.0, "response_length/total": 31.0} for s in range(1, 5)]
+             "response_length/model_tokens": 20.0, "response_length/total": 31.0, "timing/all": 1.0,
+             "timing/rollout": 0.6, "timing/update": 0.3, "timing/tools": 0.2} for s in range(1, 5)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    charts = {c.name: c for c in make_figures([load(str(run), "agents", 0)])}
+    assert charts["agents"].metrics[-2:] == ["timing/tools", "timing/rollout"]  # the tools' time beside the rollout's
+    assert charts["timing"].metrics == ["timing/all", "timing/rollout", "timing/update"]  # not stacked: within rollout
     turns = [{"role": "assistant", "text": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
              {"role": "observation", "text": "<tool_response>1528257</tool_response>"},
              {"role": "assistant", "text": "<answer>1528257</answer>"}]

@@ -2,8 +2,8 @@
 
 * ``rich``: a live view under the run's messages: a progress bar with the ETA, and a table of the
   latest and smoothed (last 10 steps) reward overall, per rule and per task, response lengths, KL,
-  entropy, clip fraction, grad norm (a multi-turn run's turns and tool calls, an asynchronous run's
-  staleness, queue depth and idle times too), and the step's time split by phase as a bar.
+  entropy, clip fraction, grad norm (a multi-turn run's turns, tool calls and tool time, an asynchronous
+  run's staleness, queue depth and idle times too), and the step's time split by phase as a bar.
 * ``plain``: one line per step, no escape codes (CI, Ray workers, ``nohup``, a file).
 * ``off``: no live view; only the ``log.console_every`` lines (``verirl train --quiet`` sets both off);
   messages and the final table remain.
@@ -25,6 +25,9 @@ from verirl.run.jsonl import mean_of
 MODES = ("auto", "rich", "plain", "off")
 PHASE_COLOURS = {"rollout": "cyan", "reward": "magenta", "old_log_prob": "yellow", "ref": "blue", "update": "green",
                  "sync_weights": "white"}
+# seconds spent inside a phase, shown in the legend beside it but not as a bar of their own: a multi-turn
+# step's tool calls run beside the rollout's decoding (timing/tools, summed over episodes, may exceed it)
+WITHIN_PHASE = {"tools": "rollout"}
 SMOOTH = 10  # steps in the smoothed column
 
 
@@ -91,9 +94,11 @@ def metrics_table(m: dict, recent: list[dict]) -> Table:
              if key.startswith("reward/") and key.endswith("/mean") and key != "reward/mean"]
     rows += [("response length", "response_length/mean"), ("  max", "response_length/max"),
              ("  clipped at max", "response_length/clip_ratio"), ("kl", "actor/kl"), ("entropy", "actor/entropy"),
-             ("  sampled by the model", "response_length/model_tokens"), ("turns", "turns/mean"),
+             ("  sampled by the model", "response_length/model_tokens"),
+             ("  with observations", "response_length/total"), ("turns", "turns/mean"), ("  max", "turns/max"),
              ("tool calls", "tools/calls_mean"), ("tool errors", "tools/errors"),
              ("tool calls unparsed", "tools/parse_errors"), ("tool timeouts", "tools/timeouts"),
+             ("tool time s", "timing/tools"),
              ("clip fraction", "actor/pg_clipfrac"), ("grad norm", "actor/grad_norm"),
              ("groups kept", "filter/kept_groups"), ("mismatch kl", "mismatch/kl"),
              ("staleness", "async/staleness_mean"), ("  max", "async/staleness_max"),
@@ -107,7 +112,8 @@ def metrics_table(m: dict, recent: list[dict]) -> Table:
 
 
 def phase_bar(m: dict, width: int = 60) -> Text:
-    """The step's seconds split by phase, as one coloured bar with a legend."""
+    """The step's seconds split by phase, as one coloured bar with a legend; the seconds spent within a
+    phase (`WITHIN_PHASE`: the tools', within the rollout) follow that phase in the legend."""
     total = m.get("timing/all", 0.0) or 1e-9
     bar, legend = Text(), Text()
     for phase, colour in PHASE_COLOURS.items():
@@ -116,4 +122,7 @@ def phase_bar(m: dict, width: int = 60) -> Text:
             continue
         bar.append("█" * max(1, round(width * seconds / total)), style=colour)
         legend.append(f" {phase} {seconds:.2f}s", style=colour)
+        for part, within in WITHIN_PHASE.items():
+            if within == phase and f"timing/{part}" in m:
+                legend.append(f" ({part} {m[f'timing/{part}']:.2f}s)", style=colour)
     return Text.assemble(Text("time ", style="bold"), bar, f"  {total:.2f}s/step\n", legend)

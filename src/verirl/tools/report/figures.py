@@ -125,13 +125,17 @@ def plan(runs: list[RunData]) -> list[tuple[str, str, str, list[Panel]]]:
         "turns/mean and /max: assistant turns per episode; tools/calls_mean: tool calls per episode; tools/errors, "
         "tools/parse_errors and tools/timeouts: calls that failed, could not be read, or ran out of time (counts); "
         "response_length/model_tokens against /total: the tokens the model sampled (trained on) against every "
-        "response token, tool results included.",
+        "response token, tool results included; timing/tools: the tool calls' seconds per step, summed over "
+        "episodes, against timing/rollout (the calls run beside the decoding, within the rollout's time, so "
+        "the time-per-step figure does not stack them).",
         [_labelled(runs, "turns", {"turns/mean": "mean", "turns/max": "max"}, "turns"),
          Panel("tool calls", _present(runs, ["tools/calls_mean"]), "per episode"),
          _labelled(runs, "tool failures", {"tools/errors": "errors", "tools/parse_errors": "unparsed",
                                            "tools/timeouts": "timeouts"}, "calls"),
          _labelled(runs, "tokens", {"response_length/model_tokens": "sampled", "response_length/total": "all"},
-                   "tokens")])
+                   "tokens"),
+         _labelled(runs, "tool time", {"timing/tools": "tools", "timing/rollout": "rollout"}, "seconds")
+         if _present(runs, ["timing/tools"]) else Panel("tool time", [])])
     add("actor", "Policy update", "actor/kl (to the reference model, when there is one), actor/entropy (mean token "
                                   "entropy) and actor/pg_clipfrac (the fraction of tokens whose ratio was clipped).",
         [Panel(k.split("/")[1], [k]) for k in _present(runs, ["actor/kl", "actor/entropy", "actor/pg_clipfrac"])])
