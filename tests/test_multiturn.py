@@ -135,6 +135,27 @@ def test_the_environments_rewards_sum_or_last(tiny, prompts):
         assert s == pytest.approx(sum(e.rewards)) and last == e.rewards[-1]
 
 
+class Greeter(Counter):
+    """A first observation from reset(prompt) (a task the environment states), then `Counter`'s turns."""
+
+    def reset(self, prompt):
+        return [{"role": "user", "content": "first: answer in one turn"}]
+
+
+def test_a_first_observation_from_reset_goes_into_the_prompt_not_the_trained_tokens(tiny, prompts):
+    out = _loop(tiny, lambda: Greeter(turns=1)).generate(prompts[:2], 1, SAMPLING, positions=[0, 1])
+    r, renderer = out.rollout, TurnRenderer(tiny.tokenizer)
+    for i, (p, e) in enumerate(zip(prompts[:2], out.episodes)):
+        first = {"role": "user", "content": "first: answer in one turn"}
+        assert e.messages[:len(p.messages) + 1] == [*p.messages, first]
+        assert e.prompt_ids == renderer.prompt_ids([*p.messages, first])
+        assert "first: answer in one turn" in tiny.tokenizer.decode(e.prompt_ids) and len(e.prompt_ids) > len(p.ids)
+        assert r.prompt_ids[i][r.prompt_mask[i].bool()].tolist() == e.prompt_ids  # the model reads it ...
+        assert "first: answer in one turn" not in tiny.tokenizer.decode(e.tokens)  # ... and is not trained on it
+        assert e.segments[0][0] == "assistant" and r.loss_mask[i, :e.segments[0][1]].tolist() == [1] * e.segments[0][1]
+        assert e.rewards[0] == 0.25  # the loop then ran as without a first observation
+
+
 def test_masked_positions_contribute_nothing_to_the_loss_kl_or_entropy():
     """A two-turn episode of 6 response tokens: turn 1 (2 tokens), an observation (2, loss mask 0), turn 2
     (2 tokens). Hand-computed: vanilla policy loss, on-policy ratio 1, advantage 0.5 -> each trained token
