@@ -1511,3 +1511,147 @@ def test_tool_formats_are_verirl_parsers():
     parsers = pytest.importorskip("verirl.envs.parsers").PARSERS
     for module in (convert_verl, convert_mindspeed):
         assert set(module.TOOL_FORMATS.values()) <= set(parsers), module.__name__
+
+
+# ---------------------------------------------------------------- LoRA
+
+LORA_HF = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # Megatron's four layers
+
+
+def _loaded(fmt: str, path: str, overrides: list[str], tmp_path):
+    """The converted YAML (`verirl convert-config -o`) as verirl's schema loads it."""
+    out = tmp_path / "converted.yaml"
+    assert main(["convert-config", "--from", fmt, path, *overrides, "-o", str(out)]) == 0
+    return load_config(str(out))
+
+
+def test_verl_lora_keys_become_actor_lora(tmp_path):
+    """veRL's FSDP engine's peft keys (hf_model.yaml: lora_rank, lora_alpha, target_modules) are verirl's."""
+    ov = [f"{M}lora_rank=32", f"{M}lora_alpha=64", f"{M}target_modules=[q_proj,v_proj]"]
+    r = convert("verl", VERL, ov)
+    assert r.get("actor.lora") == {"rank": 32, "alpha": 64.0, "target_modules": ["q_proj", "v_proj"]}
+    for key, target in (("lora_rank", "actor.lora.rank"), ("lora_alpha", "actor.lora.alpha"),
+                        ("target_modules", "actor.lora.target_modules")):
+        row = r.row(M + key)
+        assert (row.status, row.targets, row.origin) == ("translated", [target], "override"), key
+    assert "reference from the actor with its adapters off" in r.row(M + "lora_rank").note
+    cfg = _loaded("verl", VERL, ov, tmp_path)
+    lo = cfg.actor.lora
+    assert (lo.rank, lo.alpha, list(lo.target_modules), lo.init) == (32, 64.0, ["q_proj", "v_proj"], "true")
+    # veRL's defaults where the run script gives the rank alone: alpha 16 and all-linear, rows marked default
+    r = convert("verl", VERL, [f"{M}lora_rank=8"])
+    assert r.get("actor.lora") == {"rank": 8, "alpha": 16.0, "target_modules": "all-linear"}
+    assert r.row(M + "lora_alpha").origin == r.row(M + "target_modules").origin == "default"
+
+
+def test_verl_lora_rank_0_is_off():
+    r = convert("verl", VERL, [f"{M}lora_rank=0", f"{M}lora_alpha=64", f"{M}target_modules=[q_proj]"])
+    assert r.get("actor.lora") is None  # verirl's rank 0: every weight trained
+    assert r.row(M + "lora_rank").status == "ignored" and "LoRA is off" in r.row(M + "lora_rank").note
+    assert r.row(M + "lora_alpha").status == r.row(M + "target_modules").status == "ignored"
+    # the Megatron engine's section of veRL's generated configs, rank 0
+    r = convert("verl", VERL, [f"+{M}lora.rank=0", f"+{M}lora.alpha=32", f"+{M}lora.merge=false"])
+    assert r.get("actor.lora") is None
+    assert {r.row(M + k).status for k in ("lora.rank", "lora.alpha", "lora.merge")} == {"ignored"}
+    # veRL's generated Megatron config holds the FSDP engine's lora_rank 0 too
+    r = convert("verl", VERL, [f"{A}strategy=megatron", f"{M}lora_rank=0"])
+    assert r.get("actor.lora") is None and r.row(M + "lora_rank").status == "ignored"
+
+
+def test_verl_lora_keys_verirl_does_otherwise():
+    r = convert("verl", VERL, [f"{M}lora_rank=16", f"{M}target_modules=.*q_proj", f"+{M}exclude_modules=[o_proj]",
+                               f"+{M}lora_adapter_path=/ckpt/adapter", f"+{R}layered_summon=true",
+                               f"+{M}use_shm=true", f"+{M}lora.merge=true"])
+    assert r.get("actor.lora") == {"rank": 16, "alpha": 16.0}  # verirl's all-linear left
+    row = r.row(M + "target_modules")
+    assert row.status == "decide" and "regular expression" in row.note
+    row = r.row(M + "exclude_modules")
+    assert row.status == "decide" and "no exclusions" in row.note
+    row = r.row(M + "lora_adapter_path")
+    assert row.status == "decide" and "continues training this LoRA adapter" in row.note
+    assert "trainer.resume" in row.note and "merged" in row.note
+    assert r.row(R + "layered_summon").status == "ignored" and "adapters" in r.row(R + "layered_summon").note
+    assert r.row(M + "use_shm").status == "ignored"
+    row = r.row(M + "lora.merge")
+    assert row.status == "ignored" and "LoRA request" in row.note  # verirl's vLLM engine gets the adapters
+    # lora.rank is the Megatron engine's; veRL's FSDP engine trains no adapters from it
+    r = convert("verl", VERL, [f"+{M}lora.rank=8"])
+    assert r.row(M + "lora.rank").status == "decide" and r.get("actor.lora") is None
+
+
+def test_verl_megatron_lora_keys(tmp_path):
+    """veRL's Megatron engine (model.lora.*, Megatron-Bridge's): rank, alpha and the A initialisation translated, the
+    fused layers (linear_qkv, linear_fc1) the Hugging Face model's, a decision; canonical_lora's layers exactly."""
+    ov = [f"{A}strategy=megatron", f"{M}lora.rank=32", f"{M}lora.alpha=64", f"{M}lora.lora_A_init_method=kaiming"]
+    r = convert("verl", VERL, ov)  # examples/grpo_trainer/run_qwen2-7b_math_megatron_lora.sh's keys
+    assert r.get("actor.lora") == {"rank": 32, "alpha": 64.0, "target_modules": LORA_HF, "init": "true"}
+    assert r.row(M + "lora.rank").status == r.row(M + "lora.alpha").status == "translated"
+    assert r.row(M + "lora.lora_A_init_method").targets == ["actor.lora.init"]
+    row = r.row(M + "lora.target_modules")  # veRL's default [linear_qkv, linear_proj, linear_fc1, linear_fc2]
+    assert (row.status, row.origin, row.targets) == ("decide", "default", ["actor.lora.target_modules"])
+    assert "linear_qkv -> q_proj/k_proj/v_proj" in row.note and "verirl has no fused adapter" in row.note
+    cfg = _loaded("verl", VERL, ov, tmp_path)
+    assert (cfg.actor.lora.rank, list(cfg.actor.lora.target_modules)) == (32, LORA_HF)
+    r = convert("verl", VERL, [f"{A}strategy=megatron", f"{M}lora.rank=16", f"+{M}lora.type=canonical_lora",
+                               f"{M}lora.target_modules=[linear_q,linear_v,linear_fc2]", f"{M}lora.dropout=0.05"])
+    assert r.get("actor.lora") == {"rank": 16, "alpha": 32.0, "target_modules": ["q_proj", "v_proj", "down_proj"],
+                                   "dropout": 0.05}
+    assert r.row(M + "lora.target_modules").status == "translated"
+    row = r.row(M + "lora.lora_A_init_method")  # Megatron-Bridge's default xavier: no peft initialisation
+    assert (row.status, row.origin) == ("decide", "default") and "Xavier" in row.note
+    r = convert("verl", VERL, [f"{A}strategy=megatron", f"{M}lora.rank=16", f"+{M}lora.type=dora",
+                               f"{M}lora.target_modules=[linear_qkv,router]", f"{M}lora_rank=8"])
+    assert r.row(M + "lora.type").status == "decide" and "no DoRA" in r.row(M + "lora.type").note
+    row = r.row(M + "lora.target_modules")
+    assert row.status == "decide" and "router" in row.note and r.get("actor.lora.target_modules") is None
+    row = r.row(M + "lora_rank")  # the FSDP engine's key, which the Megatron engine does not read
+    assert row.status == "decide" and "model.lora" in row.note and r.get("actor.lora.rank") == 16
+
+
+def test_mindspeed_lora_keys_become_actor_lora(tmp_path):
+    """MindSpeed-RL's megatron_training LoRA keys (megatron_config.py; configs/grpo_lora_qwen25_32b_A2.yaml): LoRA is on
+    where lora_target_modules names Megatron's layers; actor_config's key wins, as MindSpeed-RL merges them."""
+    ov = [f"+{MT}lora_r=64", f"+{MT}lora_alpha=128", f"+{MT}lora_target_modules=[linear_proj,linear_fc2]",
+          f"+{AC}lora_r=32", f"+{RL}share_backbone=true"]
+    r = convert("mindspeed-rl", MSRL, ov)
+    assert r.get("actor.lora") == {"rank": 32, "alpha": 128.0, "target_modules": ["o_proj", "down_proj"]}
+    assert r.row(AC + "lora_r").targets == ["actor.lora.rank"] and r.row(MT + "lora_r").status == "ignored"
+    assert (r.row(MT + "lora_alpha").status, r.row(MT + "lora_alpha").targets) == ("translated", ["actor.lora.alpha"])
+    row = r.row(MT + "lora_target_modules")
+    assert (row.status, row.targets) == ("translated", ["actor.lora.target_modules"])
+    row = r.row(RL + "share_backbone")
+    assert row.status == "translated" and "adapters off" in row.note
+    cfg = _loaded("mindspeed-rl", MSRL, ov, tmp_path)
+    assert (cfg.actor.lora.rank, cfg.actor.lora.alpha, list(cfg.actor.lora.target_modules)) == (
+        32, 128.0, ["o_proj", "down_proj"])
+    # the fused layers: the Hugging Face model's, a decision; MindSpeed-RL's defaults rank 8, alpha 16
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}lora_target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]"])
+    assert r.get("actor.lora") == {"rank": 8, "alpha": 16.0, "target_modules": LORA_HF}
+    assert r.row(MT + "lora_r").origin == r.row(MT + "lora_alpha").origin == "default"
+    row = r.row(MT + "lora_target_modules")
+    assert row.status == "decide" and "one adapter on each fused Megatron layer" in row.note
+    row = r.row(RL + "share_backbone")  # MindSpeed-RL's default: a second copy of the base
+    assert (row.status, row.origin) == ("translated", "default") and "no copy" in row.note
+
+
+def test_mindspeed_lora_off():
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}lora_r=64", f"+{MT}lora_alpha=128", f"+{MT}lora_target_modules=[]"])
+    assert r.get("actor.lora") is None  # no layers named: LoRA off, as in MindSpeed-RL
+    assert {r.row(MT + k).status for k in ("lora_r", "lora_alpha", "lora_target_modules")} == {"ignored"}
+    assert "LoRA is off" in r.row(MT + "lora_r").note
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}lora_r=0", f"+{MT}lora_target_modules=[linear_qkv]"])
+    assert r.get("actor.lora") is None and r.row(MT + "lora_r").status == "decide"  # peft refuses rank 0
+    assert r.row(MT + "lora_target_modules").status == "ignored"
+
+
+def test_mindspeed_lora_keys_verirl_does_otherwise():
+    r = convert("mindspeed-rl", MSRL, [f"+{MT}lora_target_modules=[linear_proj]", f"+{MT}lora_fusion=true",
+                                       f"+{MT}lora_ckpt_filter=true", f"+{MT}lora_load=/ckpt/lora",
+                                       f"+{MT}lora_register_forward_hook=[word_embeddings,input_layernorm]"])
+    row = r.row(MT + "lora_fusion")
+    assert row.status == "ignored" and "CCLoRA" in row.note and "not maths" in row.note
+    assert r.row(MT + "lora_ckpt_filter").status == "translated"  # verirl's LoRA checkpoints: the adapters only
+    for key, what in (("lora_load", "trainer.resume"), ("lora_register_forward_hook", "pipeline stage")):
+        row = r.row(MT + key)  # MindSpeed-LLM's arguments, which MindSpeed-RL's config refuses
+        assert row.status == "decide" and "not a MindSpeed-RL key" in row.note and what in row.note, key
+    assert r.get("actor.lora") == {"rank": 8, "alpha": 16.0, "target_modules": ["o_proj"]}

@@ -469,12 +469,17 @@ def test_verl_function_tool_examples_of_veRL():
     assert [r.key for r in result.by_status("unknown")] == []
 
 
-def test_mindspeed_lora_needs_a_decision():
+def test_mindspeed_lora_is_actor_lora():
+    """grpo_lora_qwen25_32b_A2.yaml: rank and alpha translated, Megatron's fused layers the Hugging Face model's (a
+    decision: one adapter per fused layer there), CCLoRA a kernel switch, the shared backbone verirl's reference."""
     result = convert("mindspeed-rl", MS_LORA)
-    for key in ("lora_r", "lora_alpha", "lora_target_modules"):
-        row = result.row("megatron_training." + key)
-        assert row.status == "decide" and "LoRA" in row.note
+    assert result.get("actor.lora") == {"rank": 128, "alpha": 128.0, "target_modules": [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    for key in ("lora_r", "lora_alpha", "lora_ckpt_filter"):
+        assert result.row("megatron_training." + key).status == "translated", key
+    assert result.row("megatron_training.lora_target_modules").status == "decide"
     assert result.row("megatron_training.lora_fusion").status == "ignored"
+    assert result.row("rl_config.share_backbone").status == "translated"
 
 
 def test_mindspeed_dapo_token_level_loss_is_per_micro_batch():

@@ -352,6 +352,47 @@ def fit_pipeline(t: Translation, keys: Sequence[str]) -> None:
                    f"cut changes no gradient (docs/algorithms.md); a larger budget packs more per micro-batch")
 
 
+# ---------------------------------------------------------------- LoRA on Megatron's layers (both formats)
+
+# The linear layers of a Megatron-core GPT decoder layer, by the names LoRA's target modules give them (MindSpeed-RL's
+# lora_target_modules, veRL's Megatron engine's model.lora.target_modules) -> the Hugging Face model's layers verirl
+# puts its adapters on (peft's names). linear_qkv (query, key and value) and linear_fc1 (the gated MLP's gate and up
+# projections) are one fused layer each, with one adapter; the canonical names (Megatron-Bridge's canonical_lora)
+# are one layer each, as in the Hugging Face model.
+MEGATRON_LINEARS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                    "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",),
+                    "linear_q": ("q_proj",), "linear_k": ("k_proj",), "linear_v": ("v_proj",),
+                    "linear_fc1_gate": ("gate_proj",), "linear_fc1_up": ("up_proj",)}
+FUSED_LINEARS = {"linear_qkv": "one A for the query, key and value projections, where verirl gives q_proj, k_proj and "
+                               "v_proj an A each (2 x rank x hidden parameters more a layer)",
+                 "linear_fc1": "one A for the gate and up projections, where verirl gives gate_proj and up_proj an A "
+                               "each (rank x hidden more)"}
+
+
+def megatron_lora_targets(t: Translation, key: str, names: Any, peer: str) -> None:
+    """``key``'s LoRA target modules, Megatron's layer names, as actor.lora.target_modules (the Hugging Face model's
+    layers): translated where each name is one Hugging Face layer; a decision, with the layers written, where a name
+    is a fused layer (one adapter over several of verirl's); a decision, nothing written, for a name this table
+    does not hold (a pattern, an MLA or MoE router layer)."""
+    listed = [n.strip() for n in names.split(",")] if isinstance(names, str) else [str(n) for n in names]
+    unknown = [n for n in listed if n not in MEGATRON_LINEARS]
+    if unknown:
+        t.decide(key, f"{', '.join(unknown)}: not a Megatron layer name this converter maps to the Hugging Face "
+                      f"model's ({', '.join(MEGATRON_LINEARS)}); write actor.lora.target_modules as the model's "
+                      f"linear layer names (verirl plan lists them when one is wrong), verirl's all-linear left")
+        return
+    targets = list(dict.fromkeys(hf for n in listed for hf in MEGATRON_LINEARS[n]))
+    words = ", ".join(f"{n} -> {'/'.join(MEGATRON_LINEARS[n])}" for n in listed)
+    t.put("actor.lora.target_modules", targets, key,
+          note=f"Megatron's layers as the Hugging Face model's ({words}); verirl train checks that the model has them")
+    fused = [n for n in listed if n in FUSED_LINEARS]
+    if fused:
+        shared = "; ".join(f"{n}: {FUSED_LINEARS[n]}" for n in fused)
+        t.decide(key, f"{peer} puts one adapter on each fused Megatron layer ({shared}); verirl has no fused adapter. "
+                      f"The same layers adapted, the same start (B = 0), an update space that holds the fused one: "
+                      f"{targets} written")
+
+
 # ---------------------------------------------------------------- multi-turn rollouts (both formats)
 
 def fit_multi_turn(t: Translation, peer: str) -> None:

@@ -7,7 +7,8 @@ cli/train_grpo.py, cli/train_dapo.py, mindspeed_rl/models/loss/{grpo,dapo}_actor
 mindspeed_rl/models/rule_verifier.py, mindspeed_rl/trainer/dapo_trainer_hybrid.py,
 mindspeed_rl/workers/dynamic_sampling.py, mindspeed_rl/datasets/dataloader.py; multi-turn rollouts:
 mindspeed_rl/workers/actor_hybrid_worker.py's async_multi_turn_rollout, mindspeed_rl/tools/utils/tool_utils.py and
-tool_parser.py), and the
+tool_parser.py; LoRA: mindspeed_rl/config_cls/megatron_config.py's lora_* keys, config_cls/base_config.py, which refuses
+any other key, workers/integrated_worker.py's share_backbone, docs/zh/features/grpo_lora.md), and the
 master of April-May 2025 ("pre-2.0"), where they differ:
 
 * rl_config.mini_batch_size: before 2.0 (commit 61effad, 2025-05-15) the YAML value was in
@@ -27,7 +28,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
-                                       model_parallel_fits, peer_tables, pipeline_stages, tool_config_rows)
+                                       megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
+                                       tool_config_rows)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
 SAMP = GEN + "sampling_config."
@@ -955,21 +957,68 @@ def _group_budgets(t: Translation, cp: int, cp_key: str) -> None:
         t.note(cp_key, f"{' and '.join(divided)} divided by {cp}: MindSpeed-RL's packing budgets count the group's "
                        f"tokens, verirl's each rank's")
 
+# MindSpeed-RL's LoRA keys (mindspeed_rl/config_cls/megatron_config.py); its config refuses any other key ("The key:
+# ... is missing"), so the other lora_* names a file may carry, MindSpeed-LLM's arguments, never ran there.
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_target_modules", "lora_fusion", "lora_ckpt_filter")
+NOT_MINDSPEED_RL = {
+    "lora_load": "MindSpeed-LLM's --lora-load continues from a LoRA checkpoint; verirl starts its adapters at B = 0 "
+                 "and continues only its own LoRA checkpoints (trainer.resume)",
+    "lora_dropout": "MindSpeed-LLM's --lora-dropout is verirl's actor.lora.dropout (0 left)",
+    "lora_modules_to_save": "MindSpeed-LLM's --lora-modules-to-save trains whole modules beside the adapters; verirl "
+                            "trains the adapters only",
+    "lora_register_forward_hook": "MindSpeed-LLM's --lora-register-forward-hook mends the gradient chain at each "
+                                  "pipeline stage's input layers; verirl's stages need none (no trainable parameter)"}
+
+
 def _lora(t: Translation) -> None:
-    """MindSpeed-RL trains LoRA adapters when lora_target_modules names modules (with lora_r, lora_alpha)."""
+    """MindSpeed-RL trains LoRA adapters when lora_target_modules names Megatron layers (MindSpeed-LLM's LoRA on
+    Megatron-core's layers, rank lora_r, scale lora_alpha / lora_r); the reference is the actor with its adapters off
+    (rl_config.share_backbone) or a second copy of the base, the same log-probs either way."""
     modules_key = _actor_key(t, "lora_target_modules")
-    if not t.get(modules_key, None):
-        return
+    modules = t.get(modules_key, None)
+    share = RL + "share_backbone"
+    if not modules:
+        if t.get(share, False):
+            t.decide(share, "true without lora_target_modules: MindSpeed-RL refuses it (the shared backbone is "
+                            "LoRA's); verirl trains every weight, its reference a copy of the model")
+        else:
+            t.ignore(share, "LoRA is off: the reference is a copy of the model, as verirl's without LoRA")
+        return  # the other lora_* keys: the ignore table's "LoRA is off"
     r_key, alpha_key = _actor_key(t, "lora_r"), _actor_key(t, "lora_alpha")
-    what = (f"LoRA (rank {t.get(r_key, 16)}, alpha {t.get(alpha_key, 32)}, on {t.get(modules_key)}): verirl trains "
-            f"every weight, and at a LoRA learning rate (actor.lr) a full fine-tune moves the model far more: train "
-            f"without LoRA at a full fine-tune's learning rate, or wait for verirl's LoRA")
-    for key in (modules_key, r_key, alpha_key):
-        if t.given(key):
-            t.decide(key, what)
+    if int(t.get(r_key) or 0) <= 0:
+        t.decide(r_key, f"{t.get(r_key)} with lora_target_modules {modules}: peft refuses a rank below 1, so "
+                        f"MindSpeed-RL does not start; verirl's actor.lora.rank 0 is LoRA off, every weight trained "
+                        f"(left)")
+        for key in [k for k in t.values if k.startswith((MT + "lora_", AC + "lora_")) and k != r_key] + [share]:
+            t.ignore(key, f"LoRA is off in verirl: see {r_key}")
+        return
+    t.put("actor.lora.rank", int(t.get(r_key)), r_key,
+          note="the adapters' rank (MindSpeed-RL's default 8); LoRA is on where lora_target_modules names layers")
+    t.put("actor.lora.alpha", float(t.get(alpha_key)), alpha_key,
+          note="the adapters' scale is alpha / rank in both (MindSpeed-RL's default 16)")
+    megatron_lora_targets(t, modules_key, modules, "MindSpeed-RL")
+    t.note(modules_key, "MindSpeed-LLM builds the adapters with peft, whose default initialisation (A Kaiming-uniform, "
+                        "B zero) is verirl's actor.lora.init true")
+    fusion, ckpt = _actor_key(t, "lora_fusion"), _actor_key(t, "lora_ckpt_filter")
+    t.ignore(fusion, "CCLoRA: MindSpeed's LoRA kernels overlapping the adapters' computation with tensor-parallel "
+                     "communication; speed, not maths")
+    if t.get(ckpt, False):
+        t.translated(ckpt, "checkpoints of the LoRA weights only: verirl's LoRA checkpoints hold the adapters only")
+    else:
+        t.ignore(ckpt, "false: MindSpeed-RL's checkpoints hold the whole model; verirl's LoRA checkpoints hold the "
+                       "adapters only (the base comes from model.path)")
+    if t.get(share, False):
+        t.translated(share, "the reference is the actor with its adapters off (disable_adapter), as verirl's: no copy")
+    else:
+        t.translated(share, "false: MindSpeed-RL keeps a second copy of the base for the reference; verirl's is the "
+                            "actor with its adapters off: the same log-probs, no copy")
     for key in t.values:
-        if key.startswith((MT + "lora_", AC + "lora_")) and key not in (modules_key, r_key, alpha_key):
-            t.ignore(key, "part of the LoRA setup (see lora_target_modules)")
+        leaf = key.rsplit(".", 1)[-1]
+        if key.startswith((MT + "lora_", AC + "lora_")) and leaf not in LORA_KEYS:
+            what = NOT_MINDSPEED_RL.get(leaf, "a name this converter does not know")
+            t.decide(key, f"not a MindSpeed-RL key: its MegatronConfig holds {', '.join(LORA_KEYS)} and refuses "
+                          f"any other, so MindSpeed-RL does not start with it; {what}: check what the run was meant "
+                          f"to do (not written)")
 
 
 def _sampling_defaults(t: Translation) -> None:

@@ -11,7 +11,10 @@ verl/trainer/ppo/rollout_corr_helper.py, verl/workers/reward_manager/dapo.py), a
 (recipe/dapo: dapo_trainer.yaml, dapo_ray_trainer.py, main_dapo.py; in verl-project/verl-recipe since
 January 2026), and of its multi-turn rollouts (verl/workers/config/rollout.py: MultiTurnConfig, AgentLoopConfig;
 verl/experimental/agent_loop/tool_agent_loop.py and tool_parser.py; verl/tools/function_tool.py; the
-examples/sglang_multiturn configs of volcengine/verl at b178a3cd). Where an older veRL behaves differently and a
+examples/sglang_multiturn configs of volcengine/verl at b178a3cd), and of its LoRA (verl-project/verl at 1dda039b:
+verl/trainer/config/model/hf_model.yaml, verl/workers/config/model.py, verl/workers/engine/fsdp/transformer_impl.py's
+peft adapters, verl/workers/config/megatron_peft.py's Megatron-Bridge ones, ray_trainer.py's ref_in_actor,
+vllm_rollout/vllm_async_server.py; examples/tuning/lora/*.sh). Where an older veRL behaves differently and a
 config may come from it, the note says so.
 
 Its asynchronous trainers, checked against verl-project/verl at 1dda039b: the fully-async recipe
@@ -34,7 +37,8 @@ from fnmatch import fnmatchcase
 from typing import Any, Optional
 
 from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
-                                       model_parallel_fits, peer_tables, pipeline_stages, tool_config_rows)
+                                       megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
+                                       tool_config_rows)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -1005,17 +1009,173 @@ def _model(t: Translation) -> None:
         elif not any(fnmatchcase(key, pattern) for pattern, _ in IGNORED if "override_transformer_config" in pattern):
             t.decide(key, f"a Megatron transformer-config override ({leaf}={t.get(key)}): if it changes the model's "
                           f"numerics, set the same in model.override_config (check with `verirl doctor`)")
-    if int(t.get(M + "lora.rank", 0) or 0) > 0:
-        t.decide(M + "lora.rank", "LoRA: verirl trains all weights")
-    if int(t.get(M + "lora_rank", 0) or 0) > 0:
-        t.decide(M + "lora_rank", "LoRA: verirl trains all weights")
-    elif t.given(M + "lora_rank"):
-        t.ignore(M + "lora_rank", "0: LoRA is off")
+    _lora(t)
     for key in (M + "custom_chat_template", M + "tokenizer_path", M + "hf_config_path"):
         if t.get(key, None) is not None:
             t.decide(key, f"{key} is set: make verirl's tokenizer and template give the same ids (`verirl doctor`)")
     t.check("tokenizer ids: EOS, pad and BOS must agree between the two runs' tokenizers and configs (`verirl doctor`; "
             "an EOS equal to pad is stripped as padding and training collapses)")
+
+
+LORA = M + "lora."  # veRL's Megatron engine's LoRA (Megatron-Bridge's settings)
+# The rest of model.lora.*, each an ignored row with what it is (none changes the maths).
+_LORA_MECHANICS = {
+    "merge": "how veRL hands the adapters to vLLM: merged into the weights (true) or as a LoRA adapter (false); "
+             "verirl's vLLM engine gets them as a LoRA request, its native engine merges them as it lays the "
+             "weights out: the same policy sampled either way",
+    "a2a_experimental": "Megatron-Bridge's all-to-all communication of the adapters: placement, not maths",
+    "fully_sharded_loras": "a vLLM LoRA kernel setting",
+    "freeze_vision_model": "vision-language models (type vlm_lora) only",
+    "freeze_vision_projection": "vision-language models (type vlm_lora) only",
+    "freeze_language_model": "vision-language models (type vlm_lora) only"}
+
+
+def _adapter_words(path: Any) -> str:
+    return (f"{path}: veRL continues training this LoRA adapter (its reference: the base without it); verirl starts "
+            f"its adapters at B = 0 and loads no adapter to train on (trainer.resume continues verirl's own LoRA "
+            f"checkpoints): model.path={path} would load its base with the adapter merged, verirl's adapters on top "
+            f"and the reference the merged model; not written")
+
+
+def _lora(t: Translation) -> None:
+    """veRL's LoRA. Its FSDP engine puts peft's LoRA layers on the Hugging Face model from model.lora_rank,
+    lora_alpha, target_modules, exclude_modules (workers/engine/fsdp/transformer_impl.py), as verirl does; its Megatron
+    engine Megatron-Bridge's from model.lora.* (workers/config/megatron_peft.py). Either way the reference is the actor
+    with its adapters off (ray_trainer.py's ref_in_actor), as verirl's."""
+    if _megatron(t):
+        _megatron_lora(t)
+        if not t.get(M + "lora_rank"):
+            t.ignore(M + "lora_rank", "0: the FSDP engine's LoRA is off")
+        for key in (M + "lora_rank", M + "lora_adapter_path"):
+            if t.get(key, None):
+                t.decide(key, f"{key}={t.get(key)}: veRL's Megatron engine reads model.lora.* (rank, adapter_path), "
+                              f"not this, while its trainer then takes the reference from the actor: set "
+                              f"actor.lora.* for what the run was meant to train (not written)")
+        return
+    on = _fsdp_lora(t)
+    for key in t.under(LORA[:-1]):
+        leaf = key[len(LORA):]
+        if leaf == "rank" and int(t.get(key) or 0) > 0:
+            t.decide(key, f"lora.rank={t.get(key)}: read by veRL's Megatron engine (and its vLLM rollout, which then "
+                          f"expects adapters); its FSDP engine trains the adapters of model.lora_rank: set "
+                          f"actor.lora.rank for what the run was meant to train (not written)")
+        elif on and leaf in ("merge", "fully_sharded_loras"):
+            t.ignore(key, _LORA_MECHANICS[leaf])
+        elif on:
+            t.ignore(key, "Megatron-Bridge's LoRA settings, read by veRL's Megatron engine only (its FSDP engine takes "
+                          "model.lora_rank, lora_alpha, target_modules)")
+
+
+def _fsdp_lora(t: Translation) -> bool:
+    """model.lora_rank & co. (veRL's FSDP engine); whether LoRA is on."""
+    rank_key, path_key = M + "lora_rank", M + "lora_adapter_path"
+    path = t.get(path_key, None)
+    if path is not None:
+        t.decide(path_key, _adapter_words(path))
+    rank = int(t.get(rank_key) or 0)
+    if rank <= 0:
+        t.ignore(rank_key, "0: LoRA is off, every weight trained (verirl's actor.lora.rank 0)")
+        return False  # the other LoRA keys: the ignore table's "LoRA is off"
+    t.put("actor.lora.rank", rank, rank_key,
+          note="the adapters' rank; veRL's FSDP engine puts peft's LoRA layers on the Hugging Face model as verirl "
+               "does (A Kaiming-uniform, B zero: peft's default, verirl's actor.lora.init true; no dropout, verirl's "
+               "default), and takes the reference from the actor with its adapters off, as verirl")
+    t.put("actor.lora.alpha", float(t.get(M + "lora_alpha")), M + "lora_alpha",
+          note="peft's lora_alpha in both: the adapters' scale is alpha / rank")
+    key = M + "target_modules"
+    targets = t.get(key)
+    if isinstance(targets, str) and targets.strip() != "all-linear":
+        t.decide(key, f"{targets!r}: a string other than all-linear is a regular expression peft matches against each "
+                      f"module's full name; verirl's actor.lora.target_modules takes all-linear or a list of the "
+                      f"layers' names: write the layers it matches (verirl's all-linear left)")
+    elif isinstance(targets, str):
+        t.put("actor.lora.target_modules", "all-linear", key,
+              note="peft's all-linear in both: every linear layer but the output layer")
+    elif isinstance(targets, (list, tuple)) and targets and all(
+            isinstance(n, str) and n.isidentifier() for n in targets):
+        t.put("actor.lora.target_modules", list(targets), key, note="the layers' names, peft's target_modules in both")
+    else:
+        t.decide(key, f"{targets!r}: peft matches each name against the end of a module's full name; verirl's "
+                      f"actor.lora.target_modules takes the layers' own names (q_proj, down_proj, ...): write them "
+                      f"(verirl's all-linear left)")
+    for key, what in ((M + "exclude_modules", "layers peft leaves without adapters"),
+                      (M + "target_parameters", "parameters (not linear layers) peft adapts, e.g. MoE experts' fused "
+                                                "weights")):
+        value = t.get(key, None)
+        if value:
+            t.decide(key, f"{value!r}: {what}; verirl's adapters sit on the linear layers actor.lora.target_modules "
+                          f"names, with no exclusions: list the layers to adapt there (not written)")
+        else:
+            t.ignore(key, f"{'null' if value is None else value}: none")
+    t.ignore(R + "layered_summon", "how veRL gathers the FSDP-sharded adapters for its vLLM push (layer by layer, "
+                                   "less memory): verirl pushes the adapters whole; memory, not maths")
+    return True
+
+
+def _megatron_lora(t: Translation) -> None:
+    """Megatron-Bridge's LoRA (model.lora.*, on when rank > 0): type lora puts one adapter on each of Megatron's fused
+    layers, canonical_lora on each part; A xavier-normal or kaiming (peft's), B zero; scale alpha / rank."""
+    rank = int(t.get(LORA + "rank") or 0)
+    if rank <= 0:
+        return  # every model.lora.* key: the ignore table's "LoRA is off (lora.rank 0)"
+    kind = str(t.get(LORA + "type"))
+    t.put("actor.lora.rank", rank, LORA + "rank",
+          note="the adapters' rank; the reference is the actor with its adapters off in both")
+    t.put("actor.lora.alpha", float(t.get(LORA + "alpha")), LORA + "alpha",
+          note="the adapters' scale is alpha / rank in both (Megatron-Bridge's default alpha is 32, verirl's 16)")
+    if kind == "canonical_lora":
+        t.translated(LORA + "type", "an adapter on each of the query, key, value, gate and up projections, as verirl's")
+    elif kind == "lora":
+        if t.given(LORA + "type"):
+            t.translated(LORA + "type", "one adapter on each of Megatron's fused layers: see target_modules")
+    else:
+        t.decide(LORA + "type", f"{kind}: verirl's adapters are plain LoRA (no DoRA, no vision-language variant): "
+                                f"plain LoRA written")
+    megatron_lora_targets(t, LORA + "target_modules", t.get(LORA + "target_modules"),
+                          "veRL's Megatron engine (Megatron-Bridge's type lora)")
+    dropout = float(t.get(LORA + "dropout") or 0.0)
+    if t.given(LORA + "dropout") or dropout > 0:
+        t.put("actor.lora.dropout", dropout, LORA + "dropout", note="dropout on the adapters' input while training")
+    position = t.get(LORA + "dropout_position")
+    if dropout <= 0:
+        t.ignore(LORA + "dropout_position", "no dropout")
+    elif position == "pre":
+        t.translated(LORA + "dropout_position", "on the adapter's input, as verirl's", ["actor.lora.dropout"])
+    else:
+        t.decide(LORA + "dropout_position", f"{position}: Megatron-Bridge drops the adapter's output, verirl its input "
+                                            f"(actor.lora.dropout)")
+    a_init, b_init = t.get(LORA + "lora_A_init_method"), t.get(LORA + "lora_B_init_method")
+    if a_init == "kaiming":
+        t.put("actor.lora.init", "true", LORA + "lora_A_init_method",
+              note="A Kaiming-uniform (a = sqrt 5), B zero: peft's default in both")
+    else:
+        t.decide(LORA + "lora_A_init_method",
+                 f"{a_init}: Megatron-Bridge draws A {'Xavier-normal' if a_init == 'xavier' else f'by {a_init}'}; "
+                 f"verirl's actor.lora.init is peft's: true (Kaiming-uniform, left), gaussian or orthogonal; B zero "
+                 f"in all, so the start is the base either way, the steps after it differ")
+    if b_init == "zero":
+        if t.given(LORA + "lora_B_init_method"):
+            t.translated(LORA + "lora_B_init_method", "B zero: the adapted model starts as the base, as verirl's")
+    else:
+        t.decide(LORA + "lora_B_init_method", f"{b_init}: verirl starts every adapter at B A = 0 (the reference is the "
+                                              f"base with the adapters off)")
+    for leaf, value in (("exclude_modules", t.get(LORA + "exclude_modules", None)),
+                        ("dtype", t.get(LORA + "dtype", None)), ("adapter_path", t.get(LORA + "adapter_path", None))):
+        if not value:
+            t.ignore(LORA + leaf, f"{value!r}: none" if leaf != "dtype" else "null: the model's dtype, as verirl's")
+        elif leaf == "adapter_path":
+            t.decide(LORA + leaf, _adapter_words(value))
+        elif leaf == "dtype":
+            t.decide(LORA + leaf, f"{value}: verirl's adapters take the model's dtype (model.dtype)")
+        else:
+            t.decide(LORA + leaf, f"{value}: layers Megatron-Bridge leaves without adapters; verirl has no exclusions: "
+                                  f"list the layers to adapt in actor.lora.target_modules")
+    for key in t.under(LORA[:-1]):
+        leaf = key[len(LORA):]
+        if leaf in _LORA_MECHANICS:
+            t.ignore(key, _LORA_MECHANICS[leaf])
+        elif not t.rows[key].status:
+            t.unknown(key, "a Megatron-Bridge LoRA setting this converter does not know: check it by hand")
 
 
 def _engine(t: Translation) -> None:
