@@ -106,8 +106,12 @@ def _producer_of(pid: int) -> int:
     return found[0]
 
 
+def _args(run: Path, *extra: str) -> list[str]:
+    return ["train", f"trainer.run_dir={run}", *BASE, *extra]
+
+
 def _cmd(run: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "verirl.cli", "train", f"trainer.run_dir={run}", *BASE, *extra]
+    return [sys.executable, "-m", "verirl.cli", *_args(run, *extra)]
 
 
 def _wait_rows(run: Path, n: int, proc: subprocess.Popen, seconds: float = 240) -> None:
@@ -168,14 +172,14 @@ def _pgid(d: Path) -> int:
 
 
 @pytest.mark.slow  # ~100 s here
-def test_fixed_mode_is_reproducible_and_resumes_after_kill_9_to_the_same_weights(tmp_path):
+def test_fixed_mode_is_reproducible_and_resumes_after_kill_9_to_the_same_weights(tmp_path, capsys):
     """mode=fixed, k=1, a checkpoint every 2 steps: a second run with the same seed, killed with SIGKILL
     at a random step and continued by the same command, logs the first run's rows (every step once) and
-    ends with its weights."""
+    ends with its weights. The first run and the continuation run in this process (one start-up less
+    each); the killed run is a process of its own."""
     extra = [*SEPARATE, "trainer.async_training.max_staleness=1", "trainer.save_freq=2", "trainer.total_steps=6"]
     first = tmp_path / "first"
-    done = subprocess.run(_cmd(first, *extra), env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(_args(first, *extra)) == 0
     a = _weights(first)
     run = tmp_path / "killed"  # a second run with the same seed, killed, then continued
     p = subprocess.Popen(_cmd(run, *extra), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -187,9 +191,9 @@ def test_fixed_mode_is_reproducible_and_resumes_after_kill_9_to_the_same_weights
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    again = subprocess.run(_cmd(run, *extra), env=ENV, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from" in again.stdout
+    capsys.readouterr()
+    assert main(_args(run, *extra)) == 0
+    assert "resuming from" in capsys.readouterr().out
     assert all(torch.equal(a[k], v) for k, v in _weights(run).items())
     assert _compared(_rows(run)) == _compared(_rows(first))  # every step once: the log was cut back to the checkpoint
 
@@ -221,8 +225,7 @@ def test_ctrl_c_saves_the_queue_and_bounded_partial_rollouts_resume_never_older_
     state = json.loads((saved / "state.json").read_text())
     stopped = state["step"]
     assert [q["step"] for q in state["async_queue"]] == list(range(stopped + 1, stopped + 1 + len(state["async_queue"])))
-    again = subprocess.run(_cmd(run, *extra), env=ENV, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert main(_args(run, *extra)) == 0  # the same command, in this process (one start-up less)
     rows = _rows(run)
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert max(r["async/staleness_max"] for r in rows) <= 2

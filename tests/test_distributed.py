@@ -54,14 +54,23 @@ def _same_weights(wa: dict, wb: dict, rel: float = 1e-5) -> None:
         assert (wa[name] - wb[name]).abs().max() <= rel * max(wa[name].abs().max(), 1e-3), name
 
 
+ONE_UPDATE = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE,
+              "eval.before_train=true", "eval.size=5", "eval.n=2"]  # 5 problems: 3 on rank 0, 2 on rank 1
+
+
+@pytest.fixture(scope="module")
+def one_rank_update(tmp_path_factory) -> Path:
+    """The one-rank run both strategies' two ranks are held to (one rank shards nothing: no strategy)."""
+    one = tmp_path_factory.mktemp("update") / "one"
+    assert main(ONE_UPDATE + [f"trainer.run_dir={one}"]) == 0
+    return one
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_two_ranks_take_the_one_rank_update(tmp_path, strategy):
-    one, two = tmp_path / "one", tmp_path / "two"
-    args = ["train", "trainer.total_steps=1", "trainer.save_freq=1", *BASE,
-            "eval.before_train=true", "eval.size=5", "eval.n=2"]  # 5 problems: 3 on rank 0, 2 on rank 1
-    assert main(args + [f"trainer.run_dir={one}"]) == 0
-    assert main(args + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", f"actor.strategy={strategy}"]) == 0
+def test_two_ranks_take_the_one_rank_update(tmp_path, one_rank_update, strategy):
+    one, two = one_rank_update, tmp_path / "two"
+    assert main(ONE_UPDATE + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", f"actor.strategy={strategy}"]) == 0
     # the same rollouts and rewards, in the same order (rank 0's groups, then rank 1's)
     drop = ("prompt",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(one, "rollouts.jsonl")] == \
@@ -103,15 +112,26 @@ def test_filtered_steps_with_batch_scaling_on_two_ranks_take_the_one_rank_update
                   rel=1e-4)
 
 
+RESUMED = ["train", "trainer.save_freq=1", *BASE]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> list[dict]:
+    """Three steps on one rank without a stop: the rows every layout's resumed run is held to (one rank
+    shards nothing, so one run serves every actor.strategy)."""
+    whole = tmp_path_factory.mktemp("resume") / "whole"
+    assert main(RESUMED + [f"trainer.run_dir={whole}", "trainer.total_steps=3"]) == 0
+    return _rows(whole)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,first,then", [("ddp", 2, 1), ("fsdp2", 2, 1), ("fsdp2", 1, 2)])
-def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, strategy, first, then):
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    args = ["train", "trainer.save_freq=1", *BASE, f"actor.strategy={strategy}"]
-    assert main(args + [f"trainer.run_dir={whole}", "trainer.total_steps=3"]) == 0
+def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, uninterrupted, strategy, first, then):
+    split = tmp_path / "split"
+    args = RESUMED + [f"actor.strategy={strategy}"]
     assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=2", f"trainer.nproc_per_node={first}"]) == 0
     assert main(args + [f"trainer.run_dir={split}", "trainer.total_steps=3", f"trainer.nproc_per_node={then}"]) == 0
-    a, b = _rows(whole), _rows(split)
+    a, b = uninterrupted, _rows(split)
     assert [r["step"] for r in b] == [1, 2, 3]
     for key in ("reward/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm", "response_length/mean"):
         assert _close(a[2][key], b[2][key], 1e-4) or abs(a[2][key] - b[2][key]) < 1e-6, (key, a[2][key], b[2][key])

@@ -34,7 +34,7 @@ def _train(model: Path, run: Path, *layout: str) -> dict:
     from verirl.cli import main
 
     assert main(["train", f"model.path={model}", f"trainer.run_dir={run}", "trainer.total_steps=1",
-                 "trainer.save_freq=0", "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=4",
+                 "trainer.save_freq=0", "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=2",
                  "rollout.max_new_tokens=8", "eval.before_train=false", "eval.at_end=false", "log.progress=false",
                  "log.console_every=0", "reward.workers=0", f"reward.verifiers=[{model.parent / 'spread.py'}:spread]",
                  "reward.weights=[1.0]", "reward.tasks={}", "algo.kl_coef=0.01", "actor.lr=1e-6",
