@@ -16,7 +16,8 @@ from verirl.cli import main
 
 BASE = ["data.prompts_per_step=4", "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=24",
         "eval.before_train=false", "eval.at_end=false", "log.progress=false", "log.console_every=0",
-        "reward.workers=0", "trainer.threads=1", "trainer.dump_rollouts=true"]
+        "reward.workers=0", "trainer.threads=1", "trainer.dump_rollouts=true",
+        "model.compute_dtype=null"]  # float32: model.compute_dtype=auto is bfloat16 on a CPU with AMX / avx512_bf16
 SEPARATE = ["rollout.placement=separate", "trainer.nproc_per_node=2"]
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
 NOT_COMPARED = ("timing/", "perf/", "async/")
