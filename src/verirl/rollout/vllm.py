@@ -159,13 +159,13 @@ def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
 
 
 def _trainer_tensors(model, packed: dict, dtype, full: Callable) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
-    """(engine name, HF name, the trainer's whole tensor in the engine's layout and dtype) for each tensor of
+    """(engine name, HF name, the trainer's whole tensor in the engine's layout, in ``dtype`` unless None) for each tensor of
     ``model``, fused members concatenated when the last of them arrives; a fused tensor whose members do not
     all exist comes last, with None. ``full`` makes each tensor whole (under FSDP2 a gather: a collective)."""
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         target, member = _engine_name(name, packed)
-        whole = full(t).detach().to(dtype)
+        whole = full(t).detach() if dtype is None else full(t).detach().to(dtype)
         if not member:
             yield target, name, whole
             continue
@@ -396,9 +396,11 @@ class VLLMEngine:
         no more). Every rank calls it (``strategy.full`` gathers shards)."""
         engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
-        for target, name, whole in _trainer_tensors(model, packed, dtype, self.whole):
+        for target, name, whole in _trainer_tensors(model, packed, None, self.whole):
+            # in the dtype the engine holds this tensor in: vLLM's CPU backend keeps some (a bias on a CPU with
+            # AMX) in float32 beside bfloat16 weights
             diff = None if whole is None or target not in engine else \
-                _difference(engine[target], whole, probed.get(target))
+                _difference(engine[target], whole.to(engine[target].dtype), probed.get(target))
             if diff is None:
                 unchecked.append(name)
                 continue
