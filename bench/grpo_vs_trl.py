@@ -20,6 +20,16 @@ Cases:
     .venv/bin/python bench/grpo_vs_trl.py --cases S --steps 2 --warmup 1
     python3 bench/grpo_vs_trl.py --device cuda --dtype bfloat16 --cases E,R    # on a GPU (bench/gpu_all.sh)
     .venv/bin/python bench/grpo_vs_trl.py --mixed --cases E,S            # both in bfloat16 mixed precision
+    .venv/bin/python bench/grpo_vs_trl.py --lora --cases S --steps 3 --warmup 1   # LoRA on both, and verirl full
+
+``--lora``: both train LoRA adapters instead of the whole model, from one peft LoraConfig (rank --lora-rank,
+alpha --lora-alpha, dropout 0, target_modules all-linear, B initialised to zero): verirl through actor.lora.*,
+TRL through GRPOTrainer's peft_config. Both take the reference log-probs from the same model with its adapters
+disabled (no second copy), with the same KL setting as without --lora. Each case then also runs verirl
+full-parameter in the same benchmark run, and prints LoRA / full for verirl's perf/model_states_gb
+(parameters + gradients + optimizer state + reference) and for the peak RSS, with a breakdown of both sides'
+model states (trainable and frozen parameters, gradients, optimizer state, reference) and the resident memory
+once the trainer is built, before its first step.
 
 ``--mixed``: float32 weights, gradients and optimizer state, products in bfloat16 under torch.autocast, for
 both: verirl with model.compute_dtype=bfloat16 (its log-prob passes, update and decoder's products; the
@@ -121,6 +131,70 @@ def step_flops(run, records, kl: float) -> dict:
                  N_SAMPLES, logprob_passes=1 if kl > 0 else 0, update_passes=1, share_prompt=True)
 
 
+def model_states(model, optimizer, ref=None) -> dict[str, float]:
+    """GiB of what a trainer holds for the model: parameters that train and frozen ones (tied tensors once),
+    their gradients (one per trainable parameter: what the backward fills, whether or not the trainer has
+    freed them since), the optimizer state, the reference model's parameters."""
+    import torch
+
+    def gib(tensors) -> float:
+        return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values()) / 2 ** 30
+
+    params = list(model.parameters())
+    out = {"trained": gib(p for p in params if p.requires_grad), "frozen": gib(p for p in params if not p.requires_grad)}
+    out["grads"] = out["trained"]
+    out["optimizer"] = gib(v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v))
+    out["reference"] = gib(ref.parameters()) if ref is not None else 0.0
+    out["total"] = sum(out.values())
+    out["trained_params"] = sum(p.numel() for p in {id(p): p for p in params if p.requires_grad}.values())
+    return out
+
+
+def rss_now_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 30
+
+
+def max_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+
+class PeakByPhase:
+    """Which phases raised the process's peak resident memory, and to what: ``mark(name)`` as phase ``name``
+    ends reads ru_maxrss (the peak so far, monotone) and files it under ``name`` when it grew since the last
+    mark. No thread: a sampling thread's wake-ups preempt the math library's threads on a 2-core machine
+    and slowed the tiny model's steps several times over."""
+
+    def __init__(self):
+        self.peak: dict[str, float] = {}
+        self.last = max_rss_gb()
+
+    def mark(self, name: str) -> None:
+        now = max_rss_gb()
+        if now > self.last:
+            self.peak[name], self.last = max(self.peak.get(name, 0.0), now), now
+
+
+class _MarkingWatchdog:
+    """verirl's watchdog, with a `PeakByPhase` mark at each boundary of its step timer's phases (the timer
+    calls enter and leave on it; everything else goes to the watchdog itself)."""
+
+    def __init__(self, inner, peaks: PeakByPhase):
+        self.inner, self.peaks, self.names = inner, peaks, []
+
+    def enter(self, name: str) -> None:
+        self.peaks.mark(self.names[-1] if self.names else "between steps")
+        self.names.append(name)
+        self.inner.enter(name)
+
+    def leave(self) -> None:
+        self.peaks.mark(self.names.pop() if self.names else "between steps")
+        self.inner.leave()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -129,7 +203,7 @@ def _sync(device: str) -> None:
 
 
 def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
-             dtype: str = "float32", mixed: bool = False) -> dict:
+             dtype: str = "float32", mixed: bool = False, lora_rank: int = 0, lora_alpha: float = 32.0) -> dict:
     import torch
 
     from verirl.config import load_config
@@ -146,9 +220,16 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         "eval.before_train=false", "eval.at_end=false", f"trainer.threads={threads}",
         f"trainer.run_dir={run_dir}", "data.train_size=2000", "eval.size=10", "trainer.dump_rollouts=true",
         f"model.device={device}", f"model.dtype={dtype}", f"model.compute_dtype={'bfloat16' if mixed else 'null'}",
+        f"actor.lora.rank={lora_rank}", f"actor.lora.alpha={lora_alpha}", "actor.lora.dropout=0.0",
+        "actor.lora.target_modules=all-linear",
     ])
+    peaks = PeakByPhase()
     run = build_run(cfg)
-    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": []}
+    peaks.mark("build")
+    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": [],
+           "model_states_gb": [], "built_rss_gb": rss_now_gb(),
+           "built_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2}
+    run.watchdog = _MarkingWatchdog(run.watchdog, peaks)
     for step in range(1, warmup + steps + 1):
         _sync(device)
         t = time.perf_counter()
@@ -165,11 +246,14 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
         out["update_flops_s"].append(flops["update"] / m["timing/update"])
         out["step_flops"].append(sum(flops.values()))
         out["tokens"].append(gen)
+        out["model_states_gb"].append(m["perf/model_states_gb"])
         # token-forwards: the prefill (prompts left-padded to the longest), every decoding row-step,
         # the reference forward and the update's forward + backward (counted 3x) over the packed row
         sizes = run.engine.batch_sizes
         out["work"].append(sizes[0] * m["prompt_length/max"] + sum(sizes[1:]) + 4 * body_tokens)
         out["phases"].append({k.split("/")[1]: m[k] for k in m if k.startswith("timing/")})
+    out["states"] = model_states(run.model, run.optimizer, run.ref)
+    out["rss_by_phase_gb"] = peaks.peak
     run.scorer.close()
     if device != "cpu":
         out["peak_device_gb"] = torch.cuda.max_memory_allocated() / 1024 ** 3
@@ -177,7 +261,7 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
 
 
 def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: int, device: str = "cpu",
-            dtype: str = "float32", mixed: bool = False) -> dict:
+            dtype: str = "float32", mixed: bool = False, lora_rank: int = 0, lora_alpha: float = 32.0) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -198,6 +282,7 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
         reward_time[0] += time.perf_counter() - t
         return out
 
+    peaks = PeakByPhase()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     tok = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
@@ -216,18 +301,28 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
             self.t, self.steps, self.phases = 0.0, [], []
 
         def on_step_begin(self, *a, **k):
+            peaks.mark("between steps")
             _sync(device)
             self.t = time.perf_counter()
             gen_time[0], gen_tokens[0], work[0], ref_time[0], reward_time[0] = 0.0, 0, 0, 0.0, 0.0
 
         def on_step_end(self, *a, **k):
+            peaks.mark("update")  # what is not generation or the reference pass: inputs, reward, loss, backward, step
             _sync(device)
             self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0], work[0]))
             self.phases.append({"rollout": gen_time[0], "ref": ref_time[0], "reward": reward_time[0]})
 
     clock = Clock()
+    peft_config = None
+    if lora_rank:  # the peft LoraConfig verirl's actor.lora builds for itself (verirl.models.lora)
+        from verirl.models.lora import LoraSettings
+
+        peft_config = LoraSettings(lora_rank, lora_alpha, 0.0, "all-linear").peft_config()
     trainer = GRPOTrainer(model=model, reward_funcs=[acc_reward], args=args, train_dataset=ds, processing_class=tok,
-                          callbacks=[clock])
+                          callbacks=[clock], peft_config=peft_config)
+    if lora_rank:
+        assert getattr(trainer, "ref_model", None) is None, "TRL with peft keeps no reference copy"
+    built = rss_now_gb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts would bury the results
 
     def count(module, inputs, output):
@@ -239,7 +334,9 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
 
     def timed_generate(*a, **k):  # time TRL's generation and count what it produced
         t = time.perf_counter()
+        peaks.mark("update")
         out = inner(*a, **k)
+        peaks.mark("rollout")
         gen_time[0] += time.perf_counter() - t
         prompt_w = (k.get("input_ids") if "input_ids" in k else a[0]).shape[1]
         new = out[:, prompt_w:]
@@ -255,21 +352,31 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     trainer.model.generate = timed_generate
     inner_logps = trainer._get_per_token_logps_and_entropies
 
-    def timed_logps(model, *a, **k):  # the reference pass is a call with the reference model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    tuned = [m for m in trainer.model.modules() if isinstance(m, BaseTunerLayer)]
+
+    def timed_logps(model, *a, **k):  # the reference pass: a call with the reference model, or with the adapters off
+        is_ref = model is getattr(trainer, "ref_model", None) or bool(tuned and tuned[0].disable_adapters)
         t = time.perf_counter()
+        peaks.mark("update")
         out = inner_logps(model, *a, **k)
-        if model is getattr(trainer, "ref_model", None):
+        peaks.mark("ref" if is_ref else "update")
+        if is_ref:
             ref_time[0] += time.perf_counter() - t
         return out
 
     trainer._get_per_token_logps_and_entropies = timed_logps
+    peaks.mark("build")
     trainer.train()
     measured = clock.steps[warmup:]
     # TRL's update: the rest of its step (forward + backward + optimizer, with its input preparation)
     phases = [dict(p, update=s - p["rollout"] - p["ref"] - p["reward"]) for (s, _, _, _), p in
               zip(measured, clock.phases[warmup:])]
     out = {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
-           "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases}
+           "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases,
+           "built_rss_gb": built[0], "built_peak_rss_gb": built[1], "rss_by_phase_gb": peaks.peak,
+           "states": model_states(trainer.model, trainer.optimizer, getattr(trainer, "ref_model", None))}
     if device != "cpu":
         out["peak_device_gb"] = torch.cuda.max_memory_allocated() / 1024 ** 3
     return out
@@ -313,6 +420,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both trainers' dtype")
     ap.add_argument("--mixed", action="store_true",
                     help="both in bfloat16 mixed precision over float32 weights (verirl model.compute_dtype, TRL bf16=True)")
+    ap.add_argument("--lora", action="store_true",
+                    help="both train LoRA adapters (one peft LoraConfig, all-linear, dropout 0); also verirl full-parameter, "
+                         "LoRA / full model states and peak RSS")
+    ap.add_argument("--lora-rank", type=int, default=16, help="with --lora: the adapters' rank (default 16)")
+    ap.add_argument("--lora-alpha", type=float, default=32.0, help="with --lora: the adapters' alpha (default 32)")
     a = ap.parse_args()
     if a.mixed and a.dtype != "float32":
         ap.error("--mixed keeps the weights in float32; leave --dtype at float32")
@@ -332,11 +444,16 @@ def main() -> None:
                "matmul_rates_gflops": {k: v / 1e9 for k, v in rates.items()}, "args": vars(a), "cases": {}}
     for case in [c.strip().upper() for c in a.cases.split(",") if c.strip()]:
         args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype,
-                    mixed=a.mixed)
-        print(f"case {case}: verirl ...", flush=True)
+                    mixed=a.mixed, lora_rank=a.lora_rank if a.lora else 0, lora_alpha=a.lora_alpha)
+        tag = f" (LoRA r{a.lora_rank} a{a.lora_alpha:g})" if a.lora else ""
+        print(f"case {case}: verirl{tag} ...", flush=True)
         ours = measure("verirl", case, args)
-        print(f"case {case}: TRL ...", flush=True)
+        print(f"case {case}: TRL{tag} ...", flush=True)
         trl = measure("trl", case, args)
+        full = None
+        if a.lora:
+            print(f"case {case}: verirl full-parameter ...", flush=True)
+            full = measure("verirl", case, dict(args, lora_rank=0))
         med = statistics.median
         row = {
             "verirl_s_step": med(ours["step"]), "trl_s_step": med(trl["step"]),
@@ -358,10 +475,25 @@ def main() -> None:
         if a.device != "cpu":  # the device's memory is what counts there
             row.update(verirl_peak_device_gb=ours["peak_device_gb"], trl_peak_device_gb=trl["peak_device_gb"],
                        device_mem_ratio_verirl_over_trl=ours["peak_device_gb"] / trl["peak_device_gb"])
+        row["verirl_rss_by_phase_gb"], row["trl_rss_by_phase_gb"] = ours["rss_by_phase_gb"], trl["rss_by_phase_gb"]
         row["verirl_phases_s"] = {k: med([p[k] for p in ours["phases"]]) for k in ours["phases"][0]}
         row["trl_phases_s"] = {k: med([p[k] for p in trl["phases"]]) for k in trl["phases"][0]}
         row["phase_ratio_trl_over_verirl"] = {k: row["trl_phases_s"][k] / row["verirl_phases_s"][k]
                                               for k in ("rollout", "ref", "update") if row["verirl_phases_s"].get(k)}
+        if a.lora:
+            row["verirl_states_gb"], row["trl_states_gb"] = ours["states"], trl["states"]
+            row["lora_vs_full"] = {
+                "lora_model_states_gb": max(ours["model_states_gb"]), "full_model_states_gb": max(full["model_states_gb"]),
+                "model_states_ratio": max(ours["model_states_gb"]) / max(full["model_states_gb"]),
+                "lora_peak_rss_gb": ours["peak_rss_gb"], "full_peak_rss_gb": full["peak_rss_gb"],
+                "peak_rss_ratio": ours["peak_rss_gb"] / full["peak_rss_gb"],
+                "lora_built_rss_gb": ours["built_rss_gb"], "full_built_rss_gb": full["built_rss_gb"],
+                "lora_s_step": med(ours["step"]), "full_s_step": med(full["step"]),
+                "lora_phases_s": row["verirl_phases_s"],
+                "full_phases_s": {k: med([p[k] for p in full["phases"]]) for k in full["phases"][0]},
+                "lora_states_gb": ours["states"], "full_states_gb": full["states"],
+                "full_rss_by_phase_gb": full["rss_by_phase_gb"],
+            }
         results["cases"][case] = row
         print(f"case {case}: s/step verirl {row['verirl_s_step']:.3f}  TRL {row['trl_s_step']:.3f}  "
               f"ratio TRL/verirl {row['ratio_trl_over_verirl']:.2f}x | gen tok/s verirl {row['verirl_gen_tok_s']:.0f}  "
@@ -377,10 +509,37 @@ def main() -> None:
               f"{row['work_ratio_trl_over_verirl']:.2f} | step time per token-forward: verirl "
               f"{row['verirl_us_per_token_forward']:.1f} us  TRL {row['trl_us_per_token_forward']:.1f} us")
         print(f"  verirl FLOP floor (the step's model FLOPs at {peak / 1e9:.0f} GFLOP/s): {row['verirl_floor_s']:.3f} s; "
-              f"the step takes {row['verirl_step_over_floor']:.2f}x its floor (MFU {1 / row['verirl_step_over_floor']:.0%})")
+              f"the step takes {row['verirl_step_over_floor']:.2f}x its floor (MFU {1 / row['verirl_step_over_floor']:.0%})" +
+              ("; the update counted as a full forward + backward, which LoRA's is not (no base-weight gradients)"
+               if a.lora else ""))
         print("  verirl phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["verirl_phases_s"].items()))
         print("  TRL phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in row["trl_phases_s"].items())
               + " | TRL / verirl: " + "  ".join(f"{k} {v:.2f}x" for k, v in row["phase_ratio_trl_over_verirl"].items()))
+
+        def by_phase(peaks: dict) -> str:
+            return "  ".join(f"{k} {v:.2f}" for k, v in peaks.items())
+
+        print(f"  peak RSS raised to, by phase (GB; a phase not named did not raise it): verirl {by_phase(ours['rss_by_phase_gb'])} | "
+              f"TRL {by_phase(trl['rss_by_phase_gb'])}")
+        if a.lora:
+            def states(st: dict) -> str:
+                return (f"{st['total']:.4f} GB = trained {st['trained']:.4f} + frozen {st['frozen']:.4f} + grads "
+                        f"{st['grads']:.4f} + optimizer {st['optimizer']:.4f} + reference {st['reference']:.4f} "
+                        f"({st['trained_params'] / 1e6:.2f}M trained parameters)")
+
+            lf = row["lora_vs_full"]
+            print(f"  model states: verirl LoRA {states(ours['states'])}")
+            print(f"                TRL LoRA    {states(trl['states'])}")
+            print(f"                verirl full {states(full['states'])}")
+            print(f"  resident once built, before step 1: verirl LoRA {ours['built_rss_gb']:.2f} GB  TRL LoRA "
+                  f"{trl['built_rss_gb']:.2f} GB  verirl full {full['built_rss_gb']:.2f} GB")
+            print(f"case {case}: verirl LoRA / full: perf/model_states_gb {lf['lora_model_states_gb']:.3f} / "
+                  f"{lf['full_model_states_gb']:.3f} = {lf['model_states_ratio']:.2f}x (target <= 0.3x) | peak RSS "
+                  f"{lf['lora_peak_rss_gb']:.2f} / {lf['full_peak_rss_gb']:.2f} GB = {lf['peak_rss_ratio']:.2f}x "
+                  f"(target <= 0.75x) | s/step {lf['lora_s_step']:.3f} / {lf['full_s_step']:.3f} = "
+                  f"{lf['lora_s_step'] / lf['full_s_step']:.2f}x", flush=True)
+            print("  verirl full phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in lf["full_phases_s"].items()))
+            print(f"  verirl full peak RSS raised to, by phase (GB): {by_phase(full['rss_by_phase_gb'])}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
