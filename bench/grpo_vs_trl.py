@@ -29,7 +29,15 @@ disabled (no second copy), with the same KL setting as without --lora. Each case
 full-parameter in the same benchmark run, and prints LoRA / full for verirl's perf/model_states_gb
 (parameters + gradients + optimizer state + reference) and for the peak RSS, with a breakdown of both sides'
 model states (trainable and frozen parameters, gradients, optimizer state, reference) and the resident memory
-once the trainer is built, before its first step.
+once the trainer is built, before its first step. The peak RSS each phase raised (ru_maxrss read at the phase
+boundaries, no sampling thread) says where the peak comes from. glibc keeps the memory of freed tensors below its
+mmap threshold, so RSS counts what was freed as well: MALLOC_MMAP_THRESHOLD_=1048576 in the environment (both
+trainers' processes inherit it) makes every tensor of 1 MiB or more its own mapping, returned when freed, and the
+peak RSS then follows what is live (BENCHMARKS.md, "LoRA").
+
+Also printed: CPU s/step (the process's CPU time over the step, all threads) and the 1-minute load average at
+each trainer's start: on a machine shared with other jobs the wall times of the sequential processes are only
+comparable when the load stayed low.
 
 ``--mixed``: float32 weights, gradients and optimizer state, products in bfloat16 under torch.autocast, for
 both: verirl with model.compute_dtype=bfloat16 (its log-prob passes, update and decoder's products; the
@@ -226,22 +234,23 @@ def run_ours(path: str, steps: int, warmup: int, lr: float, kl: float, threads: 
     peaks = PeakByPhase()
     run = build_run(cfg)
     peaks.mark("build")
-    out = {"step": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": [],
+    out = {"step": [], "cpu": [], "gen_tok_s": [], "update_flops_s": [], "tokens": [], "phases": [], "work": [], "step_flops": [],
            "model_states_gb": [], "built_rss_gb": rss_now_gb(),
            "built_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2}
     run.watchdog = _MarkingWatchdog(run.watchdog, peaks)
     for step in range(1, warmup + steps + 1):
         _sync(device)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         m, records = train_step(run, step)
         _sync(device)
-        dt = time.perf_counter() - t
+        dt, dc = time.perf_counter() - t, time.process_time() - c
         if step <= warmup:
             continue
         gen = m["response_length/mean"] * N_PROMPTS * N_SAMPLES
         body_tokens = m["prompt_length/mean"] * N_PROMPTS + gen
         flops = step_flops(run, records, kl)
         out["step"].append(dt)
+        out["cpu"].append(dc)
         out["gen_tok_s"].append(gen / m["timing/rollout"])
         out["update_flops_s"].append(flops["update"] / m["timing/update"])
         out["step_flops"].append(sum(flops.values()))
@@ -298,18 +307,19 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
 
     class Clock(TrainerCallback):
         def __init__(self):
-            self.t, self.steps, self.phases = 0.0, [], []
+            self.t, self.c, self.steps, self.phases, self.cpu = 0.0, 0.0, [], [], []
 
         def on_step_begin(self, *a, **k):
             peaks.mark("between steps")
             _sync(device)
-            self.t = time.perf_counter()
+            self.t, self.c = time.perf_counter(), time.process_time()
             gen_time[0], gen_tokens[0], work[0], ref_time[0], reward_time[0] = 0.0, 0, 0, 0.0, 0.0
 
         def on_step_end(self, *a, **k):
             peaks.mark("update")  # what is not generation or the reference pass: inputs, reward, loss, backward, step
             _sync(device)
             self.steps.append((time.perf_counter() - self.t, gen_time[0], gen_tokens[0], work[0]))
+            self.cpu.append(time.process_time() - self.c)
             self.phases.append({"rollout": gen_time[0], "ref": ref_time[0], "reward": reward_time[0]})
 
     clock = Clock()
@@ -373,7 +383,7 @@ def run_trl(path: str, steps: int, warmup: int, lr: float, kl: float, threads: i
     # TRL's update: the rest of its step (forward + backward + optimizer, with its input preparation)
     phases = [dict(p, update=s - p["rollout"] - p["ref"] - p["reward"]) for (s, _, _, _), p in
               zip(measured, clock.phases[warmup:])]
-    out = {"step": [s for s, _, _, _ in measured], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
+    out = {"step": [s for s, _, _, _ in measured], "cpu": clock.cpu[warmup:], "gen_tok_s": [n / g for _, g, n, _ in measured if g > 0],
            "tokens": [n for _, _, n, _ in measured], "work": [w for _, _, _, w in measured], "phases": phases,
            "built_rss_gb": built[0], "built_peak_rss_gb": built[1], "rss_by_phase_gb": peaks.peak,
            "states": model_states(trainer.model, trainer.optimizer, getattr(trainer, "ref_model", None))}
@@ -446,18 +456,25 @@ def main() -> None:
         args = dict(steps=a.steps, warmup=a.warmup, lr=a.lr, kl=a.kl, threads=a.threads, device=a.device, dtype=a.dtype,
                     mixed=a.mixed, lora_rank=a.lora_rank if a.lora else 0, lora_alpha=a.lora_alpha)
         tag = f" (LoRA r{a.lora_rank} a{a.lora_alpha:g})" if a.lora else ""
+        loads = [os.getloadavg()[0]]  # other jobs on the cores: the step times are only as good as the machine was quiet
         print(f"case {case}: verirl{tag} ...", flush=True)
         ours = measure("verirl", case, args)
+        loads.append(os.getloadavg()[0])
         print(f"case {case}: TRL{tag} ...", flush=True)
         trl = measure("trl", case, args)
         full = None
         if a.lora:
+            loads.append(os.getloadavg()[0])
             print(f"case {case}: verirl full-parameter ...", flush=True)
             full = measure("verirl", case, dict(args, lora_rank=0))
+        loads.append(os.getloadavg()[0])
         med = statistics.median
         row = {
             "verirl_s_step": med(ours["step"]), "trl_s_step": med(trl["step"]),
             "ratio_trl_over_verirl": med(trl["step"]) / med(ours["step"]),
+            "verirl_cpu_s_step": med(ours["cpu"]), "trl_cpu_s_step": med(trl["cpu"]),
+            "cpu_ratio_trl_over_verirl": med(trl["cpu"]) / med(ours["cpu"]),
+            "load_average_1min": loads,
             "verirl_gen_tok_s": med(ours["gen_tok_s"]), "trl_gen_tok_s": med(trl["gen_tok_s"]),
             "verirl_tokens_per_step": med(ours["tokens"]), "trl_tokens_per_step": med(trl["tokens"]),
             "verirl_peak_rss_gb": ours["peak_rss_gb"], "trl_peak_rss_gb": trl["peak_rss_gb"],
@@ -489,6 +506,7 @@ def main() -> None:
                 "peak_rss_ratio": ours["peak_rss_gb"] / full["peak_rss_gb"],
                 "lora_built_rss_gb": ours["built_rss_gb"], "full_built_rss_gb": full["built_rss_gb"],
                 "lora_s_step": med(ours["step"]), "full_s_step": med(full["step"]),
+                "lora_cpu_s_step": med(ours["cpu"]), "full_cpu_s_step": med(full["cpu"]),
                 "lora_phases_s": row["verirl_phases_s"],
                 "full_phases_s": {k: med([p[k] for p in full["phases"]]) for k in full["phases"][0]},
                 "lora_states_gb": ours["states"], "full_states_gb": full["states"],
@@ -504,6 +522,9 @@ def main() -> None:
               f"update {row['verirl_update_gflops']:.1f} GFLOP/s = {row['update_fraction_of_matmul_peak']:.0%} "
               f"of matmul peak | new tokens/step verirl {row['verirl_tokens_per_step']:.0f}  "
               f"TRL {row['trl_tokens_per_step']:.0f}", flush=True)
+        print(f"  CPU s/step (the process's CPU time, all its threads): verirl {row['verirl_cpu_s_step']:.3f}  TRL "
+              f"{row['trl_cpu_s_step']:.3f}  ratio TRL/verirl {row['cpu_ratio_trl_over_verirl']:.2f}x | load average "
+              f"(1 min) at each trainer's start and the end: " + "  ".join(f"{x:.1f}" for x in loads))
         print(f"  work (token-forwards a step; the update's forward + backward counts 3x): verirl "
               f"{row['verirl_work_per_step']:.0f}  TRL {row['trl_work_per_step']:.0f}  ratio "
               f"{row['work_ratio_trl_over_verirl']:.2f} | step time per token-forward: verirl "
@@ -537,7 +558,8 @@ def main() -> None:
                   f"{lf['full_model_states_gb']:.3f} = {lf['model_states_ratio']:.2f}x (target <= 0.3x) | peak RSS "
                   f"{lf['lora_peak_rss_gb']:.2f} / {lf['full_peak_rss_gb']:.2f} GB = {lf['peak_rss_ratio']:.2f}x "
                   f"(target <= 0.75x) | s/step {lf['lora_s_step']:.3f} / {lf['full_s_step']:.3f} = "
-                  f"{lf['lora_s_step'] / lf['full_s_step']:.2f}x", flush=True)
+                  f"{lf['lora_s_step'] / lf['full_s_step']:.2f}x | CPU s/step {lf['lora_cpu_s_step']:.3f} / "
+                  f"{lf['full_cpu_s_step']:.3f} = {lf['lora_cpu_s_step'] / lf['full_cpu_s_step']:.2f}x", flush=True)
             print("  verirl full phases (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in lf["full_phases_s"].items()))
             print(f"  verirl full peak RSS raised to, by phase (GB): {by_phase(full['rss_by_phase_gb'])}")
     if a.json:
