@@ -175,11 +175,12 @@ def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_
     if tmp.exists():
         shutil.rmtree(tmp)
     lora = is_lora(model)
-    if lora and adapter_base is not None:
-        save_adapter(tmp, model, state_dict if state_dict is not None else model.state_dict(), adapter_base)
-    elif lora:
-        model.save_pretrained(tmp, safe_serialization=True,
-                              state_dict=merged_state(model, state_dict if state_dict is not None else model.state_dict()))
+    if lora:
+        state = state_dict if state_dict is not None else model.state_dict()
+        if adapter_base is not None:
+            save_adapter(tmp, model, state, adapter_base)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=merged_state(model, state))
     elif state_dict is not None and not state_dict:
         tmp.mkdir(parents=True)
         model.config.save_pretrained(tmp)

@@ -60,7 +60,7 @@ import torch
 from verirl.core.dtensors import local
 from verirl.models.lora import is_lora
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
-from verirl.rollout.vllm_lora import AdapterPush, engine_adapters, engine_rank
+from verirl.rollout.vllm_lora import AdapterPush, engine_adapters, engine_name, engine_rank, packed_modules
 from verirl.core.types import Rollout
 
 # Test hook: a regex; parameters whose HF name matches it are NOT pushed (the engine keeps its old
@@ -139,33 +139,17 @@ def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, 
                 x = torch.zeros(len(cols), k, dtype=p.dtype, device=p.device)
                 x[torch.arange(len(cols)), cols.to(p.device)] = 1
                 tensors[name], probed[name] = module.cpu_linear(x, p, None).T, cols
-    return tensors, probed, dict(getattr(model, "packed_modules_mapping", {}) or {}), worker.model_config.dtype
+    return tensors, probed, packed_modules(model), worker.model_config.dtype
 
 
-def _packed_modules(worker) -> dict:
-    """(Runs in the vLLM worker.) The model's ``packed_modules_mapping`` (fused name -> its members)."""
-    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
-
-
-def _engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
-    """(the engine's parameter name, the fused member it is, or "") of an HF parameter name:
-    ``...self_attn.k_proj.weight`` -> (``...self_attn.qkv_proj.weight``, ``k_proj``)."""
-    module, _, short = hf_name.rpartition(".")
-    parent, _, leaf = module.rpartition(".")
-    for fused, members in packed.items():
-        if leaf in members:
-            return f"{parent}.{fused}.{short}" if parent else f"{fused}.{short}", leaf
-    return hf_name, ""
-
-
-def _trainer_tensors(model, packed: dict, dtype, full: Callable) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
-    """(engine name, HF name, the trainer's whole tensor in the engine's layout, in ``dtype`` unless None) for each tensor of
+def _trainer_tensors(model, packed: dict, full: Callable) -> Iterator[tuple[str, str, Optional[torch.Tensor]]]:
+    """(engine name, HF name, the trainer's whole tensor in the engine's layout, in its own dtype) for each tensor of
     ``model``, fused members concatenated when the last of them arrives; a fused tensor whose members do not
     all exist comes last, with None. ``full`` makes each tensor whole (under FSDP2 a gather: a collective)."""
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
-        target, member = _engine_name(name, packed)
-        whole = full(t).detach() if dtype is None else full(t).detach().to(dtype)
+        target, member = engine_name(name, packed)
+        whole = full(t).detach()
         if not member:
             yield target, name, whole
             continue
@@ -384,8 +368,7 @@ class VLLMEngine:
         out = {"perf/push_peak_gb": self.adapters.largest / 2**30}
         if self.tp > 1:  # vLLM holds its tensor-parallel share of each adapter
             return out
-        engine = self.llm.collective_rpc(engine_adapters)[0]
-        packed = self.llm.collective_rpc(_packed_modules)[0]
+        engine, packed = self.llm.collective_rpc(engine_adapters)[0]
         return {**out, "rollout/push_max_abs_diff": self.adapters.check(engine, packed, model, self.whole,
                                                                          PUSH_TOLERANCE)}
 
@@ -396,7 +379,7 @@ class VLLMEngine:
         no more). Every rank calls it (``strategy.full`` gathers shards)."""
         engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
-        for target, name, whole in _trainer_tensors(model, packed, None, self.whole):
+        for target, name, whole in _trainer_tensors(model, packed, self.whole):
             # in the dtype the engine holds this tensor in: vLLM's CPU backend keeps some (a bias on a CPU with
             # AMX) in float32 beside bfloat16 weights
             diff = None if whole is None or target not in engine else \

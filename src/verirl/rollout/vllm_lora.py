@@ -38,9 +38,25 @@ def engine_rank(rank: int) -> int:
     raise ValueError(f"actor.lora.rank={rank} is above the largest LoRA rank vLLM serves ({MAX_RANKS[-1]})")
 
 
-def engine_adapters(worker) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """(Runs in the vLLM worker.) module name -> (each fused member's A (max rank x in), its B (out x max
-    rank)) of the adapter in slot 0, as the engine computes with them (B scaled)."""
+def packed_modules(model) -> dict:
+    """A vLLM model's ``packed_modules_mapping``: fused layer name -> the Hugging Face layers it holds."""
+    return dict(getattr(model, "packed_modules_mapping", {}) or {})
+
+
+def engine_name(hf_name: str, packed: dict) -> tuple[str, str]:
+    """(the engine's name, the fused member it is, or "") of an HF parameter name:
+    ``...self_attn.k_proj.weight`` -> (``...self_attn.qkv_proj.weight``, ``k_proj``)."""
+    module, _, short = hf_name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    for fused, members in packed.items():
+        if leaf in members:
+            return f"{parent}.{fused}.{short}" if parent else f"{fused}.{short}", leaf
+    return hf_name, ""
+
+
+def engine_adapters(worker) -> tuple[dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]], dict]:
+    """(Runs in the vLLM worker.) (module name -> (each fused member's A (max rank x in), its B (out x max
+    rank)) of the adapter in slot 0, as the engine computes with them (B scaled); `packed_modules`)."""
     model = worker.model_runner.get_model()
     out = {}
     with torch.no_grad():
@@ -48,7 +64,7 @@ def engine_adapters(worker) -> dict[str, tuple[list[torch.Tensor], list[torch.Te
             if hasattr(module, "lora_a_stacked") and hasattr(module, "lora_b_stacked"):
                 out[name] = ([a[0, 0].clone() for a in module.lora_a_stacked],
                              [b[0, 0].clone() for b in module.lora_b_stacked])
-    return out
+    return out, packed_modules(model)
 
 
 class AdapterPush:
@@ -98,11 +114,9 @@ class AdapterPush:
         worst, bad = 0.0, []
         for name, layer in lora_layers(model):
             a, b = whole(layer.lora_A[ADAPTER].weight).detach(), whole(layer.lora_B[ADAPTER].weight).detach()
-            parent, _, leaf = name.rpartition(".")
-            target, index = name, 0
-            for fused, members in packed.items():
-                if leaf in members:
-                    target, index = f"{parent}.{fused}", list(members).index(leaf)
+            target, member = engine_name(f"{name}.weight", packed)
+            target = target.removesuffix(".weight")
+            index = next((list(m).index(member) for m in packed.values() if member in m), 0) if member else 0
             if target not in engine:
                 bad.append(f"{name} (no LoRA layer of that name in the engine)")
                 continue

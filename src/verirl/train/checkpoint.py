@@ -22,8 +22,8 @@ import torch
 
 from verirl.config import to_dict, upgrade_dict
 from verirl.core.errors import CheckpointError, UserError
-from verirl.models.lora import base_path, from_peft_names, is_adapter_dir, is_adapter_key, is_lora, read_adapter_dir
-from verirl.run.checkpoint import (Checkpoint, begin_checkpoint, damaged, finish_checkpoint, load_optimizer_state,
+from verirl.models.lora import base_path, from_peft_names, is_adapter_key, is_lora
+from verirl.run.checkpoint import (ADAPTERS, Checkpoint, begin_checkpoint, damaged, finish_checkpoint, load_optimizer_state,
                                    load_weights, reason, restore_rng, save_checkpoint, save_sharded_rest,
                                    shard_world)
 from verirl.run.shards import Shards, load_model_blocks, local_blocks, named_tensors, optimizer_state, write_rank, writers
@@ -158,9 +158,10 @@ def restore_training_state(ckpt: Checkpoint, model, optimizer, scheduler) -> Non
         _restore_sharded(ckpt, world, model, optimizer, scheduler)
         return
     weights = load_weights(ckpt)
-    adapters = is_adapter_dir(ckpt.model_dir)
+    adapters = ckpt.state.get("weights") == ADAPTERS  # model/ is a peft adapter directory
     if adapters != is_lora(model):
-        saved = f"LoRA adapters (rank {read_adapter_dir(ckpt.model_dir)[0].rank})" if adapters else "a whole model"
+        rank = ((ckpt.state.get("config") or {}).get("actor") or {}).get("lora", {}).get("rank")
+        saved = f"LoRA adapters (rank {rank})" if adapters else "a whole model"
         raise CheckpointError(f"{ckpt.path} holds {saved}, and this run trains "
                               f"{'LoRA adapters' if is_lora(model) else 'the whole model'}: resume with the "
                               f"checkpoint's actor.lora.rank, or start a new run directory.")
