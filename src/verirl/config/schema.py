@@ -188,6 +188,85 @@ class OverlongBufferConfig:
     penalty_factor: float = setting(1.0, "the penalty at max_new_tokens", ge=0)
 
 
+CODE_EXTRACT = Registry("reward.code.extract", {
+    "block": "the last fenced code block (```python ... ``` or ``` ... ```); a response without one scores 0",
+    "block_or_whole": "the last fenced block, else the whole response",
+    "whole": "the whole response is the program"})
+CODE_MODES = Registry("reward.code.mode", {
+    "fraction": "the share of the sample's tests that pass",
+    "all": "1 when every test passes, else 0 (veRL's sandbox_fusion and prime's default)"})
+CODE_LANGUAGES = Registry("reward.code.language", {"python": "Python 3, the trainer's interpreter, run isolated (-I)"})
+JUDGE_PARSERS = Registry("reward.judge.parse", {
+    "number": "the last number in the reply, divided by reward.judge.scale",
+    "yes_no": "1 when the reply's last yes/no word is yes, 0 when no",
+    "boxed": "the number in the reply's last \\boxed{}, divided by reward.judge.scale"})
+
+
+@dataclass
+class CodeRewardConfig:
+    extract: str = setting("block_or_whole", "where the program is in a response", choices=CODE_EXTRACT)
+    tests: str = setting("label", "the sample's column holding its test cases: APPS/TACO input_output, CodeContests "
+                                  "public/private/generated_tests, LiveCodeBench test cases or veRL's prime "
+                                  "{inputs, outputs, fn_name} (docs/rewards.md)")
+    mode: str = setting("fraction", "the score", choices=CODE_MODES)
+    language: str = setting("python", "the programs' language", choices=CODE_LANGUAGES)
+    test_timeout_s: float = setting(5.0, "wall-clock seconds per test case; past it the test fails", gt=0)
+    sample_timeout_s: float = setting(30.0, "wall-clock seconds for all of one sample's tests; the tests not run by "
+                                            "then fail", gt=0)
+    max_tests: int = setting(0, "run at most this many of a sample's tests (the first ones); 0 = all", ge=0)
+    memory_mb: int = setting(1024, "address space of a program under test, MB", gt=0)
+    processes: int = setting(32, "processes a program under test may run at once (its sandbox's)", gt=0)
+    concurrency: int = setting(0, "samples run at once, each in its own sandbox; 0 = one per core", ge=0)
+
+
+@dataclass
+class RemoteRewardConfig:
+    url: Optional[str] = setting(None, "POST {\"items\": [{prompt, response, label, task, ...}]} -> {\"scores\": "
+                                       "[...]} (docs/rewards.md); the rule 'remote' in reward.verifiers")
+    api_key_env: Optional[str] = setting(None, "the environment variable holding the key, sent as "
+                                               "'Authorization: Bearer <key>' (never written anywhere)")
+    batch_size: int = setting(16, "samples per request", gt=0)
+    max_concurrency: int = setting(8, "requests in flight at once", gt=0)
+    timeout_s: float = setting(30.0, "deadline for a batch's scoring from its first request, retries included; "
+                                     "what is not scored by then scores 0 and is counted in reward/remote/errors",
+                               gt=0)
+    retries: int = setting(3, "retries of a request that failed with a 5xx, a 429 or a connection error", ge=0)
+    backoff_s: float = setting(0.5, "the first retry's wait; doubled each retry (with jitter)", ge=0)
+
+
+@dataclass
+class JudgeConfig:
+    url: Optional[str] = setting(None, "an OpenAI-compatible server's base URL (.../v1); the rule 'judge' in "
+                                       "reward.verifiers")
+    model: Optional[str] = setting(None, "the model name sent in each chat request")
+    template: str = setting("Question:\n{prompt}\n\nReference answer: {label}\n\nResponse:\n{response}\n\n"
+                            "Is the response correct? Answer yes or no.",
+                            "the judge's user message; {prompt}, {response}, {label} and the sample's columns are "
+                            "filled in; a path to a .txt file is read")
+    system: Optional[str] = setting(None, "a system message before the template")
+    parse: str = setting("yes_no", "how a reply becomes a score", choices=JUDGE_PARSERS)
+    scale: float = setting(1.0, "number / boxed: the reply's number is divided by this (10 for a 0-10 grade)", gt=0)
+    api_key_env: Optional[str] = setting(None, "the environment variable holding the key (never written anywhere)")
+    max_tokens: int = setting(256, "the reply's length at most, tokens", gt=0)
+    temperature: float = setting(0.0, "the judge's sampling temperature", ge=0)
+    max_concurrency: int = setting(8, "requests in flight at once", gt=0)
+    timeout_s: float = setting(60.0, "deadline for a batch's judging from its first request, retries included; "
+                                     "what is not judged by then scores 0 and is counted in reward/remote/errors",
+                               gt=0)
+    retries: int = setting(3, "retries of a request that failed with a 5xx, a 429 or a connection error", ge=0)
+    backoff_s: float = setting(0.5, "the first retry's wait; doubled each retry (with jitter)", ge=0)
+
+
+@dataclass
+class RewardModelConfig:
+    path: Optional[str] = setting(None, "a Hugging Face sequence-classification model (AutoModelForSequence"
+                                        "Classification) scoring the chat-templated prompt and response; the rule "
+                                        "'model' in reward.verifiers")
+    index: int = setting(0, "the logit that is the score (0 for a one-label head)", ge=0)
+    max_token_len: int = setting(8192, "tokens per forward pass (packed greedily, like the log-prob passes)", gt=0)
+    dtype: str = setting("auto", "auto (the trainer's model.dtype) / float32 / bfloat16 / float16")
+
+
 @dataclass
 class RewardConfig:
     verifiers: list[str] = setting(["acc", "format"], "rule names (see verirl.rewards)")
@@ -210,6 +289,11 @@ class RewardConfig:
                                    "in reward/errors", gt=0)
     aggregate: str = setting("sum", "sum (weighted sum of the rules) / normalize_then_sum (each rule normalised in "
                                     "its group first: GDPO)", choices=AGGREGATES)
+    code: CodeRewardConfig = section(CodeRewardConfig, "the rule 'code': a response's program run against the "
+                                                       "sample's tests in the sandbox (docs/rewards.md)")
+    remote: RemoteRewardConfig = section(RemoteRewardConfig, "the rule 'remote': a scoring server over HTTP")
+    judge: JudgeConfig = section(JudgeConfig, "the rule 'judge': an LLM judge behind an OpenAI-compatible endpoint")
+    model: RewardModelConfig = section(RewardModelConfig, "the rule 'model': a reward model in the trainer's process")
     overlong_buffer: OverlongBufferConfig = section(
         OverlongBufferConfig, "DAPO's soft overlong punishment: a response of L tokens longer than "
                               "rollout.max_new_tokens - len gets -penalty_factor * min(1, (L - (max_new_tokens - len)) "
@@ -234,6 +318,15 @@ class RolloutCorrectionConfig:
     rollout_rs_threshold: float = setting(3.0, "upper bound on the ratio (TRL's vllm_importance_sampling_clip_max)",
                                           ge=0)
     rollout_rs_threshold_lower: float = setting(0.0, "lower bound; 0 = none (TRL's default)", ge=0)
+
+
+@dataclass
+class DistillConfig:
+    teacher: Optional[str] = setting(None, "a model with the student's tokenizer: on-policy distillation, the "
+                                           "per-token reverse KL (teacher log-prob - student log-prob of each "
+                                           "sampled token) as an advantage (docs/algorithms.md)")
+    coef: float = setting(1.0, "the weight of the distillation advantage", ge=0)
+    rewards: bool = setting(True, "add the rules' group advantage to it; false: the distillation advantage alone",)
 
 
 @dataclass
@@ -270,6 +363,7 @@ class AlgoConfig:
     loss_scale_factor: float = setting(0.0, "seq-mean-token-sum-norm: the constant divisor; 0 = rollout.max_new_tokens "
                                        "(Dr. GRPO)", ge=0)
     mask_truncated: bool = setting(False, "responses cut at rollout.max_new_tokens (no stop token) get no loss")
+    distill: DistillConfig = section(DistillConfig, "on-policy distillation from a teacher model")
     filter_groups: FilterGroupsConfig = section(
         FilterGroupsConfig, "DAPO dynamic sampling: groups whose metric is the same for every sample (all right or "
                             "all wrong: zero advantage, no signal) are dropped and more prompts generated until the "

@@ -5,11 +5,13 @@ import dataclasses
 import os
 import re
 import sys
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, load_rule
 from verirl.rewards.pool import RewardPool, SandboxSpec
+from verirl.rewards.service import Service, ServiceScores
 from verirl.sandbox import hidden_paths
 
 _told_in_process = False  # the "no timeout" line is printed once per process
@@ -29,11 +31,28 @@ class RewardResult:
     totals: list[float]  # (N,) weighted sum of the rules that apply to each sample
     per_rule: dict[str, list[Optional[float]]]  # rule name -> (N,) score, None where the rule does not apply
     errors: int = 0  # scores that failed (raised, timed out, NaN, wrong length) and counted 0
+    counts: dict[str, float] = field(default_factory=dict)  # the services' counters (reward/code/compile_errors)
+
+    @staticmethod
+    def concat(parts: Sequence["RewardResult"], errors: Optional[int] = None) -> "RewardResult":
+        """``parts`` one after the other; their errors and counts summed (``errors``: that many instead)."""
+        counts: dict[str, float] = {}
+        for p in parts:
+            for k, v in p.counts.items():
+                counts[k] = counts.get(k, 0.0) + v
+        return RewardResult([t for p in parts for t in p.totals],
+                            {k: [v for p in parts for v in p.per_rule[k]] for k in parts[0].per_rule},
+                            sum(p.errors for p in parts) if errors is None else errors, counts)
+
+    def rows(self, start: int, stop: int) -> "RewardResult":
+        """Responses ``start`` to ``stop``, without the errors and counts (they are the whole batch's)."""
+        return RewardResult(self.totals[start:stop], {k: v[start:stop] for k, v in self.per_rule.items()})
 
     def metrics(self, tasks: Sequence[str], sources: Sequence[Optional[str]] = ()) -> dict[str, float]:
         """reward/mean, reward/<rule>/mean over applicable samples only, reward/task/<task>/mean, and
         reward/data_source/<source>/mean for the samples whose prompt has a data source (veRL's rows)."""
-        out = {"reward/mean": sum(self.totals) / max(len(self.totals), 1), "reward/errors": float(self.errors)}
+        out = {"reward/mean": sum(self.totals) / max(len(self.totals), 1), "reward/errors": float(self.errors),
+               **self.counts}
         for rule, scores in self.per_rule.items():
             vals = [s for s in scores if s is not None]
             if vals:  # a batch without this rule's task logs nothing rather than a zero
@@ -53,19 +72,24 @@ class Scorer:
     space; see `verirl.rewards.pool`; with ``sandbox``, each worker in `verirl.sandbox`, which also
     covers the paths ``hide``, the run directory) or in this process (``workers == 0``, for debugging: no
     timeout, no memory cap, output not captured; said once on stderr). A score that is not a
-    number, not finite or beyond +-``max_abs_score`` is an error, like a rule that raises."""
+    number, not finite or beyond +-``max_abs_score`` is an error, like a rule that raises.
+    ``services``: the verifiers that are services (`verirl.rewards.service`), each scoring in a thread
+    of this process while the pool scores the rest."""
 
     def __init__(self, verifiers: Sequence[str], weights: Sequence[float],
                  task_rules: Optional[Mapping[str, Sequence[str]]] = None, workers: int = 0,
                  timeout: float = 10.0, chunk: int = 16, max_memory_mb: int = 0,
                  max_abs_score: float = DEFAULT_MAX_ABS_SCORE, sandbox: bool = False,
-                 hide: Sequence[str] = (), say: bool = True):
+                 hide: Sequence[str] = (), say: bool = True, services: Optional[Mapping[str, Service]] = None):
         global _told_in_process
-        self.rules = [load_rule(v) for v in verifiers]
+        self.services = dict(services or {})
+        self.rules = [Rule(v, v, True, None) if v in self.services else load_rule(v) for v in verifiers]
         if sandbox and not sys.platform.startswith("linux") and workers > 0:
             _say_no_sandbox_here()
             sandbox = False
-        spec = SandboxSpec(tuple(hidden_paths(tuple(hide))), tuple(r.spec for r in self.rules)) if sandbox else None
+        pooled = tuple(r.spec for r in self.rules if r.name not in self.services)
+        spec = SandboxSpec(tuple(hidden_paths(tuple(hide))), pooled) if sandbox else None
+        self._threads: Optional[ThreadPoolExecutor] = None
         by_ref = {r.spec: r for r in self.rules} | {r.name: r for r in self.rules}
         self.weights = {r.name: float(w) for r, w in zip(self.rules, weights)}
         self.task_rules = {t: [by_ref[n] for n in names] for t, names in (task_rules or {}).items()}
@@ -85,9 +109,14 @@ class Scorer:
     def submit(self, responses: Sequence[str], samples: Sequence[dict]) -> "PendingRewards":
         """Start scoring and return at once (with a pool): the trainer runs its log-prob passes
         while the workers score, then calls ``.result()``."""
-        calls, where = [], []
+        calls, where, served = [], [], []
         for rule in self.rules:
             idx = [i for i, s in enumerate(samples) if rule in self.task_rules.get(s.get("task"), self.rules)]
+            if rule.name in self.services:
+                if idx:
+                    served.append((rule, idx, self._serve(rule.name, [responses[i] for i in idx],
+                                                          [samples[i] for i in idx])))
+                continue
             size = len(idx) if rule.batched else self.chunk  # a list rule sees all its samples at once
             for c in range(0, len(idx), max(size, 1)):
                 part = idx[c:c + size]
@@ -103,7 +132,12 @@ class Scorer:
                     started.append(call_rule(*c, self.max_abs_score))
             finally:
                 self.current = None
-        return PendingRewards(self, responses, samples, calls, where, started)
+        return PendingRewards(self, responses, samples, calls, where, started, served)
+
+    def _serve(self, name: str, responses: list[str], samples: list[dict]) -> "Future[ServiceScores]":
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max(len(self.services), 1), thread_name_prefix="verirl-reward-service")
+        return self._threads.submit(self.services[name].score, responses, samples)
 
     def applies(self, rule_names: Sequence[str], sample: dict) -> bool:
         """Whether one of ``rule_names`` scores ``sample`` (is configured and routed to its task)."""
@@ -133,18 +167,23 @@ class Scorer:
 
     def outstanding(self) -> list[str]:
         """The scoring calls running now, one line each (the hang watchdog's report)."""
+        served = [line for s in self.services.values() for line in s.outstanding()]
         if self.pool is not None:
-            return self.pool.outstanding()
+            return self.pool.outstanding() + served
         c = getattr(self, "current", None)
         if c is None:
-            return []
+            return served
         rule, responses, samples = c
         return [f"rule '{rule.name}' (in this process) on {len(responses)} response(s), the first with label "
                 f"{samples[0].get('label')!r} task {samples[0].get('task')!r}: {responses[0][:120]!r}"]
 
-    def _finish(self, responses, samples, calls, where, results) -> RewardResult:
+    def _finish(self, responses, samples, calls, where, results, served) -> RewardResult:
         per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}
-        totals, errors = [0.0] * len(responses), 0
+        totals, errors, counts = [0.0] * len(responses), 0, {}
+        for rule, idx, done in served:
+            calls, where, results = [*calls, (rule, None, None)], [*where, idx], [*results, done.scores]
+            for k, v in done.counts.items():
+                counts[k] = counts.get(k, 0.0) + v
         for (rule, _, _), part, res in zip(calls, where, results):
             for i, (score, why) in zip(part, res):
                 if score is None:
@@ -153,7 +192,7 @@ class Scorer:
                     score = 0.0
                 per_rule[rule.name][i] = score
                 totals[i] += self.weights[rule.name] * score
-        return RewardResult(totals, per_rule, errors)
+        return RewardResult(totals, per_rule, errors, counts)
 
     def _warn_once(self, rule: Rule, why: str, response: str, sample: dict) -> None:
         head, _, printed = why.partition("\n")  # a pool's reason may end with the lines the rule printed
@@ -167,21 +206,27 @@ class Scorer:
               + (f" The last lines it printed:{said}" if said else ""), file=sys.stderr)
 
     def close(self) -> None:
-        """Stop the pool's workers (safe to call twice; a later call starts new ones)."""
+        """Stop the pool's workers and the services (safe to call twice; a later call starts new ones)."""
         if self.pool:
             self.pool.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
+        for s in self.services.values():
+            s.close()
 
 
 class PendingRewards:
     """Scores on their way; ``result()`` waits (each call still under the pool's timeout)."""
 
-    def __init__(self, scorer: Scorer, responses, samples, calls, where, started):
-        self._args = (scorer, responses, samples, calls, where, started)
+    def __init__(self, scorer: Scorer, responses, samples, calls, where, started, served=()):
+        self._args = (scorer, responses, samples, calls, where, started, served)
 
     def result(self) -> RewardResult:
-        scorer, responses, samples, calls, where, started = self._args
+        scorer, responses, samples, calls, where, started, served = self._args
         results = scorer.pool.collect(started) if scorer.pool else started
-        return scorer._finish(responses, samples, calls, where, results)
+        done = [(rule, idx, future.result()) for rule, idx, future in served]  # a service raising is a bug: it says
+        return scorer._finish(responses, samples, calls, where, results, done)
 
 
 def default_workers() -> int:

@@ -134,10 +134,11 @@ def check_rules(verifiers, tasks, import_rules: bool = True, paths: bool = True)
     imported, before training writes anything; ``paths=False``: any name is taken as a rule of the machine
     the config is for); each rule a task is routed to is one of the verifiers."""
     from verirl.rewards import RULES, check_reference, load_rule
+    from verirl.rewards.service import SERVICES
 
     names_ok = set(verifiers)
     for name in verifiers:
-        if name in RULES:
+        if name in RULES or name in SERVICES:
             continue
         if not paths:  # another machine's file or module, or another system's rule: checked where it runs
             names_ok.add(name.rsplit(":", 1)[-1])
@@ -154,6 +155,45 @@ def check_rules(verifiers, tasks, import_rules: bool = True, paths: bool = True)
                 raise ConfigError(
                     f"reward.tasks.{task} names rule '{name}', which is not in reward.verifiers "
                     f"{list(verifiers)}. Add it there (with a weight) or remove it from the task.")
+
+
+def check_services(cfg: Config, ask: Ask) -> None:
+    """The rules that are services (`verirl.rewards.service`) have what they need: 'remote' a URL, 'judge' a URL
+    and a model, 'model' a path; a URL or path given for a service that reward.verifiers does not name is
+    refused (it would be silently unused); a named key variable is set (on this machine); the teacher of
+    algo.distill is given as a directory."""
+    r, names = cfg.reward, set(cfg.reward.verifiers)
+    given = {"remote": ("reward.remote.url", r.remote.url), "judge": ("reward.judge.url", r.judge.url),
+             "model": ("reward.model.path", r.model.path)}
+    for name, (key, value) in given.items():
+        if name in names and not value:
+            raise ConfigError(f"reward.verifiers names '{name}' but {key} is not set: give it "
+                              f"({'the server URL' if name != 'model' else 'the reward model directory'}), "
+                              f"or remove '{name}' from reward.verifiers (docs/rewards.md).")
+        if value and name not in names:
+            raise ConfigError(f"{key}={value!r} is set but reward.verifiers {list(r.verifiers)} does not name "
+                              f"'{name}', so it would never be called. Add '{name}' to reward.verifiers with a "
+                              f"weight in reward.weights, or unset {key}.")
+    if "judge" in names and not r.judge.model:
+        raise ConfigError("reward.judge.model is not set: name the model the judge's server serves (what its "
+                          "/v1/models lists), e.g. reward.judge.model=Qwen/Qwen2.5-7B-Instruct.")
+    for key, url in (("reward.remote.url", r.remote.url), ("reward.judge.url", r.judge.url)):
+        if url and not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"{key}={url!r} is not an http:// or https:// URL.")
+    for key, var, name in (("reward.remote.api_key_env", r.remote.api_key_env, "remote"),
+                           ("reward.judge.api_key_env", r.judge.api_key_env, "judge")):
+        if var and name in names and ask.paths and not os.environ.get(var):
+            raise ConfigError(f"{key}={var!r} names an environment variable that is not set here: export {var}=<the "
+                              f"key> before the run (the key itself is never put in a config).")
+    d = cfg.algo.distill
+    if d.teacher and not d.rewards and d.coef == 0:
+        raise ConfigError("algo.distill.coef=0 with algo.distill.rewards=false leaves no advantage: every token "
+                          "would get 0. Give coef > 0, or rewards=true.")
+    if ask.paths:
+        for key, path in (("reward.model.path", r.model.path), ("algo.distill.teacher", cfg.algo.distill.teacher)):
+            if path and not os.path.isdir(os.path.expanduser(path)):
+                raise ConfigError(f"{key}={path!r} is not a directory: give a Hugging Face model directory "
+                                  f"(config.json and weights).")
 
 
 def check_algorithms(cfg: Config, ask: Optional[Ask] = None) -> None:
@@ -578,6 +618,7 @@ RULES: list[Rule] = [
     Rule("names", check_names, False),
     Rule("reward rules", lambda cfg, ask: check_rules(cfg.reward.verifiers, cfg.reward.tasks, ask.import_rules,
                                                       ask.paths), False),
+    Rule("reward services", check_services, False),
     Rule("algorithm names", check_algorithms, False),
     Rule("launch", check_launch, False),
     Rule("multi-turn", check_multi_turn, False),

@@ -342,7 +342,7 @@ def queue_state(queued: list[Produced]) -> list[dict]:
             "prompts": [{"messages": q.messages, "label": q.label, "task": q.task, "ids": q.ids, "extra": q.extra}
                         for q in p.prompts],
             "rewards": {"totals": logged.logged.totals, "per_rule": logged.logged.per_rule,
-                        "errors": logged.logged.errors, "for_advantages": logged.for_advantages},
+                        "errors": logged.logged.errors, "counts": logged.logged.counts, "for_advantages": logged.for_advantages},
             "rollout": {k: None if getattr(r, k) is None else
                         {"dtype": str(getattr(r, k).dtype).removeprefix("torch."), "values": getattr(r, k).tolist()}
                         for k in ROLLOUT_FIELDS}})
@@ -363,7 +363,7 @@ def queue_from_state(state: Optional[list[dict]]) -> list[Produced]:
         out.append(Produced(
             d["step"], [Prompt(q["messages"], q["label"], q["task"], q["ids"], q["extra"]) for q in d["prompts"]],
             d["groups"], Rollout(*(t[k] for k in ROLLOUT_FIELDS)), d["texts"],
-            ShapedRewards(RewardResult(w["totals"], w["per_rule"], w["errors"]), w["for_advantages"]),
+            ShapedRewards(RewardResult(w["totals"], w["per_rule"], w["errors"], w.get("counts", {})), w["for_advantages"]),
             d["stats"], d["episodes"], d["versions"], d["position"], d["seconds"], d["idle_s"]))
     return out
 

@@ -192,7 +192,8 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward
     workers = reward_workers_per_rank(cfg)
-    scorer = build_scorer(reward, workers, hide=(cfg.trainer.run_dir,), say=dist.is_main)
+    scorer = build_scorer(reward, workers, hide=(cfg.trainer.run_dir,), say=dist.is_main,
+                          device=str(next(lm.model.parameters()).device), dtype=cfg.model.dtype)
     evaluation = EvalSettings(eval_prompts, cfg.eval.n, cfg.eval.temperature, cfg.eval.greedy,
                               cfg.rollout.max_new_tokens, cfg.trainer.seed + 777, cfg.eval.before_train,
                               cfg.eval.every, cfg.eval.at_end, cfg.eval.top_p, cfg.eval.top_k)
@@ -438,15 +439,20 @@ def activation_settings(cfg: Config, model) -> Optional[ActivationSettings]:
                               Path(d.dir or Path(cfg.trainer.run_dir) / "activations"), meta)
 
 
-def build_scorer(reward, workers: int, hide: tuple[str, ...] = (), say: bool = True) -> Scorer:
+def build_scorer(reward, workers: int, hide: tuple[str, ...] = (), say: bool = True, device: str = "cpu",
+                 dtype: str = "float32") -> Scorer:
     """The reward section's scorer in ``workers`` processes, sandboxed unless reward.sandbox=false (then
-    said once, with what that leaves open)."""
+    said once, with what that leaves open), with the services reward.verifiers names (`verirl.rewards.service`:
+    a reward model on ``device``, in ``dtype`` when its own is auto)."""
+    from verirl.rewards.service import ServiceContext, build_services
+
     if say and not reward.sandbox and workers > 0:
         print("reward.sandbox=false: rules run in plain workers, with the trainer's uid, files, network and "
               "environment (docs/sandbox.md).", file=sys.stderr)
+    services = build_services(reward.verifiers, reward, ServiceContext(hide, str(device), dtype, say))
     return Scorer(reward.verifiers, reward.weights, reward.tasks, workers, reward.timeout,
                   max_memory_mb=reward.max_memory_mb, max_abs_score=reward.max_abs_score,
-                  sandbox=reward.sandbox, hide=hide, say=say)
+                  sandbox=reward.sandbox, hide=hide, say=say, services=services)
 
 
 @dataclass
@@ -483,7 +489,8 @@ def build_eval(cfg: Config, limit: int = 0) -> EvalParts:
         prompts = prompts[:limit]
     if not prompts:
         raise DataError(f"eval.data={cfg.eval.data or data.task}: no prompts to evaluate.")
-    scorer = build_scorer(reward, default_workers())
+    scorer = build_scorer(reward, default_workers(), device=str(next(lm.model.parameters()).device),
+                          dtype=cfg.model.dtype)
     options = {}
     if rollout.engine == "vllm":  # the rollout section's vLLM settings (docs/vllm.md)
         options = vllm_options(rollout, lm, cfg.model.dtype, dict(cfg.model.override_config), 256,

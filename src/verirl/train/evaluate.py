@@ -130,8 +130,8 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
                     ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed), prompt_index=at))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         g = len(chunk) if greedy else 0
-        result, verdicts, answers = _score(scorer, texts, [{**p.extra, "label": p.label, "task": p.task}
-                                                           for p in per_text], g)
+        result, verdicts, answers = _score(scorer, texts, [{**p.extra, "label": p.label, "task": p.task,
+                                                            "prompt": p.messages} for p in per_text], g)
         right = [answer_right(result, i, t, p.label, verdicts[i]) for i, (t, p) in enumerate(zip(texts, per_text))]
         for j, p in enumerate(chunk):
             s = slice(g + j * n, g + (j + 1) * n)

@@ -112,7 +112,8 @@ def build_parts(cfg: Config, index: int, say=None) -> ProducerParts:
     train, _, stop_ids = load_data(cfg.data, cfg.eval.size, lm)
     train = with_tools(train, lm.tokenizer, envs, cfg.data, "")
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train, producer=True)
-    scorer = build_scorer(cfg.reward, reward_workers_per_rank(cfg), hide=(cfg.trainer.run_dir,), say=False)
+    scorer = build_scorer(cfg.reward, reward_workers_per_rank(cfg), hide=(cfg.trainer.run_dir,), say=False,
+                          device=str(next(lm.model.parameters()).device), dtype=cfg.model.dtype)
     dist = Dist.single()
     t = cfg.trainer
     return ProducerParts(

@@ -67,16 +67,13 @@ class ShapedRewards:
 
     def rows(self, start: int, stop: int) -> "ShapedRewards":
         """Responses ``start`` to ``stop`` (their scoring errors not counted)."""
-        r = self.logged
-        return ShapedRewards(RewardResult(r.totals[start:stop], {k: v[start:stop] for k, v in r.per_rule.items()}),
-                             self.for_advantages[start:stop])
+        return ShapedRewards(self.logged.rows(start, stop), self.for_advantages[start:stop])
 
     @staticmethod
-    def join(parts: list["ShapedRewards"], errors: int) -> "ShapedRewards":
-        """``parts`` one after the other, with ``errors`` scoring errors in all."""
-        logged = RewardResult([x for p in parts for x in p.logged.totals],
-                              {k: [x for p in parts for x in p.logged.per_rule[k]] for k in parts[0].logged.per_rule},
-                              errors)
+    def join(parts: list["ShapedRewards"], errors: int, counts: Optional[dict[str, float]] = None) -> "ShapedRewards":
+        """``parts`` one after the other, with ``errors`` scoring errors and the services' ``counts`` in all."""
+        logged = RewardResult.concat([p.logged for p in parts], errors)
+        logged.counts = dict(counts or {})
         return ShapedRewards(logged, [x for p in parts for x in p.for_advantages])
 
 
@@ -155,7 +152,8 @@ def received(run: Run, step: int, timer: Timer) -> StepBatch:
     rewards = produced.logged
     if dist.dp_world > 1:
         errors = rewards.logged.errors if dist.dp_rank == 0 else 0  # counted once over the ranks
-        rewards = ShapedRewards.join([rewards.rows(j * n, (j + 1) * n) for j in mine], errors)
+        rewards = ShapedRewards.join([rewards.rows(j * n, (j + 1) * n) for j in mine], errors,
+                                     rewards.logged.counts if dist.dp_rank == 0 else {})
     versions = [produced.versions[i] for i in rows]
     oldest = [min(v for v, _ in runs) if runs else step - 1 for runs in versions]
     stale = [float(step - 1 - v) for v in oldest]
@@ -184,7 +182,7 @@ def with_env_rewards(raw: RewardResult, episodes: list[dict]) -> RewardResult:
     if not episodes:
         return raw
     env = [e["env_reward"] for e in episodes]
-    return RewardResult([t + r for t, r in zip(raw.totals, env)], {**raw.per_rule, "env": env}, raw.errors)
+    return RewardResult([t + r for t, r in zip(raw.totals, env)], {**raw.per_rule, "env": env}, raw.errors, raw.counts)
 
 
 def score(run: Run, texts: list[str], fields: list[dict]) -> Callable[[], RewardResult]:
@@ -202,10 +200,7 @@ def score(run: Run, texts: list[str], fields: list[dict]) -> Callable[[], Reward
     pending = run.scorer.submit(texts[part], fields[part])
 
     def result() -> RewardResult:
-        parts = run.dist.decoders_gather(pending.result(), False)
-        return RewardResult([t for r in parts for t in r.totals],
-                            {rule: [v for r in parts for v in r.per_rule[rule]] for rule in parts[0].per_rule},
-                            sum(r.errors for r in parts))
+        return RewardResult.concat(run.dist.decoders_gather(pending.result(), False))
     return result
 
 
@@ -380,7 +375,7 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
     held: dict[tuple[int, int], Group] = {}  # (generation batch, position) -> this rank's group
     informative: list[tuple[int, int]] = []  # every rank's informative groups, in order
     generated: list[tuple[int, int]] = []
-    errors, b = 0, 0
+    errors, b, counts = 0, 0, {}
     epoch = -(-len(run.train) // settings.prompts_per_step)  # generation batches that take every prompt once
     while True:
         batch_prompts = [run.train[i] for i in run.sampler.take(settings.prompts_per_step)]
@@ -391,6 +386,8 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
             rewards = shape_rewards(settings.shaping, with_env_rewards(score(run, texts, fields)(), episodes), rollout,
                                     n, run.scorer.weights)
         errors += rewards.logged.errors
+        for k, v in rewards.logged.counts.items():
+            counts[k] = counts.get(k, 0.0) + v
         metric = rewards.for_advantages if f.metric == "reward" else \
             [0.0 if v is None else v for v in rewards.logged.per_rule[f.metric]]
         good = informative_groups(torch.tensor(metric, dtype=torch.float64), n).tolist()
@@ -420,7 +417,7 @@ def dynamic_sampling(run: Run, step: int, timer: Timer, weight_version: int) -> 
         pool.update(part)
     parts = [pool[key] for key in wanted]
     joined = as_training_rollout(concat_rollouts([g.rollout for g in parts], run.pad_id), rollout)
-    kept = ShapedRewards.join([g.rewards for g in parts], errors)  # reward/errors: every generation batch's
+    kept = ShapedRewards.join([g.rewards for g in parts], errors, counts)  # reward/errors: every generation batch's
     stats = {"filter/gen_batches": float(b), "filter/informative_groups": float(len(informative)),
              "filter/kept_groups": float(groups), "filter/shortfall": float(settings.prompts_per_step - groups)}
     return StepBatch(step, step_settings, [g.prompt for g in parts], joined, [t for g in parts for t in g.texts],
@@ -467,7 +464,7 @@ def shape_rewards(shaping: RewardShaping, raw: RewardResult, rollout: Rollout, g
         per_rule["overlong"] = penalty
         totals = [t + p for t, p in zip(totals, penalty)]
         for_advantages = None if for_advantages is None else [t + p for t, p in zip(for_advantages, penalty)]
-    return ShapedRewards(RewardResult(totals, per_rule, raw.errors),
+    return ShapedRewards(RewardResult(totals, per_rule, raw.errors, raw.counts),
                          list(totals if for_advantages is None else for_advantages))
 
 
@@ -576,8 +573,9 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
 
 
 def reward_fields(p: Prompt) -> dict:
-    """What a reward rule sees of a prompt besides the response: its extra keys, label and task."""
-    return {**p.extra, "label": p.label, "task": p.task}
+    """What a reward rule sees of a prompt besides the response: its extra keys, label, task and the prompt's
+    chat messages (``prompt``: what a judge, a scoring server and a reward model read)."""
+    return {**p.extra, "label": p.label, "task": p.task, "prompt": p.messages}
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,

@@ -37,10 +37,7 @@ class ResponseStats:
         def cat(name: str) -> list:
             return [x for part in parts for x in getattr(part, name)]
 
-        rewards = RewardResult([x for p in parts for x in p.rewards.totals],
-                               {rule: [x for p in parts for x in p.rewards.per_rule[rule]]
-                                for rule in parts[0].rewards.per_rule},
-                               sum(p.rewards.errors for p in parts))
+        rewards = RewardResult.concat([p.rewards for p in parts])
         return ResponseStats(cat("tasks"), cat("sources"), rewards, cat("advantage_rewards"), cat("advantages"),
                              cat("response_lengths"), cat("loss_lengths"), cat("prompt_lengths"), cat("stopped"),
                              cat("entropy"))
