@@ -147,6 +147,8 @@ CASES = [
                          "reward.tasks": {}, "reward.judge.url": "http://127.0.0.1:9/v1"}, "reward.judge.model is not set"),
     ("reward services", {"algo.distill.teacher": "/t", "algo.distill.rewards": False, "algo.distill.coef": 0.0},
      "leaves no advantage"),
+    ("reward services", {"algo.distill.teacher": "/t", "actor.pipeline_parallel_size": 2, "trainer.nproc_per_node": 2},
+     "the teacher's layers would need stages of their own"),
     ("lora", {"actor.lora.rank": 5, "actor.lora.init": "orthogonal"}, "so the rank must be even"),
     ("lora", {"actor.lora.rank": 4, "actor.lora.target_modules": 3}, "is neither all-linear nor a list"),
     ("asynchronous training", {"trainer.async_training.max_staleness": 1}, "needs rollout.placement=separate"),

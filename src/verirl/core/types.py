@@ -52,6 +52,6 @@ class Rollout:
 class TrainBatch:
     """What the policy update consumes: a rollout plus per-sequence advantages and reference quantities."""
     rollout: Rollout
-    advantages: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N,) per response, or (N, R) per token
     old_logprobs: Optional[torch.Tensor] = None  # (N, R); None = on-policy, use current log-probs detached
     ref_logprobs: Optional[torch.Tensor] = None  # (N, R); None = no KL term

@@ -143,6 +143,17 @@ def load_model(path: str = "tiny", dtype: str = "float32", device: str = "auto",
     return LoadedModel(model, tokenizer, stops, pad_token_id(tokenizer, stops), real)
 
 
+def tokenizer_difference(a, b) -> Optional[str]:
+    """None when tokenizers ``a`` and ``b`` map every id to the same token, else the first id where they
+    differ, with each one's token there (an id one of them lacks shows as None)."""
+    ta = {i: t for t, i in a.get_vocab().items()}
+    tb = {i: t for t, i in b.get_vocab().items()}
+    for i in range(max(max(ta, default=-1), max(tb, default=-1)) + 1):
+        if ta.get(i) != tb.get(i):
+            return f"id {i} is {ta.get(i)!r} in one and {tb.get(i)!r} in the other"
+    return None
+
+
 def _load_adapter(path: str, real: str, dtype: str, device: str, override_config: Optional[dict]) -> LoadedModel:
     """A peft LoRA adapter directory as a plain model: its base (base_model_name_or_path), the adapter
     merged into it; the adapter directory's tokenizer when it has one (verirl's exports do)."""

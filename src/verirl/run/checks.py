@@ -186,6 +186,10 @@ def check_services(cfg: Config, ask: Ask) -> None:
             raise ConfigError(f"{key}={var!r} names an environment variable that is not set here: export {var}=<the "
                               f"key> before the run (the key itself is never put in a config).")
     d = cfg.algo.distill
+    if d.teacher and cfg.actor.pipeline_parallel_size > 1:
+        raise ConfigError(f"algo.distill.teacher with actor.pipeline_parallel_size={cfg.actor.pipeline_parallel_size}"
+                          f" is not available: the teacher's layers would need stages of their own. Use tensor "
+                          f"parallelism or FSDP2 for the student (the teacher is split the same way).")
     if d.teacher and not d.rewards and d.coef == 0:
         raise ConfigError("algo.distill.coef=0 with algo.distill.rewards=false leaves no advantage: every token "
                           "would get 0. Give coef > 0, or rewards=true.")

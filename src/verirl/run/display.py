@@ -23,8 +23,8 @@ from verirl.config.schema import progress_name
 from verirl.run.jsonl import mean_of
 
 MODES = ("auto", "rich", "plain", "off")
-PHASE_COLOURS = {"rollout": "cyan", "reward": "magenta", "old_log_prob": "yellow", "ref": "blue", "update": "green",
-                 "sync_weights": "white"}
+PHASE_COLOURS = {"rollout": "cyan", "reward": "magenta", "old_log_prob": "yellow", "ref": "blue", "teacher": "red",
+                 "update": "green", "sync_weights": "white"}
 # seconds spent inside a phase, shown in the legend beside it but not as a bar of their own: a multi-turn
 # step's tool calls run beside the rollout's decoding (timing/tools, summed over episodes, may exceed it)
 WITHIN_PHASE = {"tools": "rollout"}

@@ -36,8 +36,8 @@ from verirl.models.parallel import tensor_parallel
 from verirl.train.pipelined import pipeline, push_tensor, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
-from verirl.train.settings import (ActivationSettings, EvalSettings, FilterSettings, OptimizerSettings, RewardShaping,
-                                   StepSettings)
+from verirl.train.settings import (ActivationSettings, DistillSettings, EvalSettings, FilterSettings,
+                                   OptimizerSettings, RewardShaping, StepSettings)
 from verirl.train.strategy import shard
 from verirl.run.checkpoint import Checkpoint, load_checkpoint
 from verirl.run.rundir import RunDirLock, checkpoint_to_resume, clear_previous_run, lock_held_by_launcher
@@ -71,6 +71,7 @@ class Run:
     dist: Dist  # this rank and the collectives (one process alone: Dist.single())
     model: torch.nn.Module
     ref: Optional[torch.nn.Module]
+    teacher: Optional[torch.nn.Module]  # algo.distill.teacher: scores the student's samples (frozen), or None
     tokenizer: object
     stop_ids: list[int]
     pad_id: int
@@ -188,6 +189,7 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
                 actor = model is lm.model
                 pipe.shard(dist.gradient_mesh, device, cfg.actor.offload == "params" if actor else cfg.ref.offload,
                            trainable=actor)
+    teacher = distill_teacher(cfg, lm, dist, sharded, device)
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
     reward = cfg.reward
@@ -200,7 +202,7 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
     engine, train, order = rollout_engine(cfg, lm, stop_ids, train)
     eval_engine = evaluation_engine(cfg, lm, stop_ids) if eval_prompts else None
     t = cfg.trainer
-    return Run(cfg=cfg, dist=dist, model=lm.model, ref=ref, tokenizer=lm.tokenizer, stop_ids=stop_ids,
+    return Run(cfg=cfg, dist=dist, model=lm.model, ref=ref, teacher=teacher, tokenizer=lm.tokenizer, stop_ids=stop_ids,
                pad_id=lm.pad_id, engine=engine, eval_engine=eval_engine, optimizer=optimizer, scheduler=scheduler,
                multi_turn=multi_turn(cfg, engine, lm.tokenizer, envs, stop_ids, lm.pad_id), environments=envs,
                optimizer_settings=adamw, train=train, sampler=PromptSampler(len(train), cfg.data.seed, order),
@@ -210,6 +212,36 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
                total_steps=t.total_steps,
                checkpoints=CheckpointPolicy(t.save_freq, t.keep_checkpoints, load_checkpoint(resume) if resume else None),
                nonfinite=NonfiniteCount(t.max_nonfinite_steps), device=device_name(resolve_device(cfg.model.device)))
+
+
+def distill_teacher(cfg: Config, lm, dist: Dist, sharded: bool, device) -> Optional[torch.nn.Module]:
+    """algo.distill.teacher loaded frozen on the student's device, split like the student (tensor parallel,
+    FSDP2), or None. A teacher whose tokenizer maps an id to another token than the student's is refused:
+    its log-probs would score other tokens than the ones sampled."""
+    from verirl.models.load import tokenizer_difference
+
+    path = cfg.algo.distill.teacher
+    if not path:
+        return None
+    teacher = load_model(path, cfg.model.dtype, cfg.model.device)
+    differs = tokenizer_difference(lm.tokenizer, teacher.tokenizer)
+    if differs is not None:
+        raise ConfigError(f"algo.distill.teacher={path}: its tokenizer differs from the student's ({cfg.model.path}): "
+                          f"{differs}. On-policy distillation scores the student's sampled token ids with the "
+                          f"teacher, so both must share one tokenizer; use a teacher of the student's family.")
+    teacher_vocab, student_vocab = teacher.model.get_output_embeddings().weight.shape[0], \
+        lm.model.get_output_embeddings().weight.shape[0]
+    if teacher_vocab < len(lm.tokenizer):
+        raise ConfigError(f"algo.distill.teacher={path}: its output layer has {teacher_vocab} rows, fewer than the "
+                          f"{len(lm.tokenizer)} tokens of the shared tokenizer (the student's has {student_vocab}).")
+    model = teacher.model.eval().requires_grad_(False)
+    if dist.tp_world > 1:
+        tensor_parallel(model, dist.mesh[TP])
+    if sharded:
+        shard(model, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
+    elif cfg.ref.offload:
+        model.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
+    return model
 
 
 def lora_settings(cfg: Config) -> Optional[LoraSettings]:
@@ -366,7 +398,8 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         chunk=actor.logprob_chunk, compute_dtype=training_dtype(cfg, model))
     # one optimizer step per batch: the update's own first forward is at the weights before it (the proximal
     # policy, also for samples of older weights: docs/async.md), so no old-log-prob pass is needed
-    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1
+    # with a teacher the student's log-probs are needed before the update, for the distillation advantage
+    on_policy = actor.mini_batch_prompts == cfg.data.prompts_per_step and actor.epochs == 1 and not algo.distill.teacher
     ref_budget = (cfg.ref.log_prob_max_token_len_per_device or actor.max_token_len_per_device) * actor.sequence_parallel_size
     low, high = CLIP_DEFAULTS.get(algo.policy_loss, (0.2, 0.2))
     loss = PolicyLossParams(
@@ -398,7 +431,9 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         update=update, dump_rollouts=cfg.trainer.dump_rollouts, activations=activation_settings(cfg, model),
         shaping=shaping, filter=FilterSettings(fg.metric, fg.max_num_gen_batches) if fg.enable else None,
         flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward,
-        separate=rollout.placement == "separate", sync_every=cfg.trainer.async_training.sync_every)
+        separate=rollout.placement == "separate", sync_every=cfg.trainer.async_training.sync_every,
+        distill=DistillSettings(dataclasses.replace(policy_pass, max_tokens=ref_budget, offload=cfg.ref.offload),
+                                algo.distill.coef, algo.distill.rewards) if algo.distill.teacher else None)
 
 
 def flop_model(model) -> Optional[FlopModel]:

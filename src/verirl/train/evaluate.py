@@ -9,6 +9,13 @@ from verirl.rollout import Engine, SamplingParams
 from verirl.core.types import Prompt
 
 
+def reward_fields(p: Prompt) -> dict:
+    """What a reward rule sees of a prompt besides the response: its extra keys, label, task and the prompt's
+    chat messages (``prompt``: what a judge, a scoring server and a reward model read; a preprocessed
+    dataset's rows have the templated prompt text there instead)."""
+    return {**p.extra, "label": p.label, "task": p.task, "prompt": p.messages or p.extra.get("prompt", "")}
+
+
 def decode_responses(tokenizer, rollout) -> list[str]:
     """Response texts without pad/stop tokens (special tokens dropped)."""
     out = []
@@ -130,8 +137,7 @@ def evaluate(engine: Engine, tokenizer, prompts: Sequence[Prompt], scorer, *, n:
                     ids, n, SamplingParams(max_new_tokens, temperature, top_p, top_k, seed=seed), prompt_index=at))
         per_text = ([p for p in chunk] if greedy else []) + [p for p in chunk for _ in range(n)]
         g = len(chunk) if greedy else 0
-        result, verdicts, answers = _score(scorer, texts, [{**p.extra, "label": p.label, "task": p.task,
-                                                            "prompt": p.messages} for p in per_text], g)
+        result, verdicts, answers = _score(scorer, texts, [reward_fields(p) for p in per_text], g)
         right = [answer_right(result, i, t, p.label, verdicts[i]) for i, (t, p) in enumerate(zip(texts, per_text))]
         for j, p in enumerate(chunk):
             s = slice(g + j * n, g + (j + 1) * n)

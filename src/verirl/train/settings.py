@@ -41,6 +41,14 @@ class RewardShaping:
 
 
 @dataclass(frozen=True)
+class DistillSettings:
+    """algo.distill: on-policy distillation from a teacher model."""
+    teacher_pass: LogprobPass  # the teacher's log-prob pass (the reference pass's budget)
+    coef: float  # weight of the per-token advantage teacher log-prob - student log-prob
+    rewards: bool  # add the rules' group advantage (False: the distillation advantage alone)
+
+
+@dataclass(frozen=True)
 class StepSettings:
     """What one GRPO step needs, as plain values."""
     prompts_per_step: int  # the global batch's prompts
@@ -61,6 +69,7 @@ class StepSettings:
     env_reward: str = "sum"  # multi-turn: what the environment's rewards add to the answer's (sum / last)
     separate: bool = False  # rollout.placement=separate: the batches come from producers (`verirl.train.async_source`)
     sync_every: int = 1  # separate: the weights go to the producers every N updates (and after the last)
+    distill: Optional[DistillSettings] = None  # algo.distill: the teacher's pass and how its advantage is used
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global

@@ -24,9 +24,10 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from verirl.core.algo import informative_groups, kl_penalty, normalize_then_sum, overlong_penalty
+from verirl.core.algo import (distill_advantages, informative_groups, kl_penalty, normalize_then_sum, overlong_penalty,
+                              reverse_kl)
 from verirl.core.errors import DataError
-from verirl.train.evaluate import decode_responses
+from verirl.train.evaluate import decode_responses, reward_fields
 from verirl.train.step_metrics import ResponseStats, Timer, step_metrics
 from verirl.models.lora import adapters_off
 from verirl.rewards import RewardResult
@@ -220,29 +221,53 @@ def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     and the weight push."""
     settings, dist, rollout = batch.settings, run.dist, batch.rollout
     layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
-    old_logprobs = ref_logprobs = None
+    old_logprobs = ref_logprobs = teacher_logprobs = None
     if settings.old_pass is not None:
         with timer("old_log_prob"):
             old_logprobs = compute_logprobs(run.model, rollout, settings.old_pass, layouts, dist)
     if settings.ref_pass is not None:
         with timer("ref"), reference_model(run) as ref:
             ref_logprobs = compute_logprobs(ref, rollout, settings.ref_pass, layouts, dist)
+    if settings.distill is not None:
+        with timer("teacher"):
+            teacher_logprobs = compute_logprobs(run.teacher, rollout, settings.distill.teacher_pass, layouts, dist)
     with timer("reward"):  # what is left of the scoring once the passes are done
         rewards = batch.rewards()
         advantage_rewards = torch.tensor(rewards.for_advantages, dtype=torch.float32)
         advantages = global_advantages(settings, dist, advantage_rewards, rollout.response_lengths.cpu())
         advantages = advantages.to(rollout.response_ids.device)
+    trained_advantages, distilled = advantages, {}  # (N,), or (N, R) per token with a teacher
+    if teacher_logprobs is not None:
+        trained_advantages, advantages, distilled = distillation(settings.distill, advantages, old_logprobs,
+                                                                 teacher_logprobs, rollout, dist)
     trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
         torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
     entropy = torch.zeros(rollout.response_ids.shape[0], dtype=torch.float32, device=rollout.response_ids.device)
     with timer("update"), recording(run, batch.step):
         update = update_policy(run.model, run.optimizer, run.scheduler,
-                               TrainBatch(rollout, advantages, old_logprobs, ref_logprobs), settings.update, layouts,
-                               dist, on_policy_out=trainer_logp, entropy_out=entropy)
+                               TrainBatch(rollout, trained_advantages, old_logprobs, ref_logprobs), settings.update,
+                               layouts, dist, on_policy_out=trainer_logp, entropy_out=entropy)
+        update.update(distilled)
     with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
         pushed = run.engine.sync_weights(run.model) or {}
     return Trained(rewards, advantage_rewards, advantages, trainer_logp, entropy, update, pushed,
                    batch.step)
+
+
+def distillation(d, advantages: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor, rollout: Rollout,
+                 dist: Dist) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """On-policy distillation's advantages (`verirl.core.algo.distill`): (N, R) per token, the teacher's
+    log-prob less the student's on each trained token (times algo.distill.coef), plus the rules' group
+    advantage when algo.distill.rewards; also (N,) each response's mean token advantage (what adv/* logs) and
+    ``distill/*``: the reverse KL and the teacher's log-prob, token means over the global batch."""
+    mask = rollout.loss_mask
+    per_token = distill_advantages(student, teacher, mask, d.coef, advantages if d.rewards else None)
+    m = mask.float()
+    kl, teacher_sum, tokens = dist.all_sum([float((reverse_kl(student, teacher) * m).sum()),
+                                            float((teacher.float() * m).sum()), float(m.sum())])
+    per_response = per_token.sum(-1) / m.sum(-1).clamp(min=1.0)
+    return per_token, per_response, {"distill/reverse_kl": kl / max(tokens, 1.0),
+                                     "distill/teacher_logp": teacher_sum / max(tokens, 1.0)}
 
 
 def update_metrics(run: Run, batch: StepBatch, trained: Trained) -> dict[str, float]:
@@ -570,12 +595,6 @@ def mismatch_metrics(rollout: Rollout, trainer_logp, correction: Optional[Correc
         q = torch.quantile(every, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)).tolist()
         out.update({"mismatch/ratio_p05": q[0], "mismatch/ratio_p50": q[1], "mismatch/ratio_p95": q[2]})
     return out
-
-
-def reward_fields(p: Prompt) -> dict:
-    """What a reward rule sees of a prompt besides the response: its extra keys, label, task and the prompt's
-    chat messages (``prompt``: what a judge, a scoring server and a reward model read)."""
-    return {**p.extra, "label": p.label, "task": p.task, "prompt": p.messages}
 
 
 def rollout_records(step: int, tokenizer, per_response: list[Prompt], texts: list[str], rollout: Rollout,

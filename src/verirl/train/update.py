@@ -294,7 +294,8 @@ def trained_mask(r: Rollout, p: UpdateParams) -> torch.Tensor:
 def _micro_loss(logp, ent, mask, sel, batch: TrainBatch, p: UpdateParams, old, n_tokens, n_seqs):
     """One micro-batch's loss and its statistics' shares. logp, ent, mask, old: (b, w)."""
     w = logp.shape[1]
-    pg, clipped = POLICY_LOSSES[p.policy_loss](logp, old, batch.advantages[sel], mask, p.loss)
+    adv = batch.advantages[sel]  # (b,), or (b, R) per token (on-policy distillation)
+    pg, clipped = POLICY_LOSSES[p.policy_loss](logp, old, adv[:, :w] if adv.dim() == 2 else adv, mask, p.loss)
     roll_logp = batch.rollout.sample_logprobs
     if p.correction is not None and roll_logp is not None:
         weights, _ = p.correction.apply(old, roll_logp[sel, :w].to(old.dtype), mask)

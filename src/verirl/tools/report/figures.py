@@ -21,7 +21,7 @@ from verirl.tools.report.runs import RunData
 WIDTH_IN, HEIGHT_IN, DPI = 8.0, 4.5, 100
 WIDTH, HEIGHT = int(WIDTH_IN * DPI), int(HEIGHT_IN * DPI)  # 800 x 450 pixels
 MOST_PANELS = 12  # per figure (rules, tasks, validation metrics); more would be unreadable at 800 x 450
-PHASES = ("rollout", "reward", "old_log_prob", "ref", "update", "sync_weights")  # timing/<phase>, stacked
+PHASES = ("rollout", "reward", "old_log_prob", "ref", "teacher", "update", "sync_weights")  # timing/<phase>, stacked
 STYLES = ("-", "--", ":", "-.")
 NAMES = ("reward", "reward_rules", "reward_tasks", "response_length", "agents", "actor", "timing", "throughput",
          "async", "validation", "filter_mismatch")  # every figure's file name, <name>.png, in page order
