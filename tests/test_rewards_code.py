@@ -228,8 +228,8 @@ def test_a_program_that_reads_a_hidden_file_fails(tmp_path):
         if not str(run_dir).startswith("/tmp"):  # outside the sandbox's own /tmp: readable unless hidden
             assert score(reader, tests)[0] == 1.0
         assert score(reader, tests, hide=(str(run_dir),))[0] == 0.0
-        home = os.path.expanduser("~")  # the trainer's home is hidden always
-        assert score(f"import os\nprint(len(os.listdir({home!r})))\n", json.dumps(
+        home = os.path.expanduser("~")  # the trainer's home is hidden always: it looks empty
+        assert not os.listdir(home) or score(f"import os\nprint(len(os.listdir({home!r})))\n", json.dumps(
             {"inputs": [""], "outputs": [str(len(os.listdir(home)))]}))[0] == 0.0
     finally:
         for p in run_dir.iterdir():
@@ -244,6 +244,13 @@ def test_a_fork_bomb_fails_and_leaves_nothing_running():
     value, _, _, seconds = score(bomb, tests, processes=32)
     assert value == 0.5 and seconds < 6.0 + STARTUP_S
     assert sandbox_processes() == []
+
+
+def test_a_program_that_floods_its_output_is_cut_off():
+    cases = parse_tests(ADD_TESTS)
+    res = run_sample("while True:\n    print('3' * 4096)\n", cases, CodeRewardConfig(test_timeout_s=2.0))
+    assert res.score == 0.0 and [r["status"] for r in res.results] == ["too_long"] * 3
+    assert all(r["seconds"] < 1.0 and len(r["out"]) <= 2 * 2 + 4096 for r in res.results)
 
 
 def test_a_program_that_allocates_8_gb_fails_quickly():
@@ -309,6 +316,7 @@ def test_samples_run_at_once_and_outstanding_lists_them():
     line = next(lines for lines in seen if lines)[0]
     assert line.startswith("rule 'code': a sandbox running") and "3 test(s)" in line and "time.sleep" in line
     assert svc.outstanding() == []
+    assert svc.score([ADD], [{"label": ADD_TESTS}]).scores == [(None, "code: the service is closed")]
 
 
 def test_the_scorer_runs_the_rule_from_the_config():

@@ -495,11 +495,16 @@ class CodeService:
                 self._running.pop(key, None)
 
     def score(self, responses: Sequence[str], samples: Sequence[dict]) -> ServiceScores:
-        futures: list[Future] = [self._pool.submit(self._one, r, s) for r, s in zip(responses, samples)]
+        futures: list[Optional[Future]] = []
+        for r, s in zip(responses, samples):
+            try:
+                futures.append(self._pool.submit(self._one, r, s))
+            except RuntimeError:  # closed
+                futures.append(None)
         done = []
         for f in futures:
             try:
-                done.append(f.result())
+                done.append(f.result() if f is not None else SampleResult(None, "code: the service is closed"))
             except Exception as e:  # noqa: BLE001  (closed meanwhile, or a bug: the sample scores None)
                 done.append(SampleResult(None, f"code: {type(e).__name__}: {e}"))
         return ServiceScores([(d.score, d.why) for d in done],
