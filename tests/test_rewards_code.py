@@ -119,10 +119,11 @@ def test_a_value_in_no_format_is_refused(bad, says):
 def test_a_value_in_no_format_scores_none_with_the_reason():
     svc = service()
     try:
-        out = svc.score([ADD, ADD], [{"label": "42", "task": "code"}, {"label": "[]", "task": "code"}])
+        out = svc.score([ADD] * 3, [{"label": "42", "task": "code"}, {"label": "[]", "task": "code"}, {"task": "code"}])
     finally:
         svc.close()
-    (s0, why0), (s1, why1) = out.scores
+    (s0, why0), (s1, why1), (s2, why2) = out.scores
+    assert s2 is None and "reward.code.tests='label': the sample has no such column (it has task)" in why2
     assert s0 is None and "column 'label'" in why0 and "none of APPS/TACO" in why0
     assert s1 is None and why1
 

@@ -94,10 +94,11 @@ def _json_args(text: str) -> list:
 def _io(value: dict, fn: Optional[str]) -> list[Case]:
     """APPS / TACO input_output and veRL's prime format."""
     inputs, outputs, fn = value["inputs"], value["outputs"], value.get("fn_name") or fn
-    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        raise CasesFormatError("'inputs' and 'outputs' must be lists")
+    if len(inputs) != len(outputs):
         raise CasesFormatError(f"'inputs' and 'outputs' must be lists of one length (got {len(inputs)} inputs, "
-                              f"{len(outputs)} outputs)" if isinstance(inputs, list) and isinstance(outputs, list)
-                              else "'inputs' and 'outputs' must be lists")
+                               f"{len(outputs)} outputs)")
     if not fn:
         return [Case(_text(i), _text(o)) for i, o in zip(inputs, outputs)]
     cases = []
@@ -124,11 +125,12 @@ def _livecodebench(tests: list, fn: Optional[str]) -> list[Case]:
     cases = []
     for t in tests:
         if not isinstance(t, dict) or "input" not in t or "output" not in t:
-            raise CasesFormatError(f"a LiveCodeBench test case must be {{input, output, testtype}}, got {str(t)[:80]}")
+            raise CasesFormatError(f"a LiveCodeBench test case must be {{input, output, testtype}}, got "
+                                   f"{str(t)[:80]}")
         if t.get("testtype", "stdin") == "functional":
             if not fn:
                 raise CasesFormatError("a functional LiveCodeBench case needs metadata.func_name (in the tests' "
-                                      "value or the sample's 'metadata' column)")
+                                       "value or the sample's 'metadata' column)")
             cases.append(Case(_json_args(t["input"]), _json(t["output"], "a functional case's output"), fn))
         else:
             cases.append(Case(_text(t["input"]), _text(t["output"])))
@@ -165,14 +167,14 @@ def parse_tests(value, fn: Optional[str] = None) -> list[Case]:
             raw = value.get(part) or []
             if isinstance(raw, str) and not raw.lstrip().startswith("["):
                 raise CasesFormatError(f"{part} is not a JSON list (LiveCodeBench compresses its private cases with "
-                                      f"zlib and pickle: decode them offline to a JSON list; verirl never unpickles)")
+                                       f"zlib and pickle: decode them offline to a JSON list; verirl never unpickles)")
             cases += _livecodebench(_json(raw, part), fn)
         return cases
     if isinstance(value, list) and value and all(isinstance(t, dict) and "input" in t for t in value):
         return _livecodebench(value, fn)
     raise CasesFormatError(f"{type(value).__name__} {str(value)[:80]!r} is none of APPS/TACO input_output, "
-                          f"CodeContests public/private/generated_tests, LiveCodeBench test cases, veRL's prime "
-                          f"{{inputs, outputs, fn_name}} (docs/rewards.md)")
+                           f"CodeContests public/private/generated_tests, LiveCodeBench test cases, veRL's prime "
+                           f"{{inputs, outputs, fn_name}} (docs/rewards.md)")
 
 
 def _lines(text: str) -> list[str]:
@@ -470,6 +472,9 @@ class CodeService:
 
     def _one(self, response: str, sample: dict) -> SampleResult:
         cfg = self.cfg
+        if cfg.tests not in sample:
+            return SampleResult(None, f"code: reward.code.tests={cfg.tests!r}: the sample has no such column (it has "
+                                      f"{', '.join(sorted(map(str, sample)))}): name the one holding the test cases")
         try:
             fn = _func_name(sample.get("metadata")) or sample.get("fn_name")
             cases = parse_tests(sample.get(cfg.tests), fn)
