@@ -616,14 +616,37 @@ def _overlong(t: Translation) -> None:
 
 def _reward(t: Translation, version: str) -> None:
     fn_key, w_key = RL + "verifier_function", RL + "verifier_weight"
-    if not t.get(RL + "rule_reward"):
-        t.decide(RL + "rule_reward", "false: a reward model scores the run; verirl scores with rules only")
-    else:
-        t.translated(RL + "rule_reward", "rule rewards, as verirl's")
+    rules, model = bool(t.get(RL + "rule_reward")), _reward_model_runs(t)
     names = [str(n) for n in t.get(fn_key)]
-    t.put("reward.verifiers", names, fn_key,
-          note="verirl's rules of the same names, written after MindSpeed-RL's (docs/rewards.md)")
-    t.put("reward.weights", [float(w) for w in t.get(w_key)], w_key, note="one per rule, same order")
+    weights = [float(w) for w in t.get(w_key)]
+    if model and not rules:
+        t.translated(RL + "rule_reward", "false: the reward model alone scores, verirl's rule 'model'",
+                     ["reward.verifiers"])
+        t.put("reward.verifiers", ["model"], RL + "rule_reward", note="the reward model's score is the reward")
+        t.put("reward.weights", [1.0], RL + "rule_reward")
+        t.ignore(fn_key, "rule_reward is false: no rule scores")
+        t.ignore(w_key, "rule_reward is false: no rule scores")
+        names = []
+    elif model:
+        t.decide(RL + "rule_reward", "true beside a reward model: MindSpeed-RL runs both, each writing the samples' "
+                                     "rm_scores (the later write stands, they are not added); verirl adds the rule "
+                                     "'model' (weight 1) to the rules by reward.weights: set the weights")
+        t.put("reward.verifiers", [*names, "model"], fn_key, RL + "rule_reward",
+              note="verirl's rules of the same names, written after MindSpeed-RL's (docs/rewards.md), and the reward "
+                   "model")
+        t.put("reward.weights", [*weights, 1.0], w_key, note="one per rule, same order; 1 for the reward model")
+    else:
+        if not rules:
+            t.decide(RL + "rule_reward", "false with no reward model worker (rl_config.reward_resource unset, or "
+                                         "use_integrated_worker true): nothing scores the samples; the rules of "
+                                         "verifier_function are written")
+        else:
+            t.translated(RL + "rule_reward", "rule rewards, as verirl's")
+        t.put("reward.verifiers", names, fn_key,
+              note="verirl's rules of the same names, written after MindSpeed-RL's (docs/rewards.md)")
+        t.put("reward.weights", weights, w_key, note="one per rule, same order")
+    if model:
+        _reward_model(t)
     for name in names:
         if not _is_rule(name):
             hint = NO_RULE.get(name, "a rule of the other run's own")
@@ -640,6 +663,70 @@ def _reward(t: Translation, version: str) -> None:
     else:
         t.ignore(timeout, "read by MindSpeed-RL before 2.0 only, with verifier_parallel > 1: verirl's reward.timeout "
                           "keeps its default")
+
+
+RC = "reward_config."
+
+
+def _reward_model_runs(t: Translation) -> bool:
+    """MindSpeed-RL builds its reward-model worker when rl_config.reward_resource is set and the actor, reference and
+    rollout are not one integrated worker (cli/train_grpo.py; validate_config.py refuses the two together)."""
+    if not (t.under(RL + "reward_resource") or t.values.get(RL + "reward_resource")):
+        return False
+    if t.get(RL + "use_integrated_worker"):
+        t.decide(RL + "use_integrated_worker", "true with rl_config.reward_resource: MindSpeed-RL refuses a reward "
+                                               "model with the integrated worker; verirl scores with the rules")
+        return False
+    t.translated(RL + "use_integrated_worker", "false: separate actor, reference and reward-model workers; verirl "
+                                               "runs them all in the trainer's processes")
+    return True
+
+
+def _reward_model(t: Translation) -> None:
+    """The reward-model worker (workers/reward_worker.py, models/reward.py): a Megatron GPT with a one-output head,
+    loaded from reward_config.load (reward_config over megatron_training), its output at each response's last token
+    the score; verirl's rule 'model' is a Hugging Face sequence-classification model scoring the same token."""
+    tok, load = RC + "tokenizer_name_or_path", RC + "load"
+    if t.given(tok):
+        path = str(t.get(tok))
+        t.put("reward.model.path", path, tok, note="the reward model's Hugging Face directory (its tokenizer's)")
+        t.check(f"reward.model.path ({path}) is the other machine's: point it at the Hugging Face sequence-"
+                f"classification model reward_config.load's Megatron weights were converted from")
+    elif t.values.get(load) is not None:
+        path = str(t.get(load))
+        t.put("reward.model.path", path, load, note="the other machine's Megatron checkpoint of the reward model")
+        t.decide(load, f"{path} holds Megatron weights: verirl's reward model is a Hugging Face sequence-"
+                       f"classification directory (AutoModelForSequenceClassification, one label): convert the "
+                       f"checkpoint back, or give the directory it came from, as reward.model.path")
+    else:
+        key = (t.under(RL + "reward_resource") or [RL + "reward_resource"])[0]
+        t.decide(key, "a reward model without reward_config.load: give reward.model.path (a Hugging Face "
+                      "sequence-classification directory)")
+        t.put("reward.model.path", "REWARD_MODEL_DIRECTORY", key,
+              note="a placeholder: the reward model's Hugging Face directory")
+    longest = int(t.out.get("data.max_prompt_length", 0)) + int(t.out.get("rollout.max_new_tokens", 0))
+    if t.get(RL + "use_dynamic_bsz"):
+        key = RL + "ref_max_packing_token_size"
+        budget, how, keys = int(t.get(key)), "ref_max_packing_token_size (the reward model's packing budget)", [key]
+    else:
+        key = RC + "micro_batch_size" if t.given(RC + "micro_batch_size") else MT + "micro_batch_size"
+        micro = int(t.get(key) or 1)
+        budget, how, keys = micro * longest, f"{micro} sequence{'' if micro == 1 else 's'} per micro-batch x the " \
+                                             f"longest", [key]
+    t.put("reward.model.max_token_len", max(budget, longest), *keys,
+          note=f"{how} = {budget} tokens per forward pass" + (
+              f", under the longest sequence (prompt + response = {longest}), which one pass must hold: {longest} "
+              f"written" if budget < longest else ", packed greedily as verirl's log-prob passes"))
+    t.ignore(RL + "beta", "passed to the reward model's engine as a KL coefficient its scoring does not use "
+                          "(rl_config.py calls it the rule / model balance; neither applies it): verirl weighs the "
+                          "rules and 'model' by reward.weights")
+    for key in t.under(RC[:-1]):
+        if not t.rows[key].status:
+            t.ignore(key, "the reward model's parallel layout: verirl runs it on the trainer's devices"
+                     if key.endswith("parallel_size") else
+                     "the reward model's architecture yaml (configs/model/NAME.yaml): verirl reads reward.model.path's "
+                     "config.json" if key == RC + "model" else
+                     "how Megatron loads or runs the reward model's worker: verirl loads the Hugging Face directory")
 
 
 def _data_and_model(t: Translation, version: str) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Optional
 from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
                                        megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
                                        tool_config_rows)
+from verirl.tools.align.convert_verl_rewards import reward_manager_key, translate_distillation, translate_rewards
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -662,36 +663,10 @@ def _overlong(t: Translation) -> None:
         else:
             t.translated(max_key, "= data.max_response_length: the buffer is measured from rollout.max_new_tokens, as "
                                   "verirl's", ["reward.overlong_buffer.len"])
-    key = _reward_manager_key(t)
+    key = reward_manager_key(t)
     if key is not None and t.get(key) != "dapo":
         t.decide(key, f"reward manager {t.get(key)!r}: only veRL's dapo manager applies the overlong penalty "
                       f"(written enabled, as the config asks)")
-
-
-def _reward_manager_key(t: Translation) -> Optional[str]:
-    """The reward-manager key veRL reads: reward_model.reward_manager where set (veRL copies it over
-    reward.reward_manager.name, reward_loop.py), else reward.reward_manager.name, else the old reward_manager.name."""
-    keys = [k for k in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name")
-            if t.values.get(k) is not None]
-    return keys[0] if keys else None
-
-
-def _reward_manager(t: Translation) -> None:
-    key = _reward_manager_key(t)
-    if key is None:
-        return
-    for other in ("reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name"):
-        if other != key:
-            t.ignore(other, f"{key} is the reward manager veRL uses")
-    name = t.get(key)
-    if name == "dapo":
-        t.translated(key, "dapo: the reward function's score, plus the overlong penalty where overlong_buffer_cfg "
-                          "enables it (reward.overlong_buffer)")
-    elif name == "naive":
-        t.translated(key, "naive: the reward function's score per response, as verirl's rules")
-    else:
-        t.decide(key, f"reward manager {name!r}: verirl scores each response with reward.verifiers, as veRL's naive "
-                      f"manager; check what {name!r} adds")
 
 
 def _optimizer(t: Translation) -> None:
@@ -2034,7 +2009,6 @@ def _recipe_keys(t: Translation, kind: str) -> None:
 
 # (switch, what it turns on, the section read only with it): off, the switch and its section are ignored.
 SWITCHES = [
-    ("distillation.enabled", "distillation from teacher models: not available in verirl", "distillation"),
     (A + "qat.enable", "quantization-aware training: not available in verirl", A + "qat"),
     *[(f"skip.{name}.enable", "veRL reuses rollouts cached in dump_dir: verirl's rollout.engine=replay replays a "
                               "rollouts.jsonl (docs/alignment.md)", f"skip.{name}")
@@ -2077,51 +2051,6 @@ def _switches(t: Translation) -> None:
             t.ignore(key, "false: off")
             for other in t.under(section):
                 t.ignore(other, f"read only with {key}, which is off")
-
-
-def _reward_function_keys(t: Translation) -> tuple[str, str]:
-    """(path key, name key) veRL reads: the top-level custom_reward_function where any of its values is set (veRL
-    copies it over reward.custom_reward_function, reward_loop.py), else reward.custom_reward_function."""
-    legacy, new = ("custom_reward_function.path", "custom_reward_function.name"), (
-        "reward.custom_reward_function.path", "reward.custom_reward_function.name")
-    if any(t.values.get(k) is not None for k in legacy) or not any(t.given(k) for k in new):
-        for key in new:
-            t.ignore(key, "the top-level custom_reward_function is set: veRL copies it over this section")
-        return legacy
-    for key in legacy:
-        t.ignore(key, "null: veRL reads reward.custom_reward_function")
-    return new
-
-
-def _reward(t: Translation) -> None:
-    path_key, name_key = _reward_function_keys(t)
-    path = t.get(path_key, None)
-    _reward_manager(t)
-    if path is not None:
-        name = t.get(name_key, None) or "compute_score"
-        t.put("reward.verifiers", [f"{path}:{name}"], path_key, name_key)
-        t.put("reward.weights", [1.0], path_key)
-        t.decide(path_key,
-                 f"veRL calls {name}(data_source, solution_str, ground_truth, extra_info); verirl passes the response "
-                 f"first and the rest by name (label or ground_truth, data_source, task): wrap it, e.g. "
-                 f"def rule(response, ground_truth, data_source): return {name}(data_source, response, ground_truth), "
-                 f"and name the wrapper in reward.verifiers")
-        t.check(f"the reward function {path} is the other machine's file: copy it")
-        t.ignore("data.reward_fn_key", "the column veRL hands the reward function as data_source: verirl passes "
-                                       "data_source by name to a rule that takes it")
-    else:
-        t.ignore(path_key, "null: veRL's default reward, by data_source")
-        t.ignore(name_key, f"{path_key} is null: the name is unused")
-        t.decide("data.reward_fn_key",
-                 "veRL's default reward picks a scorer by each row's data_source (gsm8k: 1/0 on the number after "
-                 "####, as verirl's gsm8k rule; MATH sets: 1/0 on the boxed answer, nearest verirl rule exact); "
-                 "name verirl's rules in reward.verifiers (verirl's defaults [acc, format] are left)")
-    enable_key = "reward_model.enable" if t.values.get("reward_model.enable") is not None or not t.given(
-        "reward.reward_model.enable") else "reward.reward_model.enable"
-    if t.get(enable_key, False):
-        t.decide(enable_key, "a reward model: verirl scores with rules only")
-        for key in t.under("reward_model") + t.under("reward.reward_model"):
-            t.ignore(key, "part of the reward model, which verirl does not run")
 
 
 def _trainer(t: Translation, kind: str) -> None:
@@ -2213,7 +2142,8 @@ def translate(t: Translation) -> None:
     _warmup(t, steps, kind)
     _data(t)
     _model(t)
-    _reward(t)
+    translate_rewards(t)
+    translate_distillation(t)
     _filter_groups(t, kind)
     _overlong(t)
     _trainer(t, kind)
