@@ -194,7 +194,8 @@ CODE_EXTRACT = Registry("reward.code.extract", {
     "whole": "the whole response is the program"})
 CODE_MODES = Registry("reward.code.mode", {
     "fraction": "the share of the sample's tests that pass",
-    "all": "1 when every test passes, else 0 (veRL's sandbox_fusion and prime's default)"})
+    "all": "1 when every test passes, else 0 (solved or not, as pass@1 counts it; veRL's default reward "
+           "scores the share of the first 10 tests: fraction)"})
 CODE_LANGUAGES = Registry("reward.code.language", {"python": "Python 3, the trainer's interpreter, run isolated (-I)"})
 JUDGE_PARSERS = Registry("reward.judge.parse", {
     "number": "the last number in the reply, divided by reward.judge.scale",

@@ -7,13 +7,14 @@ their scores are awaited with the rules' (`verirl.rewards.scoring.Scorer`): a se
 batch is submitted and finishes while the log-prob passes run. A service keeps its own deadlines and
 concurrency; a sample it could not score is (None, why), scored 0 and counted in ``reward/errors``,
 and a service may count more (``reward/code/compile_errors``, ``reward/remote/errors``).
+
+This module holds the types a service implements; `verirl.rewards.services` names the services and
+builds them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
-
-from verirl.core.registry import Registry
+from typing import Optional, Protocol, Sequence
 
 Scores = list[tuple[Optional[float], str]]  # (N,) (score, "") or (None, why it failed)
 
@@ -44,32 +45,3 @@ class ServiceContext:
     device: str = "cpu"  # the trainer's device (the reward model's)
     dtype: str = "float32"  # the trainer's compute dtype name (a reward model with dtype auto)
     say: bool = True  # print what a service says at start (the first rank only)
-
-
-def _code(reward, ctx: ServiceContext) -> Service:
-    from verirl.rewards.code import CodeService
-    return CodeService(reward.code, hide=ctx.hide)
-
-
-def _remote(reward, ctx: ServiceContext) -> Service:
-    from verirl.rewards.remote import RemoteService
-    return RemoteService(reward.remote)
-
-
-def _judge(reward, ctx: ServiceContext) -> Service:
-    from verirl.rewards.remote import JudgeService
-    return JudgeService(reward.judge)
-
-
-def _model(reward, ctx: ServiceContext) -> Service:
-    from verirl.rewards.model import RewardModelService
-    return RewardModelService(reward.model, device=ctx.device, dtype=ctx.dtype)
-
-
-SERVICES: Registry = Registry("reward service", {"code": _code, "remote": _remote, "judge": _judge, "model": _model})
-
-
-def build_services(verifiers: Sequence[str], reward, ctx: ServiceContext) -> dict[str, Service]:
-    """The services ``verifiers`` names, built from the reward section."""
-    builders: dict[str, Callable] = {n: SERVICES[n] for n in verifiers if n in SERVICES}
-    return {n: build(reward, ctx) for n, build in builders.items()}

@@ -134,7 +134,7 @@ def check_rules(verifiers, tasks, import_rules: bool = True, paths: bool = True)
     imported, before training writes anything; ``paths=False``: any name is taken as a rule of the machine
     the config is for); each rule a task is routed to is one of the verifiers."""
     from verirl.rewards import RULES, check_reference, load_rule
-    from verirl.rewards.service import SERVICES
+    from verirl.rewards.services import SERVICES
 
     names_ok = set(verifiers)
     for name in verifiers:

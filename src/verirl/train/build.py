@@ -479,7 +479,8 @@ def build_scorer(reward, workers: int, hide: tuple[str, ...] = (), say: bool = T
     """The reward section's scorer in ``workers`` processes, sandboxed unless reward.sandbox=false (then
     said once, with what that leaves open), with the services reward.verifiers names (`verirl.rewards.service`:
     a reward model on ``device``, in ``dtype`` when its own is auto)."""
-    from verirl.rewards.service import ServiceContext, build_services
+    from verirl.rewards.service import ServiceContext
+    from verirl.rewards.services import build_services
 
     if say and not reward.sandbox and workers > 0:
         print("reward.sandbox=false: rules run in plain workers, with the trainer's uid, files, network and "
