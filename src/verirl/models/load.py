@@ -21,6 +21,7 @@ from verirl.models.lora import (ADAPTER_CONFIG, apply_lora, is_adapter_dir, is_l
                                  merged_state, read_adapter_dir, save_adapter)
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+TINY_MOE_DIR = TINY_DIR.parent / "tiny-moe"  # the tiny tokenizer and a Qwen3-MoE, 8 experts, top-2 (docs/moe.md)
 DTYPES = Registry("model.dtype", {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16})
 
 
@@ -34,8 +35,9 @@ class LoadedModel:
 
 
 def resolve_path(path: str) -> str:
-    # tiny-tools: tiny with the tool-call tokens, beside it (docs/tiny-model.md)
-    return {"tiny": str(TINY_DIR), "tiny-tools": str(TINY_DIR.parent / "tiny-tools")}.get(path, path)
+    # tiny-tools: tiny with the tool-call tokens, beside it; tiny-moe: the MoE twin (docs/tiny-model.md)
+    return {"tiny": str(TINY_DIR), "tiny-tools": str(TINY_DIR.parent / "tiny-tools"),
+            "tiny-moe": str(TINY_MOE_DIR)}.get(path, path)
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weight formats that torch.load unpickles

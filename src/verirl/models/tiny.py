@@ -6,12 +6,15 @@ the model on the built-in task (see configs/tiny_sft.yaml, `make weights`).
 ``tiny-tools`` (`build_tools_tokenizer`, configs/tiny_tools_sft.yaml): the same construction and model,
 its tokenizer trained on calculator episodes, with Qwen2.5's tool-call markers as single tokens and a
 chat template that renders tool messages as Qwen2.5's does (docs/tiny-model.md).
+
+``tiny-moe`` (`build_moe_model`, configs/tiny_moe_sft.yaml): the tiny tokenizer and a ~1.8M-parameter
+Qwen3-MoE (8 experts, top-2, every layer sparse), so the mixture-of-experts path runs on a CPU (docs/moe.md).
 """
 from __future__ import annotations
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from verirl.data.tasks import arith_split, arith_tools_split, reference_response, reference_turns
 
@@ -115,3 +118,25 @@ def build_model(tokenizer, seed: int = 0, hidden: int = 128, layers: int = 4, he
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
+
+
+def moe_config(tokenizer, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+               experts: int = 8, top_k: int = 2, expert_mlp: int = 128) -> Qwen3MoeConfig:
+    """tiny-moe's config: a Qwen3-MoE (head dim 32, q/k norms), every layer sparse, top-k weights
+    renormalised, tied embeddings."""
+    return Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+        num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=expert_mlp, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.0, output_router_logits=False,
+        max_position_embeddings=512, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_moe_model(tokenizer, seed: int = 0, **shape) -> Qwen3MoeForCausalLM:
+    """tiny-moe: `moe_config` (``shape`` overrides its sizes), random init from ``seed``."""
+    config = moe_config(tokenizer, **shape)
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
