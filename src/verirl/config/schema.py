@@ -104,7 +104,8 @@ class ModelConfig:
 
 SFT_MODELS = Registry("model", {"tiny": "the tiny tokenizer (Qwen's specials, <think>/<answer>)",
                                  "tiny-tools": "tiny's construction with <tool_call>/<tool_response> tokens, trained "
-                                               "on calculator episodes; turns stop at <|im_end|> or </tool_call>"})
+                                               "on calculator episodes; turns stop at <|im_end|> or </tool_call>",
+                                 "tiny-moe": "the tiny tokenizer and a Qwen3-MoE (8 experts, top-2; docs/moe.md)"})
 MULTI_TURN_REWARDS = Registry("rollout.multi_turn.reward", {
     "sum": "the rules' score of the final answer plus every reward the environment returned",
     "last": "the rules' score of the final answer plus the environment's last reward"})
@@ -557,8 +558,9 @@ class SFTConfig:
     init: str = setting("scratch", "scratch = build the tiny tokenizer + a fresh model; or a model directory")
     out_dir: str = setting("runs/sft", "where the Hugging Face directory is written (`make weights`: the shipped "
                                        "model)")
-    model: str = setting("tiny", "with init=scratch, the tokenizer and model built: tiny, or tiny-tools (the tool-call "
-                                 "tokens; tasks with tools are trained as episodes, loss on the assistant turns)",
+    model: str = setting("tiny", "with init=scratch, the tokenizer and model built: tiny, tiny-tools (the tool-call "
+                                 "tokens; tasks with tools are trained as episodes, loss on the assistant turns) or "
+                                 "tiny-moe (tiny's tokenizer, a Qwen3-MoE)",
                          choices=SFT_MODELS)
     task: str = setting("arith", "built-in task (arith_tools: calculator episodes, for model=tiny-tools)")
     seed: int = setting(0, "seeds the tokenizer, the init, the data and the order (use GRPO's data.seed)")

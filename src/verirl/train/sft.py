@@ -28,7 +28,7 @@ from verirl.data.tasks import EPISODES
 from verirl.envs.base import EnvStep
 from verirl.train.evaluate import evaluate
 from verirl.models import load_model, save_hf
-from verirl.models.tiny import build_model, build_tokenizer, build_tools_tokenizer, tools_stop_ids
+from verirl.models.tiny import build_model, build_moe_model, build_tokenizer, build_tools_tokenizer, tools_stop_ids
 from verirl.rewards.rules import acc as acc_rule
 from verirl.rollout import NativeEngine
 from verirl.rollout.base import SamplingParams
@@ -166,7 +166,7 @@ def sft(cfg: SFTConfig, console=None) -> dict:
         stop_ids = tools_stop_ids(tokenizer)
     elif cfg.init == "scratch":
         tokenizer = build_tokenizer(seed=cfg.seed)
-        model = build_model(tokenizer, seed=cfg.seed)
+        model = (build_moe_model if cfg.model == "tiny-moe" else build_model)(tokenizer, seed=cfg.seed)
         eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         stop_ids = sorted({eos_id, tokenizer.pad_token_id})
     else:
