@@ -40,7 +40,7 @@ ACTIVATION_FORMULA = "(8 h + 4 kv + 4 i) x bytes per token per layer"
 
 # ---------------------------------------------------------------- parameters from config.json
 
-FORMULA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+FORMULA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
 
 
 @dataclass
@@ -56,6 +56,24 @@ class Shape:
     vocab: int
     tied: bool  # the output layer shares the embedding matrix
     active_intermediate: float  # i per token, averaged over layers (a mixture of experts: the experts a token visits)
+    kv_width: int = 0  # the keys' and values' width per token the attention keeps (kv_heads x head_dim; MLA: expanded)
+    cache_width: int = 0  # elements per token per layer in the KV cache (2 x kv_width; MLA: the compressed latent)
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The routed experts of a mixture of experts, from config.json: in each sparse layer ``experts``
+    SwiGLU MLPs of width ``intermediate``, of which each token visits ``per_token``, beside a shared
+    expert of width ``shared`` that every token visits (0: none)."""
+    layers: int  # sparse decoder layers
+    experts: int  # E, routed experts per sparse layer
+    per_token: int  # k, num_experts_per_tok
+    intermediate: int  # each routed expert's width
+    shared: int  # the shared experts' width per sparse layer (0 without)
+
+    def routed(self, hidden: int) -> int:
+        """Parameters of all the routed experts: E x 3 x h x i per sparse layer (gate, up, down; no biases)."""
+        return self.layers * self.experts * 3 * hidden * self.intermediate
 
 
 def _moe_layers(c, model_type: str) -> list[bool]:
@@ -66,7 +84,27 @@ def _moe_layers(c, model_type: str) -> list[bool]:
     if model_type in ("qwen2_moe", "qwen3_moe"):
         only = set(getattr(c, "mlp_only_layers", None) or [])
         return [i not in only and c.num_experts > 0 and (i + 1) % c.decoder_sparse_step == 0 for i in range(L)]
+    if model_type == "deepseek_v3":
+        return [i >= (c.first_k_dense_replace or 0) for i in range(L)]
     return [False] * L
+
+
+def moe_experts(config) -> Optional[Experts]:
+    """The routed experts of a mixture-of-experts family of `FORMULA_FAMILIES`; None for a dense model."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(config, "model_type", "") or ""
+    if model_type not in FORMULA_FAMILIES:
+        return None
+    layers = sum(_moe_layers(c, model_type))
+    if not layers:
+        return None
+    if model_type == "mixtral":
+        return Experts(layers, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size, 0)
+    if model_type == "deepseek_v3":
+        return Experts(layers, c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size,
+                       (c.n_shared_experts or 0) * c.moe_intermediate_size)
+    shared = c.shared_expert_intermediate_size if model_type == "qwen2_moe" else 0
+    return Experts(layers, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, shared)
 
 
 def model_shape(config) -> Shape:
@@ -80,21 +118,37 @@ def model_shape(config) -> Shape:
     inter = getattr(c, "intermediate_size", None) or 4 * h
     tied = bool(getattr(c, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
     moe = _moe_layers(c, model_type) if model_type in FORMULA_FAMILIES else [False] * L
-    if any(moe):
-        k = getattr(c, "num_experts_per_tok", 1)
-        expert_i = c.intermediate_size if model_type == "mixtral" else c.moe_intermediate_size
-        shared = getattr(c, "shared_expert_intermediate_size", 0) or 0
-        per_layer = [k * expert_i + shared if m else inter for m in moe]
+    ex = moe_experts(config)
+    if ex is not None:
+        per_layer = [ex.per_token * ex.intermediate + ex.shared if m else inter for m in moe]
         active = sum(per_layer) / L
     else:
         active = float(inter)
-    return Shape(model_type, h, L, heads, kv, hd, inter, c.vocab_size, tied, active)
+    kv_width, cache_width = kv * hd, 2 * kv * hd
+    if model_type == "deepseek_v3":  # MLA: the cache keeps one latent per token; attention expands it for every head
+        kv_width = heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) // 2
+        cache_width = c.kv_lora_rank + c.qk_rope_head_dim
+    return Shape(model_type, h, L, heads, kv, hd, inter, c.vocab_size, tied, active, kv_width, cache_width)
+
+
+def _mla_attention(c) -> int:
+    """DeepSeek-V3's multi-head latent attention, per layer: queries through a rank-q_lora_rank bottleneck
+    (with its norm) or a full projection, keys and values through the kv_lora_rank latent (with its norm)
+    plus a shared rotary key of qk_rope_head_dim, expanded per head to qk_nope_head_dim keys and
+    v_head_dim values, and the output projection."""
+    h, n, bias = c.hidden_size, c.num_attention_heads, bool(getattr(c, "attention_bias", False))
+    qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+    r, latent = c.q_lora_rank, c.kv_lora_rank + c.qk_rope_head_dim
+    q = h * n * qk if r is None else h * r + (r if bias else 0) + r + r * n * qk
+    kv = h * latent + (latent if bias else 0) + c.kv_lora_rank + c.kv_lora_rank * n * (c.qk_nope_head_dim + c.v_head_dim)
+    return q + kv + n * c.v_head_dim * h + (h if bias else 0)
 
 
 def count_parameters(config) -> tuple[int, dict[str, int]]:
     """(total, by part) parameters of a causal LM of a known family (`FORMULA_FAMILIES`), counted from
-    its config: embeddings, each layer's attention (with its biases and q/k norms), MLP or experts
-    (with the router and a shared expert), norms, and the output layer unless tied to the
+    its config: embeddings, each layer's attention (with its biases and q/k norms; DeepSeek-V3's latent
+    attention), the dense MLPs with a mixture of experts' routers and shared experts ("mlp"), the routed
+    experts ("experts", a mixture of experts only), norms, and the output layer unless tied to the
     embeddings. Raises ValueError for another family."""
     model_type = getattr(config, "model_type", "")
     if model_type not in FORMULA_FAMILIES:
@@ -109,21 +163,43 @@ def count_parameters(config) -> tuple[int, dict[str, int]]:
     attention = h * q_width + 2 * h * kv_width + q_width * h
     attention += (q_width + 2 * kv_width if qkv_bias else 0) + (h if o_bias else 0)
     attention += 2 * hd if model_type in ("qwen3", "qwen3_moe") else 0  # q_norm, k_norm
+    if model_type == "deepseek_v3":
+        attention = _mla_attention(c)
     mlp_bias = model_type == "llama" and bool(getattr(c, "mlp_bias", False))
     dense = 3 * h * s.intermediate + (2 * s.intermediate + h if mlp_bias else 0)
-    mlp = 0
-    for is_moe in _moe_layers(c, model_type):
-        if not is_moe:
-            mlp += dense
-            continue
-        experts = c.num_local_experts if model_type == "mixtral" else c.num_experts
-        expert_i = c.intermediate_size if model_type == "mixtral" else c.moe_intermediate_size
-        mlp += experts * 3 * h * expert_i + experts * h  # the experts and the router
-        if model_type == "qwen2_moe":
-            mlp += 3 * h * c.shared_expert_intermediate_size + h  # the shared expert and its gate
+    ex = moe_experts(config)
+    sparse = sum(_moe_layers(c, model_type))
+    mlp = (s.layers - sparse) * dense
+    if ex is not None:
+        mlp += ex.layers * ex.experts * h  # the routers
+        mlp += ex.layers * 3 * h * ex.shared  # the shared experts
+        mlp += ex.layers * h if model_type == "qwen2_moe" else 0  # the shared expert's sigmoid gate
     parts = {"embeddings": s.vocab * h, "attention": s.layers * attention, "mlp": mlp,
+             **({"experts": ex.routed(h)} if ex is not None else {}),
              "norms": s.layers * 2 * h + h, "output layer": 0 if s.tied else s.vocab * h}
     return sum(parts.values()), parts
+
+
+def count_active(config) -> tuple[int, int]:
+    """(active, routed) parameters of a known family (`FORMULA_FAMILIES`): those one token's forward
+    touches (everything but the routed experts it does not visit: k of E in each sparse layer; the
+    embedding counted whole, as the published counts do), and those of all the routed experts.
+    (total, 0) for a dense model. Raises ValueError for another family."""
+    total, _ = count_parameters(config)
+    ex = moe_experts(config)
+    if ex is None:
+        return total, 0
+    routed = ex.routed(model_shape(config).hidden)
+    return total - routed + routed // ex.experts * ex.per_token, routed
+
+
+def human_count(n: float) -> str:
+    """A parameter count in three significant digits: 30.5B, 3.35B, 671B, 1.03M."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:#.3g}{unit}" if v < 100 else f"{v:.0f}{unit}"
+    return f"{n:.0f}"
 
 
 def count_parameters_on_meta(config) -> int:
@@ -189,7 +265,7 @@ def _dense_shapes(config) -> Optional[dict[str, list[tuple[int, int]]]]:
     """{name: [(in, out) of each layer by that name]} of a dense family's linear layers (`DENSE_LINEARS` in
     each decoder layer, the output layer once), from config.json alone; None for another model."""
     model_type = getattr(config, "model_type", "")
-    if model_type not in FORMULA_FAMILIES or any(_moe_layers(config, model_type)):
+    if model_type not in FORMULA_FAMILIES or model_type == "deepseek_v3" or any(_moe_layers(config, model_type)):
         return None
     s = model_shape(config)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
@@ -363,6 +439,10 @@ class Memory:
     trained_share: float = 1.0  # of all the parameters the actor holds (the base's and the adapters')
     model_states: int = 0  # params + grads + optimizer + reference: what perf/model_states_gb measures
     adapters: Optional[Adapters] = None  # actor.lora.rank > 0
+    active_parameters: int = 0  # those one token's forward touches (a mixture of experts: k of E routed experts)
+    routed_parameters: int = 0  # a mixture of experts' routed experts, all of them (0: dense, or counted on meta)
+    expert_states: int = 0  # bytes per rank of the routed experts' params + grads + optimizer + reference
+    flops_per_token: int = 0  # a forward's matmul FLOPs per token: 2 x the active weights that multiply (0: unknown)
 
 
 @dataclass
@@ -526,6 +606,37 @@ def lora_adapters(cfg: Config, config, layout: Optional[Layout] = None) -> Optio
     return adapters
 
 
+def _moe_formulas(config, layout: Layout, b: int, shards: int, routed: int, routed_held: int, per_param: int,
+                  lora: bool, reference: bool, total: int, active: int, flops: int) -> dict[str, str]:
+    """How the active parameters, the routed experts' states and the FLOPs per token are counted."""
+    out = {"flops": (f"a forward: 2 x {human_count(flops // 2)} weights that multiply (the active parameters less the "
+                     f"embedding lookup and the norms, the output layer counted); the update x 3 (its backward "
+                     f"twice the forward), each log-prob pass x 1; attention's scores add 4 x layers x query width "
+                     f"x keys attended") if flops else ""}
+    ex = moe_experts(config) if routed else None
+    if ex is None:
+        return out
+    L = model_shape(config).layers
+    shared = f" and a shared expert of width {ex.shared} that every token visits" if ex.shared else ""
+    out["size"] = (f"{human_count(total)} total, {human_count(active)} active per token: each token visits "
+                   f"{ex.per_token} of {ex.experts} routed experts (width {ex.intermediate}) in {ex.layers} of {L} "
+                   f"layers{shared}; the routed experts hold {human_count(routed)} ({routed / total:.0%} of all), "
+                   f"{human_count(routed // ex.experts * ex.per_token)} of them per token")
+    states = (f"params {b}" + ("" if lora else f" + grads {b} + AdamW {OPTIMIZER_BYTES}")
+              + (f" + reference {b}" if reference else ""))
+    stages = " (this rank's stages)" if layout.pipeline_parallel > 1 else ""
+    if shards > 1 and layout.strategy == "fsdp2":
+        where = f"/ {shards}: FSDP2 shards them like any weight"
+    elif layout.world_size > 1:
+        where = f"every rank holds every expert (actor.strategy={layout.strategy}: all {ex.experts} of each layer)"
+    else:
+        where = f"one rank holds all {ex.experts} experts of each layer"
+    out["experts"] = (f"{routed_held:,} routed-expert parameters{stages} x ({states}) B; {where}; expert parallelism "
+                      f"would split this part, {ex.experts}/ep experts per rank (verirl has none yet: the states "
+                      f"above include it)")
+    return out
+
+
 def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     """Bytes per rank: the model's states (sharded by fsdp2 over the world), the activations of one
     forward/backward at the token budget, one chunk of the output layer's logits, and the rollout's
@@ -566,7 +677,7 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     else:
         tokens = min(layout.micro_batch_size, layout.mini_batch_sequences_per_rank) * layout.max_sequence_length
         tokens = _ceil(tokens, layout.sequence_parallel)  # each rank of a sequence-parallel group holds its share
-    kv_width = shape.kv_heads * shape.head_dim
+    kv_width = shape.kv_width
     per_token_layer = 8 * shape.hidden + (4 * kv_width + 4 * shape.active_intermediate) / tp  # heads, MLP split
     layers_held = shape.layers * held / max(total, 1) if layout.pipeline_parallel > 1 else shape.layers
     # micro-batches whose activations a stage keeps at once: 1F1B up to p, GPipe every one (all forwards first)
@@ -584,7 +695,7 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     chunk = cfg.actor.logprob_chunk or auto_chunk(vocab, "cpu" if visible_devices(cfg.model.device) is None else "cuda")
     output_layer = 3 * min(chunk, tokens) * vocab * LOGITS_BYTES + tokens * shape.hidden * b
     split = layout.rollout_tensor_parallel > 1  # decoding on the tensor-parallel plan: this rank's heads and weights
-    kv_cache = 2 * shape.layers * kv_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
+    kv_cache = shape.layers * shape.cache_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
         // (tp if split else 1)
     whole = total + (adapters.parameters if adapters else 0)
     rollout_params = params if split else whole * b + (params if shards > 1 else 0)
@@ -593,6 +704,13 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     gathered = ((held + extra) * b // tp + trained * b // tp - params - grads
                 if layout.pipeline_parallel > 1 and shards > tp else 0)
     update = params + grads + optimizer + reference + activations + output_layer + gathered
+    active, routed = count_active(config) if counted == "formula" else (total, 0)
+    # the routed experts' share of the states: every one on every rank without expert parallelism (FSDP2 shards them
+    # like any weight); a pipeline rank holds its layers' experts
+    routed_held = routed * _layers_held(config, layout) // shape.layers
+    per_expert_param = b + (0 if adapters else b + OPTIMIZER_BYTES) + (b if reference else 0)
+    expert_states = routed_held * per_expert_param // shards
+    flops = 2 * (active - parts["embeddings"] - parts["norms"] + shape.vocab * shape.hidden) if parts else 0
     rollout = rollout_params + optimizer + reference + kv_cache
     where = " x ".join(part for part in (
         f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
@@ -621,6 +739,8 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     formulas = {
         **state_formulas,
         "model_states": "params + grads + optimizer + reference (what a run's perf/model_states_gb measures)",
+        **_moe_formulas(config, layout, b, shards, routed, routed_held, per_expert_param, adapters is not None,
+                        bool(reference), total, active, flops),
         "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + "
                         + (f"4 x {kv_width} + 4 x {shape.active_intermediate:g}" if tp == 1 else
                            f"(4 x {kv_width} + 4 x {shape.active_intermediate:g}) / tp {tp}")
@@ -631,8 +751,10 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         "output_layer": f"3 x {min(chunk, tokens):,} rows x vocab {vocab:,}{f' (of {shape.vocab:,}, 1/{tp})' if tp > 1 else ''}"
                         f" x 4 B (one chunk of float32 logits, probabilities and their gradient) + the last hidden "
                         f"states",
-        "kv_cache": (f"2 x {shape.layers} layers x {shape.kv_heads} kv heads x {shape.head_dim} x {b} B x "
-                     f"{layout.max_sequence_length} tokens x {layout.sequences_per_generate_call} sequences per "
+        "kv_cache": ((f"{shape.layers} layers x {shape.cache_width} (MLA's latent: kv_lora_rank + qk_rope_head_dim, "
+                      f"one per token for all heads) x {b} B x " if shape.model_type == "deepseek_v3" else
+                      f"2 x {shape.layers} layers x {shape.kv_heads} kv heads x {shape.head_dim} x {b} B x ")
+                     + f"{layout.max_sequence_length} tokens x {layout.sequences_per_generate_call} sequences per "
                      f"generate call" + (f" / {tp} (this rank's heads)" if split else "")),
         "rollout_params": ("this rank's split parameters (the native engine decodes on the tensor-parallel plan)"
                            if split else "the full parameters, gathered for generation, + the shard" if shards > 1
@@ -657,6 +779,10 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         "packing and prompt sharing make real forwards shorter than the worst case counted here "
         "(every sequence at data.max_prompt_length + rollout.max_new_tokens)",
     ]
+    ex = moe_experts(config) if routed else None
+    if ex is not None and shards > 1:
+        leaves_out.append(f"FSDP2's all-gather of a sparse layer holds all its {ex.experts} experts whole: "
+                          f"{human_bytes(ex.experts * 3 * shape.hidden * ex.intermediate * b)} per layer")
     if adapters:
         leaves_out.append("LoRA: the native engine's merged weights (W + scale x B A) laid out for each generate "
                           "call; and a frozen layer keeps less for the backward than the activations count (no "
@@ -666,7 +792,9 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
                   max(update, rollout), formulas, leaves_out,
                   trained_parameters=adapters.parameters if adapters else total,
                   trained_share=adapters.parameters / whole if adapters else 1.0,
-                  model_states=params + grads + optimizer + reference, adapters=adapters)
+                  model_states=params + grads + optimizer + reference, adapters=adapters,
+                  active_parameters=active, routed_parameters=routed, expert_states=expert_states,
+                  flops_per_token=flops)
 
 
 def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
@@ -699,6 +827,11 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def human_flops(n: float) -> str:
+    """FLOPs in three significant digits: 6.71 GFLOP."""
+    return human_count(n).replace("B", "G").replace("K", "k") + " FLOP" if n >= 1e3 else f"{n:.0f} FLOP"
 
 
 def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
@@ -825,14 +958,20 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
         rows += [("memory per rank", "", ""), ("", "", plan.memory_note)]
         return rows
     f = M.formulas
+    moe = (f"; {human_count(M.parameters)} total, {human_count(M.active_parameters)} active per token"
+           if M.routed_parameters else "")
     rows += [("memory per rank", "", f"an ESTIMATE from config.json ({M.model_type}, {M.parameters:,} parameters "
-                                     f"counted by {M.counted}), not a measurement; {f['shards']}"),
+                                     f"counted by {M.counted}{moe}), not a measurement; {f['shards']}"),
+             *([("active parameters per token", human_count(M.active_parameters), f["size"])]
+               if M.routed_parameters else []),
+             *([("FLOPs per token", human_flops(M.flops_per_token), f["flops"])] if M.flops_per_token else []),
              ("parameters trained", f"{M.trained_parameters:,}", _trained(M)),
              ("parameters", human_bytes(M.params), f["params"]),
              ("gradients", human_bytes(M.grads), f["grads"]),
              ("optimizer state", human_bytes(M.optimizer), f["optimizer"]),
              ("reference model", human_bytes(M.reference), f["reference"]),
              ("model states", human_bytes(M.model_states), f["model_states"]),
+             *([("routed experts' states", human_bytes(M.expert_states), f["experts"])] if M.routed_parameters else []),
              ("activations", human_bytes(M.activations), f["activations"]),
              ("output layer", human_bytes(M.output_layer), f["output_layer"]),
              ("rollout KV cache", human_bytes(M.kv_cache), f["kv_cache"]),
