@@ -115,6 +115,8 @@ class RewardModelService:
         return logits[:, self.index].float().cpu().tolist()
 
     def score(self, responses: Sequence[str], samples: Sequence[dict]) -> ServiceScores:
+        if self.model is None:
+            return ServiceScores([(None, "the reward model was closed")] * len(responses))
         with self._lock:
             self._busy = (len(responses), time.monotonic())
             try:
@@ -122,8 +124,16 @@ class RewardModelService:
                 scores: list = [(None, f"{len(r)} tokens, over reward.model.max_token_len={self.budget}")
                                 for r in rows]
                 for idx in batches([len(r) for r in rows], self.budget):
-                    for i, s in zip(idx, self.forward([rows[i] for i in idx])):
-                        scores[i] = (s, "")
+                    try:
+                        out = [(s, "") for s in self.forward([rows[i] for i in idx])]
+                    except torch.OutOfMemoryError:  # beside the log-prob passes on one device
+                        if torch.cuda.is_available():
+                            torch.cuda.empty_cache()
+                        longest = max(len(rows[i]) for i in idx)
+                        out = [(None, f"out of device memory on a batch of {len(idx)} x {longest} tokens: lower "
+                                      f"reward.model.max_token_len ({self.budget})")] * len(idx)
+                    for i, scored in zip(idx, out):
+                        scores[i] = scored
                 return ServiceScores(scores)
             finally:
                 self._busy = None
@@ -133,4 +143,5 @@ class RewardModelService:
         return [] if busy is None else [f"reward model: {busy[0]} responses, {time.monotonic() - busy[1]:.0f} s"]
 
     def close(self) -> None:
-        pass
+        """Let the weights go (the service scores no more after it)."""
+        self.model = None

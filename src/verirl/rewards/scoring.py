@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, load_rule
+from verirl.rewards.custom import DEFAULT_MAX_ABS_SCORE, Rule, call_rule, check_score, load_rule
 from verirl.rewards.pool import RewardPool, SandboxSpec
 from verirl.rewards.service import Service, ServiceScores
 from verirl.sandbox import hidden_paths
@@ -181,7 +181,7 @@ class Scorer:
         per_rule: dict[str, list[Optional[float]]] = {r.name: [None] * len(responses) for r in self.rules}
         totals, errors, counts = [0.0] * len(responses), 0, {}
         for rule, idx, done in served:
-            calls, where, results = [*calls, (rule, None, None)], [*where, idx], [*results, done.scores]
+            calls, where, results = [*calls, (rule, None, None)], [*where, idx], [*results, self._checked(done, idx)]
             for k, v in done.counts.items():
                 counts[k] = counts.get(k, 0.0) + v
         for (rule, _, _), part, res in zip(calls, where, results):
@@ -193,6 +193,14 @@ class Scorer:
                 per_rule[rule.name][i] = score
                 totals[i] += self.weights[rule.name] * score
         return RewardResult(totals, per_rule, errors, counts)
+
+    def _checked(self, done: ServiceScores, idx: Sequence[int]) -> list[tuple[Optional[float], str]]:
+        """A service's scores under the rules' own checks: finite, within reward.max_abs_score, one per
+        response."""
+        if len(done.scores) != len(idx):
+            return [(None, f"returned {len(done.scores)} scores for {len(idx)} responses")] * len(idx)
+        return [check_score(score, self.max_abs_score) if score is not None else (None, why)
+                for score, why in done.scores]
 
     def _warn_once(self, rule: Rule, why: str, response: str, sample: dict) -> None:
         head, _, printed = why.partition("\n")  # a pool's reason may end with the lines the rule printed
