@@ -16,10 +16,14 @@ from verirl.core.errors import ConfigError
 from verirl.models.load import TINY_DIR
 from verirl.config.layout import check_layout, reward_workers_per_rank, threads_per_rank
 from verirl.run.checks import local_devices
-from verirl.tools.plan import (count_adapters, count_parameters, count_parameters_on_meta, estimate_memory,
-                               make_layout, make_plan, read_model_config, render)
+from verirl.tools.plan import (count_active, count_adapters, count_parameters, count_parameters_on_meta,
+                               estimate_memory, human_count, make_layout, make_plan, model_shape, read_model_config,
+                               render)
 
 TINY_PARAMETERS = 1_032_064
+# DeepSeek-V3's layout at a small size: 1 dense layer then 2 sparse ones, 8 routed experts in 2 groups, MLA attention
+DEEPSEEK_SMALL = dict(moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+                      n_group=2, topk_group=1, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
 
 
 def _plan(*overrides, **kw):
@@ -64,6 +68,8 @@ def test_the_json_output_is_the_plan(capsys):
                        num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[2])),
     ("qwen3_moe", dict(num_experts=4, moe_intermediate_size=32, num_experts_per_tok=2, mlp_only_layers=[0])),
     ("mixtral", dict(num_local_experts=3, num_experts_per_tok=2)),
+    ("deepseek_v3", dict(DEEPSEEK_SMALL, q_lora_rank=16)), ("deepseek_v3", dict(DEEPSEEK_SMALL, q_lora_rank=None)),
+    ("deepseek_v3", dict(DEEPSEEK_SMALL, q_lora_rank=16, attention_bias=True, n_shared_experts=2)),
 ])
 def test_the_parameter_formula_matches_a_model_built_on_the_meta_device(model_type, extra):
     config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -352,3 +358,142 @@ def test_the_lora_estimate_is_a_real_run_s_model_states(targets, tmp_path):
     m = _plan(*overrides).memory
     estimate = (m.params + m.grads + m.optimizer + m.reference) / 2**30
     assert estimate == pytest.approx(measured, rel=0.10)
+
+
+# ---------------------------------------------------------------- mixtures of experts
+
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_experts=128,
+                     num_experts_per_tok=8, moe_intermediate_size=768, vocab_size=151936, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, tie_word_embeddings=False)
+# (config.json's keys, published total, published active per token)
+PUBLISHED_MOE = {
+    "Qwen3-30B-A3B": (QWEN3_30B_A3B, 30.5e9, 3.3e9),
+    # DeepSeek-V3: transformers' defaults are its config.json; the main model (the Hub's 685B adds the 14B MTP module)
+    "DeepSeek-V3": (dict(model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=61, first_k_dense_replace=3,
+                         intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256, n_shared_experts=1,
+                         num_experts_per_tok=8, vocab_size=129280, q_lora_rank=1536, kv_lora_rank=512,
+                         qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, num_attention_heads=128,
+                         num_key_value_heads=128, tie_word_embeddings=False), 671e9, 37e9),
+    "Mixtral-8x7B": (dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, num_local_experts=8,
+                          num_experts_per_tok=2, tie_word_embeddings=False), 46.7e9, 12.9e9),
+    "Qwen1.5-MoE-A2.7B": (dict(model_type="qwen2_moe", hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                               num_attention_heads=16, num_key_value_heads=16, vocab_size=151936, num_experts=60,
+                               num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                               tie_word_embeddings=False), 14.3e9, 2.7e9),
+}
+
+
+def _config(keys: dict):
+    keys = dict(keys)
+    return AutoConfig.for_model(keys.pop("model_type"), **keys)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
+def test_moe_total_and_active_are_the_published_ones(name):
+    """Totals within 0.5% and active counts within 2% of the published figures, which are rounded (Qwen3-30B-A3B's
+    3.35B is published as 3.3B; DeepSeek-V3's 37.6B, the input embedding counted, as 37B)."""
+    keys, total, active = PUBLISHED_MOE[name]
+    config = _config(keys)
+    counted, (per_token, routed) = count_parameters(config)[0], count_active(config)
+    assert counted == pytest.approx(total, rel=0.005) and per_token == pytest.approx(active, rel=0.02)
+    assert count_parameters(config)[1]["experts"] == routed and per_token < counted
+
+
+def test_qwen3_30b_a3b_by_hand():
+    """Each part of Qwen3-30B-A3B from its config: h 2048, 48 layers, q 32 x 128, kv 4 x 128, 128 experts of 768."""
+    config = _config(QWEN3_30B_A3B)
+    total, parts = count_parameters(config)
+    assert parts == {"embeddings": 151936 * 2048, "output layer": 151936 * 2048, "norms": 48 * 2 * 2048 + 2048,
+                     "attention": 48 * (2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128),  # q, o, k, v; q_norm, k_norm
+                     "mlp": 48 * 128 * 2048,  # the routers
+                     "experts": 48 * 128 * 3 * 2048 * 768}
+    assert total == 30_532_122_624
+    assert count_active(config) == (total - parts["experts"] + 48 * 8 * 3 * 2048 * 768, parts["experts"])
+    assert (human_count(total), human_count(count_active(config)[0])) == ("30.5B", "3.35B")
+
+
+MOE_SMALL = {
+    "qwen2_moe": dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[2]),
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=32, num_experts_per_tok=2, mlp_only_layers=[0]),
+    "mixtral": dict(num_local_experts=3, num_experts_per_tok=2),
+    "deepseek_v3": dict(DEEPSEEK_SMALL, q_lora_rank=16, n_shared_experts=2),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE_SMALL))
+def test_active_and_routed_counts_are_the_model_s_own_expert_tensors(model_type):
+    """On the model transformers builds (meta device): the routed experts are its fused (E, ., .) expert tensors,
+    and a token's forward touches every other parameter and k of the E slices of each expert tensor."""
+    from transformers import AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300, **MOE_SMALL[model_type])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    experts = [p for name, p in model.named_parameters() if ".mlp.experts." in name]
+    assert experts and all(p.dim() == 3 for p in experts)
+    others = sum(p.numel() for name, p in model.named_parameters() if ".mlp.experts." not in name)
+    k = config.num_experts_per_tok
+    by_model = others + sum(p.numel() // p.shape[0] * k for p in experts), sum(p.numel() for p in experts)
+    assert count_active(config) == by_model and count_parameters(config)[0] == sum(by_model[1:]) + others
+
+
+def test_deepseek_v3_s_kv_cache_is_its_latent():
+    """MLA caches kv_lora_rank + qk_rope_head_dim elements per token per layer: measured in transformers' cache of a
+    small random DeepSeek-V3's forward."""
+    from transformers import AutoModelForCausalLM
+
+    config = AutoConfig.for_model("deepseek_v3", hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=4, vocab_size=300,
+                                  **dict(DEEPSEEK_SMALL, q_lora_rank=16))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 300, (2, 5)), use_cache=True).past_key_values
+    per_token_layer = sum(t.numel() for layer in cache.layers for t in (layer.keys, layer.values)) // (2 * 5 * 3)
+    assert per_token_layer == model_shape(config).cache_width == 8 + 4
+
+
+def test_a_moe_plan_shows_total_active_and_the_experts_states(tmp_path):
+    """Qwen3-30B-A3B's config.json alone: the two counts side by side, the routed experts' states as their own line,
+    held whole by every rank under ddp and sharded by FSDP2 like any weight."""
+    _config(QWEN3_30B_A3B).save_pretrained(tmp_path)
+    _tiny_tokenizer(tmp_path)
+    plan = _plan(f"model.path={tmp_path}", "model.dtype=bfloat16")
+    M = plan.memory
+    routed = 48 * 128 * 3 * 2048 * 768
+    assert (M.parameters, M.routed_parameters) == (30_532_122_624, routed) and plan.layout.reference_pass
+    assert M.expert_states == routed * (2 + 2 + 8 + 2)  # bfloat16 params, grads and reference, AdamW's float32 moments
+    text = render(plan)
+    assert "30.5B total, 3.35B active per token" in text
+    assert re.search(r"active parameters per token +3\.35B  30\.5B total, 3\.35B active per token: each token "
+                     r"visits 8 of 128 routed experts \(width 768\) in 48 of 48 layers", text)
+    assert re.search(r"routed experts' states +378\.0 GiB  28,991,029,248 routed-expert parameters x \(params 2 \+ "
+                     r"grads 2 \+ AdamW 8 \+ reference 2\) B; one rank holds all 128 experts", text)
+
+    def memory(*overrides):
+        cfg = load_config("tiny", [f"model.path={tmp_path}", "model.dtype=bfloat16", *overrides])
+        return estimate_memory(cfg, make_layout(cfg), read_model_config(str(tmp_path)))
+
+    ddp, fsdp = memory("trainer.nproc_per_node=4", "actor.strategy=ddp"), memory(
+        "trainer.nproc_per_node=4", "actor.strategy=fsdp2")
+    assert ddp.expert_states == M.expert_states and fsdp.expert_states == M.expert_states // 4
+    assert any("all its 128 experts whole: 1.1 GiB per layer" in w for w in fsdp.leaves_out)
+    dense = _plan().memory
+    assert dense.routed_parameters == dense.expert_states == 0 and dense.active_parameters == TINY_PARAMETERS
+    assert "routed experts' states" not in render(_plan())
+
+
+def test_flops_per_token_are_the_active_weights_that_multiply(tiny):
+    """2 x the matmul weights: perf/mfu's count (`FlopModel`, the nn.Linear weights) for the tiny model (the formula
+    adds the attention's biases); for Qwen3-30B-A3B the 8 of 128 experts a token visits, not all of them."""
+    from verirl.models.perf import FlopModel
+
+    assert _plan().memory.flops_per_token == pytest.approx(2 * FlopModel.of(tiny.model).matmul_params, rel=2e-3)
+    config = _config(QWEN3_30B_A3B)
+    cfg = load_config("tiny", ["model.dtype=bfloat16"])
+    M = estimate_memory(cfg, make_layout(cfg), config)
+    attention, lm_head = 48 * (2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128), 151936 * 2048
+    assert M.flops_per_token == 2 * (attention + 48 * 128 * 2048 + 48 * 8 * 3 * 2048 * 768 + lm_head)

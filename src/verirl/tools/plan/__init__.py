@@ -710,7 +710,9 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     routed_held = routed * _layers_held(config, layout) // shape.layers
     per_expert_param = b + (0 if adapters else b + OPTIMIZER_BYTES) + (b if reference else 0)
     expert_states = routed_held * per_expert_param // shards
-    flops = 2 * (active - parts["embeddings"] - parts["norms"] + shape.vocab * shape.hidden) if parts else 0
+    # the output layer multiplies by the embedding matrix when tied to it
+    flops = 2 * (active - parts["embeddings"] - parts["norms"] + (parts["embeddings"] if shape.tied else 0)) \
+        if parts else 0
     rollout = rollout_params + optimizer + reference + kv_cache
     where = " x ".join(part for part in (
         f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
