@@ -58,13 +58,15 @@ test-vllm: $(VSTAMP)
 	$(VBIN)/python -m pytest -q -m vllm $(ARGS)
 
 # Rebuild the shipped tiny models (tokenizer + SFT warm start) deterministically. It REPLACES
-# src/verirl/assets/tiny and src/verirl/assets/tiny-tools (what `model.path=tiny` and `model.path=tiny-tools`
-# load); `git checkout src/verirl/assets` undoes it.
+# src/verirl/assets/tiny, tiny-tools and tiny-moe (what `model.path=tiny`, `model.path=tiny-tools` and
+# `model.path=tiny-moe` load); `git checkout src/verirl/assets` undoes it.
 weights: $(STAMP)
 	@echo "make weights: rebuilding the shipped tiny model; this replaces src/verirl/assets/tiny"
 	$(BIN)/verirl sft --config configs/tiny_sft.yaml
 	@echo "make weights: rebuilding the shipped tiny-tools model; this replaces src/verirl/assets/tiny-tools"
 	$(BIN)/verirl sft --config configs/tiny_tools_sft.yaml
+	@echo "make weights: rebuilding the shipped tiny-moe model; this replaces src/verirl/assets/tiny-moe"
+	$(BIN)/verirl sft --config configs/tiny_moe_sft.yaml
 
 clean:
 	rm -rf $(VENV) $(VVENV) runs

@@ -32,7 +32,9 @@ OLD_NAMES: dict[str, str] = {
 # Recipes shipped inside the package: `--config NAME` (`verirl train` alone = `--config tiny`).
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 RECIPES = {"tiny": "the embedded default: GRPO on the shipped 1M-parameter model and the built-in arithmetic "
-                   "task, 700 steps on a CPU (what `make run` runs)"}
+                   "task, 700 steps on a CPU (what `make run` runs)",
+           "tiny_moe": "the tiny recipe with model.path=tiny-moe, the shipped Qwen3-MoE (8 experts, top-2; "
+                       "docs/moe.md)"}
 
 
 
