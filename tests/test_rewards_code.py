@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 from verirl.config.schema import CodeRewardConfig
-from verirl.rewards.code import (COMPILE_ERRORS, NO_PROGRAM, STARTUP_S, Case, CodeService, CasesFormatError, extract,
-                                 limits_for, parse_tests, run_sample, same_output, same_value)
+from verirl.rewards.code import (BATCH_START_FACTOR, COMPILE_ERRORS, MIN_SAMPLE_CAP, NO_PROGRAM, STARTUP_S, Case,
+                                 CodeService, CasesFormatError, extract, job_for, limits_for, parse_tests, passed,
+                                 run_sample, same_output, same_value)
 from verirl import sandbox
 from verirl.sandbox import UID_BASE, probe
 
@@ -156,6 +157,26 @@ def test_output_comparison_is_whitespace_and_float_tolerant():
     assert not same_value(True, 1) and not same_value([1, 2], [2, 1]) and not same_value("1", 1)
 
 
+def test_integers_compare_exactly_and_floats_within_the_tolerance():
+    assert not same_output("1000000000\n", "1000000007\n") and not same_output("999999", "1000000")
+    assert not same_output("3 1000000000", "3 1000000001") and not same_value(1000000000, 1000000001)
+    assert same_output("1000000000.0", "1000000001") and same_output("1e9", "1000000001")  # one is a float
+    assert not same_output("1_000", "1000") and not same_output("inf", "1e999")
+
+
+def test_a_function_case_with_unreadable_output_fails_that_case_only():
+    case = Case([1], 5, "f")
+    assert not passed(case, {"status": "ok", "out": "[" * 3000, "bytes": 3000})  # past the recursion limit
+    assert not passed(case, {"status": "ok", "out": "9" * 5000, "bytes": 5000})  # an integer too long to read
+    deep = "[" * 200000 + "]" * 200000
+    assert not passed(Case([1], [[1]], "f"), {"status": "ok", "out": deep, "bytes": len(deep)})
+    writer = ("import os, sys\ndef f(x):\n    if x == 0:\n        os.write(sys._getframe(1).f_locals['w'], b'[' * 3000)\n"
+              "        os._exit(0)\n    return x\n")  # writes to the harness's result pipe itself
+    tests = json.dumps({"fn_name": "f", "inputs": [[0], [1], [2]], "outputs": [0, 1, 2]})
+    value, why, _, _ = score(writer, tests)
+    assert value == pytest.approx(2 / 3), why
+
+
 def test_a_function_returning_a_tuple_matches_a_list_and_apps_wrapped_outputs():
     tests = json.dumps({"fn_name": "pair", "inputs": [[1, 2], [3, 4], [5, 6]],
                         "outputs": [[[2, 1]], [4, 3], [0, 0]]})  # wrapped, bare, wrong
@@ -163,6 +184,27 @@ def test_a_function_returning_a_tuple_matches_a_list_and_apps_wrapped_outputs():
     assert value == pytest.approx(2 / 3), why
     value, _, _, _ = score("def other(a, b):\n    return (b, a)\n", tests)  # no function of that name
     assert value == 0.0
+
+
+def test_nothing_of_the_expected_outputs_enters_the_sandbox():
+    yes_no = json.dumps({"inputs": ["1\n", "2\n", "3\n", "4\n"], "outputs": ["YES\n", "NO\n", "NO\n", "YES\n"]})
+    flipped = json.dumps({"inputs": ["1\n", "2\n", "3\n", "4\n"], "outputs": ["NO\n", "YES\n", "YES\n", "NO\n"]})
+    cfg = CodeRewardConfig()
+    assert job_for(ADD, parse_tests(yes_no), cfg) == job_for(ADD, parse_tests(flipped), cfg)
+    assert job_for(ADD, parse_tests(yes_no), cfg)["cap"] == MIN_SAMPLE_CAP
+    cheat = ("import gc, sys\nseen = [sys._getframe(1).f_locals.get('case')] + [o for o in gc.get_objects()\n"
+             "    if isinstance(o, dict) and 'fn' in o]\nn = [c['cap'] for c in seen if c and 'cap' in c]\n"
+             "print({4: 'YES', 3: 'NO'}.get((n[0] - 4096) // 2 if n else 0, '?'))\n")  # YES/NO from the length
+    value, why, _, _ = score(cheat, yes_no)
+    assert value == 0.0, why
+
+
+def test_too_long_is_decided_per_case_after_the_run():
+    padded = "n = int(input())\nprint('3' + ' ' * n)\n"  # trailing spaces: equal to '3' once stripped
+    tests = json.dumps({"inputs": ["4000\n", "4200\n", "9000\n"], "outputs": ["3\n"] * 3})
+    res = run_sample(padded, parse_tests(tests), CodeRewardConfig(test_timeout_s=2.0))
+    assert [r["status"] for r in res.results] == ["ok", "ok", "ok"]  # all under the sample's cap (16 KiB)
+    assert res.score == pytest.approx(1 / 3)  # 4000 + 2 bytes is under 2 * 2 + 4096; 4202 and 9002 are not
 
 
 # --- scores, modes, extraction ------------------------------------------------------------------------------------
@@ -200,25 +242,23 @@ def test_extraction_modes():
 
 def test_a_program_that_loops_forever_keeps_every_deadline():
     loop = "while True:\n    pass\n"
-    value, _, _, seconds = score(loop, ADD_TESTS, test_timeout_s=0.5, sample_timeout_s=6.0)
-    assert value == 0.0 and seconds < 3 * 0.5 + MARGIN
-    svc = CodeService(CodeRewardConfig(test_timeout_s=1.0, sample_timeout_s=2.5))
-    try:  # five cases of 1 s under a 2.5 s sample deadline: the ones not run by then fail
-        tests = json.dumps({"inputs": ["1 2\n"] * 5, "outputs": ["3\n"] * 5})
-        start = time.monotonic()
-        res = run_sample(loop, parse_tests(tests), svc.cfg)
-        seconds = time.monotonic() - start
-    finally:
-        svc.close()
-    assert res.score == 0.0 and seconds < 2.5 + MARGIN, seconds
+    value, _, _, seconds = score(loop, ADD_TESTS, test_timeout_s=0.4, sample_timeout_s=6.0)
+    assert value == 0.0 and seconds < 3 * 0.4 + MARGIN
+    cfg = CodeRewardConfig(test_timeout_s=0.6, sample_timeout_s=1.5)
+    tests = json.dumps({"inputs": ["1 2\n"] * 5, "outputs": ["3\n"] * 5})
+    start = time.monotonic()  # five cases of 0.6 s under a 1.5 s sample deadline: the ones not run by then fail
+    res = run_sample(loop, parse_tests(tests), cfg)
+    seconds = time.monotonic() - start
+    assert res.score == 0.0 and seconds < 1.5 + MARGIN, seconds
     ran = [r for r in res.results if r is not None]
-    assert 2 <= len(ran) <= 3 and all(r["status"] == "timeout" and r["seconds"] < 1.0 + MARGIN for r in ran)
+    assert 2 <= len(ran) <= 3 and all(r["status"] == "timeout" and r["seconds"] < 0.6 + MARGIN for r in ran)
     assert res.results[-1] is None
     assert sandbox_processes() == []
 
 
-def test_a_program_that_reads_a_hidden_file_fails(tmp_path):
-    run_dir = Path(tempfile.mkdtemp(dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None))
+def test_a_program_that_reads_a_hidden_file_fails():
+    # outside /tmp (the sandbox has its own): readable unless hidden, so the control below always runs
+    run_dir = Path(tempfile.mkdtemp(dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else Path(__file__).parent))
     try:
         os.chmod(run_dir, 0o755)
         secret = run_dir / "secret.txt"
@@ -226,9 +266,10 @@ def test_a_program_that_reads_a_hidden_file_fails(tmp_path):
         os.chmod(secret, 0o644)
         tests = json.dumps({"inputs": [""], "outputs": ["hunter2\n"]})
         reader = f"print(open({str(secret)!r}).read(), end='')\n"
-        if not str(run_dir).startswith("/tmp"):  # outside the sandbox's own /tmp: readable unless hidden
-            assert score(reader, tests)[0] == 1.0
-        assert score(reader, tests, hide=(str(run_dir),))[0] == 0.0
+        assert score(reader, tests)[0] == 1.0
+        value, _, _, seconds = score(reader, tests, hide=(str(run_dir),))
+        assert value == 0.0 and seconds < 2.0 + MARGIN
+        assert sandbox_processes() == []
         home = os.path.expanduser("~")  # the trainer's home is hidden always: it looks empty
         assert not os.listdir(home) or score(f"import os\nprint(len(os.listdir({home!r})))\n", json.dumps(
             {"inputs": [""], "outputs": [str(len(os.listdir(home)))]}))[0] == 0.0
@@ -249,15 +290,39 @@ def test_a_fork_bomb_fails_and_leaves_nothing_running():
 
 def test_a_program_that_floods_its_output_is_cut_off():
     cases = parse_tests(ADD_TESTS)
+    start = time.monotonic()
     res = run_sample("while True:\n    print('3' * 4096)\n", cases, CodeRewardConfig(test_timeout_s=2.0))
     assert res.score == 0.0 and [r["status"] for r in res.results] == ["too_long"] * 3
-    assert all(r["seconds"] < 1.0 and len(r["out"]) <= 2 * 2 + 4096 for r in res.results)
+    assert all(r["seconds"] < 1.0 and len(r["out"]) <= MIN_SAMPLE_CAP for r in res.results)
+    assert time.monotonic() - start < 3 * 1.0 + MARGIN and sandbox_processes() == []
 
 
 def test_a_program_that_allocates_8_gb_fails_quickly():
-    value, _, _, seconds = score("x = bytearray(8 << 30)\nprint(len(x))\n",
-                                 json.dumps({"inputs": [""], "outputs": [str(8 << 30)]}), memory_mb=1024)
-    assert value == 0.0 and seconds < 5.0
+    cfg = CodeRewardConfig(test_timeout_s=2.0, sample_timeout_s=6.0, memory_mb=1024)
+    start = time.monotonic()
+    res = run_sample("x = bytearray(8 << 30)\nprint(len(x))\n", parse_tests(
+        json.dumps({"inputs": [""], "outputs": [str(8 << 30)]})), cfg)
+    assert res.score == 0.0 and res.results[0]["status"] == "exit 1"  # a MemoryError, not a timeout
+    assert time.monotonic() - start < 5.0 and sandbox_processes() == []
+    small = run_sample("x = bytearray(64 << 20)\nprint(len(x))\n", parse_tests(
+        json.dumps({"inputs": [""], "outputs": [str(64 << 20)]})), cfg)
+    assert small.score == 1.0, small.results  # under the same limit, 64 MB is allocated
+
+
+def test_a_program_with_a_few_children_keeps_its_processes_budget():
+    kids = ("import os, time\nn = int(input())\npids = []\nfor _ in range(n):\n    pid = os.fork()\n"
+            "    if pid == 0:\n        time.sleep(0.3)\n        os._exit(0)\n    pids.append(pid)\n"
+            "for p in pids:\n    os.waitpid(p, 0)\nprint(len(pids))\n")
+    tests = json.dumps({"inputs": ["3\n"], "outputs": ["3\n"]})  # 4 processes at once, itself included
+    assert score(kids, tests, processes=4)[0] == 1.0
+    assert score(kids, tests, processes=3)[0] == 0.0  # one past the budget: the fork fails
+    assert score(ADD, ADD_TESTS, processes=1)[0] == 1.0  # the harness is not counted in the program's budget
+
+
+def test_a_harness_that_cannot_run_scores_none_with_the_reason():
+    value, why, _, _ = score(ADD, ADD_TESTS, memory_mb=4)  # too little for the interpreter to start
+    assert value is None and "the harness ended after 0 of 3 case(s) without its last line" in why, why
+    assert "memory_mb" in why
 
 
 def test_a_program_cannot_reach_a_server_on_the_loopback():
@@ -280,7 +345,7 @@ def test_a_program_cannot_reach_a_server_on_the_loopback():
         value, _, _, seconds = score(client, json.dumps({"inputs": [""], "outputs": ["connected\n"]}))
         if probe()["network namespace"] == "on":
             assert value == 0.0 and accepted == []
-        assert seconds < 6.0 + STARTUP_S
+        assert seconds < 2.0 + MARGIN and sandbox_processes() == []
     finally:
         stop.set()
         thread.join()
@@ -320,6 +385,61 @@ def test_samples_run_at_once_and_outstanding_lists_them():
     assert svc.score([ADD], [{"label": ADD_TESTS}]).scores == [(None, "code: the service is closed")]
 
 
+def test_a_batch_larger_than_concurrency_keeps_one_deadline():
+    sleeper = "import time\ntime.sleep(30)\n"
+    timeout = 1.0
+    svc = CodeService(CodeRewardConfig(test_timeout_s=timeout, sample_timeout_s=timeout, concurrency=2))
+    seen: list[list[str]] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(svc.outstanding())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        start = time.monotonic()
+        out = svc.score([sleeper] * 8, [{"label": ADD_TESTS, "task": "code"}] * 8)
+        seconds = time.monotonic() - start
+    finally:
+        done.set()
+        watcher.join()
+        svc.close()
+    scores = [s for s, _ in out.scores]
+    assert scores[:2] == [0.0, 0.0] and all(s is None for s in scores[4:]), out.scores  # 4 rounds of 1 s otherwise
+    assert "not started by the batch deadline" in out.scores[-1][1] and "reward.code.concurrency" in out.scores[-1][1]
+    assert seconds < (BATCH_START_FACTOR + 1) * timeout + MARGIN, seconds
+    queued = [line for lines in seen for line in lines if "queued" in line]
+    assert queued and queued[0].startswith("rule 'code': 6 sample(s) queued behind 2 running"), queued[:1]
+    assert svc.outstanding() == [] and sandbox_processes() == []
+
+
+def test_close_stops_the_running_sandboxes():
+    svc = CodeService(CodeRewardConfig(test_timeout_s=20.0, sample_timeout_s=20.0, concurrency=2))
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(svc.score(["import time\ntime.sleep(60)\n"] * 3,
+                                                                  [{"label": ADD_TESTS, "task": "code"}] * 3)))
+    thread.start()
+    try:
+        for _ in range(200):  # until both sandboxes run
+            if sum("a sandbox running" in line for line in svc.outstanding()) == 2:
+                break
+            time.sleep(0.02)
+        time.sleep(0.3)
+        start = time.monotonic()
+        svc.close()
+        thread.join(timeout=5.0)
+        assert not thread.is_alive() and time.monotonic() - start < 2.0
+    finally:
+        svc.close()
+        thread.join()
+    assert [s for s, _ in got[0].scores] == [None] * 3
+    assert all("closed" in why for _, why in got[0].scores), got[0].scores
+    assert sandbox_processes() == [] and svc.outstanding() == []
+
+
 def test_the_scorer_runs_the_rule_from_the_config():
     from verirl.config import load_config
     from verirl.train.build import build_scorer
@@ -341,5 +461,5 @@ def test_the_scorer_runs_the_rule_from_the_config():
 def test_limits_follow_the_config():
     cfg = CodeRewardConfig(sample_timeout_s=7.5, memory_mb=512, processes=8)
     lim = limits_for(cfg, [Case("", "x" * 100)])
-    assert (lim.seconds, lim.cpu_s, lim.memory_mb, lim.processes) == (7.5 + STARTUP_S, 9, 512, 8)
+    assert (lim.seconds, lim.cpu_s, lim.memory_mb, lim.processes) == (7.5 + STARTUP_S, 9, 512, 8 + 1)
     assert dataclasses.asdict(lim)["output_bytes"] > 6 * 200

@@ -21,8 +21,16 @@ the program `HARNESS` (standard library only) reads the solution and the cases' 
 stdin, compiles the solution (a SyntaxError scores 0 and is counted in ``reward/code/compile_errors``),
 runs each case in a forked child of its own (stdin from a file, stdout into a pipe; a function case
 calls the function and sends its return value as JSON) under the per-test deadline, kills whatever the
-child left after each case, and prints one JSON line per case. The expected outputs never enter the
-sandbox: they are compared here, after the run (`same_output`, `same_value`).
+child left after each case, prints one JSON line per case and a last line ``{"done": n}``. Whatever the
+harness holds can be read by the program (it runs in the harness's forked child), so nothing derived
+from an expected output enters the sandbox: not the outputs, not their lengths (the harness keeps one
+output cap for all of a sample's cases, `sample_cap`); each case's output is compared, and its length
+checked against that case's own cap (`_cap`), here after the run (`passed`).
+
+A harness that ends without its last line, before the sandbox's deadline, scores None with the reason
+(it could not start, fork or read its job). A call (`CodeService.score`) keeps one deadline: a sample not
+started ``BATCH_START_FACTOR * sample_timeout_s`` after the call's start scores None, so a call ends by
+about ``(BATCH_START_FACTOR + 1) * sample_timeout_s + STARTUP_S`` however many samples wait.
 """
 from __future__ import annotations
 
@@ -30,18 +38,24 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from verirl.config.schema import CodeRewardConfig
 from verirl.rewards.service import ServiceScores
-from verirl.sandbox import Limits, run_program
+from verirl.sandbox import (Limits, ProgramResult, _communicate, _report, environment, hidden_paths, launch_config,
+                            launcher_argv, python_paths)
 
 STARTUP_S = 3.0  # the sandbox's deadline past sample_timeout_s: its start and the harness's
-FLOAT_TOL = 1e-6  # two numbers match when |got - want| <= FLOAT_TOL * max(1, |want|)
+FLOAT_TOL = 1e-6  # two non-integer numbers match when |got - want| <= FLOAT_TOL * max(1, |want|)
+BATCH_START_FACTOR = 2.0  # a sample not started this many sample_timeout_s after its call's start scores None
+HARNESS_PROCESSES = 1  # the harness's own process, added to reward.code.processes
+MIN_SAMPLE_CAP = 1 << 14  # the least output the harness keeps of one case, bytes
 COMPILE_ERRORS = "reward/code/compile_errors"
 NO_PROGRAM = "reward/code/no_program"
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -184,11 +198,15 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
+_INT = re.compile(r"[-+]?\d+")
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _number(token: str) -> Optional[float]:
-    try:
-        x = float(token)
-    except ValueError:
+    """A decimal literal's value (no ``_``, ``inf`` or ``nan``); None for anything else."""
+    if not _DECIMAL.fullmatch(token):
         return None
+    x = float(token)
     return x if math.isfinite(x) else None
 
 
@@ -198,7 +216,8 @@ def _close(a: float, b: float) -> bool:
 
 def same_output(got: str, want: str) -> bool:
     """Stdout equal to the expected one: the same lines once each line's trailing whitespace and the
-    trailing blank lines are dropped; else the same whitespace-separated tokens, numbers within FLOAT_TOL."""
+    trailing blank lines are dropped; else the same whitespace-separated tokens, two decimal numbers of
+    which one at least has a ``.`` or an exponent within FLOAT_TOL (two integers only when equal)."""
     if _lines(got) == _lines(want):
         return True
     a, b = got.split(), want.split()
@@ -206,6 +225,8 @@ def same_output(got: str, want: str) -> bool:
         return False
     for x, y in zip(a, b):
         if x != y:
+            if _INT.fullmatch(x) and _INT.fullmatch(y):
+                return False
             fx, fy = _number(x), _number(y)
             if fx is None or fy is None or not _close(fx, fy):
                 return False
@@ -227,28 +248,41 @@ def same_value(got, want) -> bool:
 
 
 def passed(case: Case, result: Optional[dict]) -> bool:
-    """Whether the harness's line ``result`` for ``case`` is a pass."""
+    """Whether the harness's line ``result`` for ``case`` is a pass: status ok, at most ``_cap(case)``
+    bytes of output, and that output equal to the expected one. Never raises for what the program wrote."""
     if not isinstance(result, dict) or result.get("status") != "ok" or not isinstance(result.get("out"), str):
         return False
-    if case.fn is None:
-        return same_output(result["out"], str(case.expected))
-    try:
-        got = json.loads(result["out"])
-    except ValueError:
+    size = result.get("bytes")
+    if not isinstance(size, int) or size > _cap(case):
         return False
-    want = case.expected
-    return same_value(got, want) or (isinstance(want, list) and len(want) == 1 and same_value(got, want[0]))
+    try:
+        if case.fn is None:
+            return same_output(result["out"], str(case.expected))
+        got, want = json.loads(result["out"]), case.expected
+        return same_value(got, want) or (isinstance(want, list) and len(want) == 1 and same_value(got, want[0]))
+    except (ValueError, RecursionError):  # not JSON, nested past the recursion limit, a too long integer
+        return False
 
 
 def _cap(case: Case) -> int:
-    """Bytes of output kept for a case: twice the expected, and 4 KiB; past it the case fails."""
+    """Bytes of output a case may write: twice the expected, and 4 KiB; past it the case fails."""
     want = case.expected if case.fn is None else json.dumps(case.expected)
     return 2 * len(str(want).encode()) + 4096
 
 
-# The program that runs in the sandbox. Its stdin: {"solution", "cases": [{"input" | "args", "fn", "cap"}],
-# "test_timeout", "sample_timeout"}. Its stdout: {"compile_error": str} or one line per case run,
-# {"i", "status": ok | exit N | signal N | timeout | too_long | no_function | not_json | error, "out", "seconds"}.
+def sample_cap(cases: Sequence[Case]) -> int:
+    """Bytes of each case's output the harness keeps (past it the case stops, too long): the power of two
+    at or above every case's `_cap`, at least MIN_SAMPLE_CAP. One value for the whole sample, so a program
+    reading it learns at most the longest expected output's size rounded up to a power of two."""
+    need = max(map(_cap, cases), default=0)
+    return max(MIN_SAMPLE_CAP, 1 << max(need - 1, 0).bit_length())
+
+
+# The program that runs in the sandbox. Its stdin: {"solution", "cases": [{"input" | "args", "fn"}], "cap",
+# "test_timeout", "sample_timeout"}. Its stdout: {"compile_error": str}, or {"error": str} (it could not
+# start the first case), or one line per case run, {"i", "status": ok | exit N | signal N | timeout |
+# too_long | no_function | not_json | no_fork, "out" (at most cap bytes), "bytes" (written, up to cap and a
+# read more), "seconds"}, then {"done": cases run}.
 HARNESS = r'''
 import json, os, select, signal, sys, time
 
@@ -321,12 +355,17 @@ def clean(pid):
             return
         time.sleep(0.002)
 
-def run(code, case, seconds):
+def run(code, case, cap, seconds):
     if case["fn"] is None:
         with open("input.txt", "w") as f:
             f.write(case["input"])
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:
         try:
             os.setpgid(0, 0)
@@ -341,7 +380,7 @@ def run(code, case, seconds):
         waiter = None
     os.set_blocking(r, False)
     deadline = time.monotonic() + seconds
-    out, cap, status, reaped = bytearray(), case["cap"], "timeout", False
+    out, status, reaped = bytearray(), "timeout", False
 
     def drain():
         nonlocal r, out
@@ -391,7 +430,7 @@ def run(code, case, seconds):
         if fd is not None and fd >= 0:
             os.close(fd)
     clean(pid)
-    return status, out[:cap].decode("utf-8", "replace")
+    return status, out[:cap].decode("utf-8", "replace"), len(out)
 
 def main():
     job = json.loads(sys.stdin.read())
@@ -402,13 +441,22 @@ def main():
         emit({"compile_error": "%s: %s" % (type(e).__name__, e)})
         return
     del job["solution"]
+    ran = 0
     for i, case in enumerate(job["cases"]):
         start = time.monotonic()
         left = end - start
         if left <= 0:
             break
-        status, out = run(code, case, min(job["test_timeout"], left))
-        emit({"i": i, "status": status, "out": out, "seconds": round(time.monotonic() - start, 4)})
+        try:
+            status, out, size = run(code, case, job["cap"], min(job["test_timeout"], left))
+        except OSError as e:  # a pipe or a fork refused: before the first case it is the harness's failure
+            if i == 0:
+                emit({"error": "the harness could not start a case: %s: %s" % (type(e).__name__, e)})
+                return
+            status, out, size = "no_fork", "", 0
+        emit({"i": i, "status": status, "out": out, "bytes": size, "seconds": round(time.monotonic() - start, 4)})
+        ran += 1
+    emit({"done": ran})
 
 main()
 '''
@@ -416,11 +464,40 @@ main()
 
 def limits_for(cfg: CodeRewardConfig, cases: Sequence[Case]) -> Limits:
     """The sandbox of one sample: its deadline (sample_timeout_s and the start-up margin), address space,
-    processes, CPU seconds (per process: the per-test deadline stops a case first) and the output its
-    result lines may need (JSON escapes a byte into at most 6)."""
+    processes (the program's ``processes``, itself included, and the harness's), CPU seconds (per process:
+    the per-test deadline stops a case first) and the output its result lines may need (JSON escapes a
+    byte into at most 6)."""
     return Limits(seconds=cfg.sample_timeout_s + STARTUP_S, cpu_s=math.ceil(cfg.sample_timeout_s) + 1,
-                  memory_mb=cfg.memory_mb, processes=cfg.processes,
-                  output_bytes=sum(6 * _cap(c) + 256 for c in cases) + (1 << 16))
+                  memory_mb=cfg.memory_mb, processes=cfg.processes + HARNESS_PROCESSES,
+                  output_bytes=len(cases) * (6 * sample_cap(cases) + 256) + (1 << 16))
+
+
+def job_for(program: str, cases: Sequence[Case], cfg: CodeRewardConfig) -> dict:
+    """What the harness reads on its stdin: the solution, the cases' inputs, one output cap, the deadlines;
+    nothing else of the expected outputs."""
+    return {"solution": program, "test_timeout": cfg.test_timeout_s, "sample_timeout": cfg.sample_timeout_s,
+            "cap": sample_cap(cases),
+            "cases": [{"fn": c.fn, **({"input": c.input} if c.fn is None else {"args": c.input})} for c in cases]}
+
+
+def _run_program(code: str, stdin: str, limits: Limits, hide: tuple[str, ...],
+                 on_start: Optional[Callable[[subprocess.Popen], None]]) -> ProgramResult:
+    """`verirl.sandbox.run_program`, with ``on_start`` given the launcher's process as soon as it runs:
+    its ``terminate()`` from another thread stops the sandbox (and this call returns)."""
+    report_r, report_w = os.pipe()
+    cfg = launch_config("program", limits, code=code, argv=[sys.executable, "-I"], report_fd=report_w,
+                        hide=[*hidden_paths(), *hide], keep=python_paths())
+    start = time.monotonic()
+    proc = subprocess.Popen(launcher_argv(cfg), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, pass_fds=(report_w,), env=environment(),
+                            start_new_session=True)
+    os.close(report_w)
+    if on_start is not None:
+        on_start(proc)
+    out, err, timed_out, truncated = _communicate(proc, stdin.encode(), limits, start)
+    setup = _report(report_r)
+    return ProgramResult(None if timed_out else proc.returncode, out.decode("utf-8", "replace"),
+                         err.decode("utf-8", "replace"), timed_out, truncated, time.monotonic() - start, setup)
 
 
 @dataclass
@@ -432,26 +509,35 @@ class SampleResult:
     results: Optional[list] = None  # the harness's line for each case (None: not run by the deadline)
 
 
-def run_sample(program: str, cases: Sequence[Case], cfg: CodeRewardConfig,
-               hide: tuple[str, ...] = ()) -> SampleResult:
-    """Run ``program`` against ``cases`` in one sandbox and score it (``cfg.mode``)."""
-    job = {"solution": program, "test_timeout": cfg.test_timeout_s, "sample_timeout": cfg.sample_timeout_s,
-           "cases": [{"fn": c.fn, "cap": _cap(c), **({"input": c.input} if c.fn is None else {"args": c.input})}
-                     for c in cases]}
-    res = run_program(HARNESS, json.dumps(job), limits_for(cfg, cases), hide=hide)
+def run_sample(program: str, cases: Sequence[Case], cfg: CodeRewardConfig, hide: tuple[str, ...] = (),
+               on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> SampleResult:
+    """Run ``program`` against ``cases`` in one sandbox and score it (``cfg.mode``); None with the reason
+    when the sandbox or the harness failed on its own (no last line, and not stopped at the deadline).
+    ``on_start``: see `_run_program`."""
+    res = _run_program(HARNESS, json.dumps(job_for(program, cases, cfg)), limits_for(cfg, cases), hide, on_start)
     lines: dict[int, dict] = {}
+    done = False
     for line in res.stdout.splitlines():
         try:
             obj = json.loads(line)
         except ValueError:
             continue
-        if isinstance(obj, dict) and "compile_error" in obj:
+        if not isinstance(obj, dict):
+            continue
+        if "compile_error" in obj:
             return SampleResult(0.0, compile_error=True, results=[])
-        if isinstance(obj, dict) and isinstance(obj.get("i"), int):
+        if "error" in obj:
+            return SampleResult(None, f"code: {str(obj['error'])[:200]} (reward.code.processes, memory_mb)")
+        if isinstance(obj.get("i"), int):
             lines.setdefault(obj["i"], obj)
+        done = done or "done" in obj
+    last = (res.stderr.strip().splitlines() or ["nothing on stderr"])[-1][:200]
     if not lines and not res.setup:
-        why = (res.stderr.strip().splitlines() or ["no report"])[-1][:200]
-        return SampleResult(None, f"code: the sandbox did not start ({why})")
+        return SampleResult(None, f"code: the sandbox did not start ({last})")
+    if not done and not res.timed_out and not res.truncated:
+        return SampleResult(None, f"code: the harness ended after {len(lines)} of {len(cases)} case(s) without its "
+                                  f"last line, exit status {res.returncode} ({last}); raise reward.code.memory_mb "
+                                  f"if it ran out of memory")
     results = [lines.get(i) for i in range(len(cases))]
     ok = sum(passed(c, r) for c, r in zip(cases, results))
     score = ok / len(cases) if cfg.mode == "fraction" else float(ok == len(cases))
@@ -460,17 +546,39 @@ def run_sample(program: str, cases: Sequence[Case], cfg: CodeRewardConfig,
 
 class CodeService:
     """The rule ``code`` (`verirl.rewards.service.Service`): each sample's program in its own sandbox,
-    ``cfg.concurrency`` samples at once (0: one per core) in threads of this process."""
+    ``cfg.concurrency`` samples at once (0: one per core) in threads of this process. One call keeps one
+    deadline: a sample still queued ``BATCH_START_FACTOR * sample_timeout_s`` after the call's start scores
+    None ("not started by the batch deadline"), and the ones running then keep their own deadline
+    (``sample_timeout_s + STARTUP_S``), so ``score`` returns by about ``(BATCH_START_FACTOR + 1) *
+    sample_timeout_s + STARTUP_S`` after its start. ``close()`` stops the sandboxes running."""
     name = "code"
 
     def __init__(self, cfg: CodeRewardConfig, hide: Sequence[str] = ()):
         self.cfg, self.hide = cfg, tuple(hide)
-        self._pool = ThreadPoolExecutor(cfg.concurrency or os.cpu_count() or 1, thread_name_prefix="verirl-code")
+        self.concurrency = cfg.concurrency or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="verirl-code")
         self._running: dict[int, tuple[float, str]] = {}
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._queued: dict[int, int] = {}  # call -> its samples not started yet
         self._lock = threading.Lock()
         self._ids = iter(range(1 << 62))
+        self._closed = False
 
-    def _one(self, response: str, sample: dict) -> SampleResult:
+    def _started(self, key: int, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs[key] = proc
+            closed = self._closed
+        if closed:
+            proc.terminate()
+
+    def _one(self, response: str, sample: dict, call: int, start_by: float) -> SampleResult:
+        with self._lock:
+            self._queued[call] -= 1
+        if time.monotonic() > start_by:
+            return SampleResult(None, f"code: not started by the batch deadline ({BATCH_START_FACTOR:g} x "
+                                      f"reward.code.sample_timeout_s={self.cfg.sample_timeout_s:g} after the call's "
+                                      f"start, {self.concurrency} sample(s) at once): raise reward.code.concurrency "
+                                      f"or lower sample_timeout_s")
         cfg = self.cfg
         if cfg.tests not in sample:
             return SampleResult(None, f"code: reward.code.tests={cfg.tests!r}: the sample has no such column (it has "
@@ -489,29 +597,45 @@ class CodeService:
             return SampleResult(0.0, no_program=True)
         key = next(self._ids)
         with self._lock:
+            if self._closed:
+                return SampleResult(None, "code: the service is closed")
             self._running[key] = (time.monotonic(), f"{len(cases)} test(s), task {sample.get('task')!r}, "
                                                     f"program {program[:80]!r}")
         try:
-            return run_sample(program, cases, cfg, self.hide)
+            res = run_sample(program, cases, cfg, self.hide, on_start=lambda proc: self._started(key, proc))
         except Exception as e:  # noqa: BLE001  (a failure of this side, not of the program: say it, score None)
-            return SampleResult(None, f"code: {type(e).__name__}: {e}")
+            res = SampleResult(None, f"code: {type(e).__name__}: {e}")
         finally:
             with self._lock:
                 self._running.pop(key, None)
+                self._procs.pop(key, None)
+                closed = self._closed
+        return SampleResult(None, "code: stopped: the service was closed") if closed else res
 
     def score(self, responses: Sequence[str], samples: Sequence[dict]) -> ServiceScores:
+        call, pairs = next(self._ids), list(zip(responses, samples))
+        start_by = time.monotonic() + BATCH_START_FACTOR * self.cfg.sample_timeout_s
+        with self._lock:
+            self._queued[call] = len(pairs)
         futures: list[Optional[Future]] = []
-        for r, s in zip(responses, samples):
-            try:
-                futures.append(self._pool.submit(self._one, r, s))
-            except RuntimeError:  # closed
-                futures.append(None)
-        done = []
-        for f in futures:
-            try:
-                done.append(f.result() if f is not None else SampleResult(None, "code: the service is closed"))
-            except Exception as e:  # noqa: BLE001  (closed meanwhile, or a bug: the sample scores None)
-                done.append(SampleResult(None, f"code: {type(e).__name__}: {e}"))
+        try:
+            for r, s in pairs:
+                try:
+                    futures.append(self._pool.submit(self._one, r, s, call, start_by))
+                except RuntimeError:  # closed
+                    futures.append(None)
+                    with self._lock:
+                        self._queued[call] -= 1
+            done = []
+            for f in futures:
+                try:
+                    done.append(f.result() if f is not None else SampleResult(None, "code: the service is closed"))
+                except Exception as e:  # noqa: BLE001  (cancelled by close, or a bug: the sample scores None)
+                    done.append(SampleResult(None, "code: the service is closed" if f.cancelled()
+                                             else f"code: {type(e).__name__}: {e}"))
+        finally:
+            with self._lock:
+                self._queued.pop(call, None)
         return ServiceScores([(d.score, d.why) for d in done],
                              {COMPILE_ERRORS: float(sum(d.compile_error for d in done)),
                               NO_PROGRAM: float(sum(d.no_program for d in done))})
@@ -519,7 +643,22 @@ class CodeService:
     def outstanding(self) -> list[str]:
         now = time.monotonic()
         with self._lock:
-            return [f"rule 'code': a sandbox running {now - t:.1f}s: {what}" for t, what in self._running.values()]
+            lines = [f"rule 'code': a sandbox running {now - t:.1f}s: {what}" for t, what in self._running.values()]
+            queued = sum(self._queued.values())
+        if queued:
+            lines.append(f"rule 'code': {queued} sample(s) queued behind {len(lines)} running ({self.concurrency} at "
+                         f"once); one not started {BATCH_START_FACTOR * self.cfg.sample_timeout_s:g}s after its "
+                         f"call's start scores None")
+        return lines
 
     def close(self) -> None:
+        """Cancel the queued samples and stop the running sandboxes (their samples score None); safe twice."""
+        with self._lock:
+            self._closed = True
+            procs = list(self._procs.values())
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            try:
+                proc.terminate()
+            except OSError:
+                pass
