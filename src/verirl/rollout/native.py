@@ -4,9 +4,10 @@
 * One forward per new token for the still-running rows only: finished rows leave the
   batch (their cache rows are dropped once a quarter of the batch has finished, so the
   copy is paid a few times per call, not at every step), except in the CUDA graph below.
-* Llama-family models (Llama, Qwen2, Mistral, SmolLM2) run through `LeanDecoder`, a
-  forward with fused projections and an in-place KV cache; other models through their
-  own transformers forward with a DynamicCache.
+* Llama-family models (Llama, Qwen2, Qwen3, Mistral, SmolLM2) and the MoE families Qwen2-MoE, Qwen3-MoE
+  and Mixtral run through `LeanDecoder`, a forward with fused projections, grouped expert products and an
+  in-place KV cache (``decoder``: the last call's); other models through their own transformers forward
+  with a DynamicCache.
 * On CUDA the lean decoding step is captured once per call as a CUDA graph and replayed
   (`VERIRL_CUDA_GRAPHS=0` turns it off): one shape for every step, attending over the whole
   cache with the columns not yet written masked, and no compaction of finished rows (models
@@ -260,6 +261,7 @@ class NativeEngine:
         self.split = split
         self.compute_dtype = compute_dtype  # model.compute_dtype: the lean decoder's products in it
         self.batch_sizes: list[int] = []  # rows in each forward of the last call (prefill first)
+        self.decoder: Optional[LeanDecoder] = None  # the last call's lean decoder; None: transformers' forward
         # an asynchronous run's partial rollouts: a call that loads newer weights into the model, if any, and
         # returns the version it holds, asked before the prefill and before each decoding step
         self.refresh: Optional[Callable[[], int]] = None
@@ -312,6 +314,7 @@ class NativeEngine:
                 run = _LeanStepper(model, *_one_shape(device), low=self.compute_dtype)
             else:
                 run = _HFStepper(model)
+            self.decoder = run.dec if isinstance(run, _LeanStepper) else None
             logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
             self.batch_sizes = [ids.shape[0]]
             if n > 1:  # expand each prompt's cache to its n samples
