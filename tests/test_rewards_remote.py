@@ -2,7 +2,10 @@
 here: batching, concurrency, deadlines, retries, a refused connection, the judge's parsers, the key; then a
 short `verirl train` with a scoring server that hangs for one batch."""
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -13,7 +16,7 @@ import pytest
 
 from verirl.config.schema import JUDGE_PARSERS, JudgeConfig, RemoteRewardConfig
 from verirl.core.errors import ConfigError
-from verirl.rewards.remote import ERRORS, MARGIN_S, PARSERS, JudgeService, RemoteService
+from verirl.rewards.remote import BODY_BYTES, ERRORS, MARGIN_S, PARSERS, JudgeService, RemoteService, _Client
 
 
 class Server:
@@ -95,6 +98,10 @@ def samples(n, **extra):
             for i in range(n)]
 
 
+def client_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("verirl-")]
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -153,20 +160,54 @@ def test_a_hung_batch_scores_none_by_the_deadline(serve):
     assert out.counts == {ERRORS: 2.0}
     assert len(seen) == 1 and "POST http://127.0.0.1:" in seen[0] and "(2 item(s), try 1)" in seen[0]
     assert "token" not in seen[0] and "?" not in seen[0]  # the URL without its query
-    assert svc.outstanding() == [] or "in flight" in svc.outstanding()[0]  # abandoned, ends at its socket timeout
+    assert svc.outstanding() == [] and client_threads() == []  # abandoned: its socket shut, its thread ended
     srv.release.set()
     out = svc.score(["0", "1"], samples(2))  # the next call is not held up by the abandoned one
     assert out.scores == [(1.0, ""), (1.0, "")]
 
 
 def test_a_trickling_reply_is_abandoned_at_the_deadline(serve):
-    """A server that sends a byte every 0.1 s never trips the socket timeout: `score` still returns."""
-    srv = serve(lambda *a: (200, b" " * 100, {}))
+    """A server that sends a byte every 0.1 s never trips the socket timeout: `score` still returns, and
+    the request's thread and connection end with it, call after call."""
+    srv = serve(lambda *a: (200, b" " * 1000, {}))
     srv.trickle = 0.1
-    start = time.monotonic()
-    out = remote(srv.url, timeout_s=0.5).score(["0"], samples(1))
-    assert time.monotonic() - start < 0.5 + MARGIN_S + 0.3
-    assert out.scores[0][0] is None and "within timeout_s=0.5 s" in out.scores[0][1]
+    svc = remote(srv.url, timeout_s=0.5, batch_size=1, max_concurrency=2)
+    for _ in range(3):
+        start = time.monotonic()
+        out = svc.score(["0", "1"], samples(2))
+        assert time.monotonic() - start < 0.5 + MARGIN_S + 0.3
+        assert all(s is None and "within timeout_s=0.5 s" in why for s, why in out.scores)
+        assert client_threads() == [] and svc.outstanding() == []
+    assert len(srv.seen) == 6
+
+
+EXIT_AFTER_CLOSE = """
+import sys, time
+from verirl.config.schema import RemoteRewardConfig
+from verirl.rewards.remote import RemoteService
+svc = RemoteService(RemoteRewardConfig(url=sys.argv[1], timeout_s=0.5, retries=0))
+print(svc.score(["r"], [{}]).scores, flush=True)
+svc.close()
+print("closed", flush=True)
+"""
+
+
+def test_the_process_exits_after_close_while_a_server_trickles(serve):
+    """A trainer whose scoring server still trickles a reply exits when it is done, at once."""
+    srv = serve(lambda *a: (200, b" " * 100_000, {}))
+    srv.trickle = 0.05
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_AFTER_CLOSE, srv.url], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert "within timeout_s=0.5 s" in proc.stdout.readline()
+        assert proc.stdout.readline() == "closed\n"
+        closed = time.monotonic()
+        assert proc.wait(timeout=5) == 0, proc.stderr.read()
+        assert time.monotonic() - closed < 1.0
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_500_or_429_is_retried_a_400_is_not(serve):
@@ -213,17 +254,31 @@ def test_a_refused_connection_is_counted_fast():
 
 def test_bad_replies_are_errors_that_say_what_came(serve):
     replies = {0: {"scores": [1.0]}, 1: {"result": [1, 2]}, 2: b"<html>oops</html>",
-               3: {"scores": [None, "high"]}, 4: {"scores": [True, 0.5]}}
+               3: {"scores": [None, "high"]}, 4: {"scores": [True, 0.5]},
+               5: b"[" * 100_000, 6: b'{"scores": [1' + b"0" * 400 + b", 0.25]}"}  # too deep; too large a float
     srv = serve(lambda server, n, *a: (200, replies[n], {}))
     svc = remote(srv.url, batch_size=2, max_concurrency=1)
-    out = svc.score([str(i) for i in range(10)], samples(10))
+    out = svc.score([str(i) for i in range(14)], samples(14))
     whys = [w for _, w in out.scores]
     assert "replied with 1 scores; expected {\"scores\": [...]} with 2 entries" in whys[0]
     assert "replied with keys ['result']" in whys[2]
     assert "not JSON: '<html>oops</html>'" in whys[4]
     assert whys[6] == "the server scored it null" and "'high' is not a number" in whys[7]
     assert "True" in whys[8] and out.scores[9] == (0.5, "")
-    assert out.counts == {ERRORS: 9.0}
+    assert out.scores[10][0] is None and "not JSON: '[[[[" in whys[10] and len(whys[10]) < 300
+    assert "an integer of 1329 bits, is beyond a float's range" in whys[12] and out.scores[13] == (0.25, "")
+    assert out.counts == {ERRORS: 12.0}
+
+
+def test_a_job_that_raises_scores_its_items_none():
+    """Whatever a reply makes a job raise, its items score None with the reason (the key replaced)."""
+    client = _Client("remote", "http://127.0.0.1:1/score", "sk-in-an-error", "K", 2, 0, 0.1)
+
+    def boom(deadline, stop):
+        raise RecursionError("maximum recursion depth exceeded near sk-in-an-error")
+    out = client.run([(2, boom), (1, lambda deadline, stop: [(1.0, "")])], 1.0)
+    assert out[2] == (1.0, "") and out[0] == out[1] and out[0][0] is None
+    assert "could not be scored: RecursionError: maximum recursion depth exceeded near <key>" in out[0][1]
 
 
 def test_the_key_is_sent_and_never_shown(serve, monkeypatch):
@@ -244,6 +299,44 @@ def test_the_key_is_sent_and_never_shown(serve, monkeypatch):
     assert secret not in repr(svc) and secret not in repr(svc.client) and secret not in repr(vars(svc))
     monkeypatch.delenv("VERIRL_TEST_REMOTE_KEY")
     with pytest.raises(ConfigError, match="reward.remote.api_key_env='VERIRL_TEST_REMOTE_KEY' names an environment"):
+        remote(srv.url, api_key_env="VERIRL_TEST_REMOTE_KEY")
+
+
+def test_an_echoed_key_is_replaced_before_the_text_is_cut(serve, monkeypatch):
+    """A long error body with the key at each place around the 200-character cut, and a body whose first
+    BODY_BYTES end inside the key: no part of the key is in the reason."""
+    secret = f"sk-{uuid.uuid4().hex}"
+    monkeypatch.setenv("VERIRL_TEST_REMOTE_KEY", secret)
+    pads = list(range(130, 180)) + [None]
+
+    def echo(server, n, path, headers, body):
+        if pads[n] is None:
+            return 401, b" " * (BODY_BYTES - 20) + headers["Authorization"][7:].encode() + b" " * 100, {}
+        return 401, {"error": "x" * pads[n] + " bad key " + headers["Authorization"]}, {}
+    srv = serve(echo)
+    svc = remote(srv.url, api_key_env="VERIRL_TEST_REMOTE_KEY", retries=0)
+    for pad in pads:
+        why = svc.score(["0"], samples(1)).scores[0][1]
+        assert why.startswith("HTTP 401") and secret[:4] not in why, (pad, why)
+    assert why.startswith("HTTP 401 from http://127.0.0.1") and ": <key> (check the key in" in why
+
+
+def test_a_key_with_control_characters(serve, monkeypatch):
+    """A key file's CRLF line end is removed; a control or non-ASCII character inside the key is refused
+    without the key in the error."""
+    srv = serve(label_in_response)
+    monkeypatch.setenv("VERIRL_TEST_REMOTE_KEY", "sk-from-a-crlf-file\r\n")
+    assert remote(srv.url, api_key_env="VERIRL_TEST_REMOTE_KEY").score(["0"], samples(1)).scores == [(1.0, "")]
+    assert srv.seen[0]["headers"]["Authorization"] == "Bearer sk-from-a-crlf-file"
+    for bad, what in [("sk-two\nlines", "a control character at position 7 of 12"), ("sk-\x1b[0m", "a control"),
+                      ("sk-xq9 z", "a space"), ("sk-caf\u00e9", "a character outside ASCII")]:
+        monkeypatch.setenv("VERIRL_TEST_REMOTE_KEY", bad)
+        with pytest.raises(ConfigError, match=r"\$VERIRL_TEST_REMOTE_KEY \(named by reward.remote.api_key_env\) "
+                                              r"holds " + what) as e:
+            remote(srv.url, api_key_env="VERIRL_TEST_REMOTE_KEY")
+        assert bad not in str(e.value) and bad[3:7] not in str(e.value)
+    monkeypatch.setenv("VERIRL_TEST_REMOTE_KEY", " \r\n")
+    with pytest.raises(ConfigError, match="is not set \\(or empty\\)"):
         remote(srv.url, api_key_env="VERIRL_TEST_REMOTE_KEY")
 
 
@@ -343,9 +436,22 @@ def test_judge_template_mistakes_are_config_errors(tmp_path):
         judge("http://127.0.0.1:1/v1", template="Grade {response.__class__}")
     with pytest.raises(ConfigError, match="looks like a file, but there is none"):
         judge("http://127.0.0.1:1/v1", template=str(tmp_path / "missing.txt"))
-    svc = judge("http://127.0.0.1:1/v1", template="Grade {response} against {rubric}")
-    with pytest.raises(ConfigError, match=r"names \{rubric\}, which a sample of task 'add' does not have"):
-        svc.score(["a"], samples(1))
+
+
+def test_a_sample_the_template_does_not_fit_scores_none(serve):
+    """A sample without a column the template names, or whose value its format spec refuses, scores None
+    with the reason and is counted; the other samples are judged."""
+    srv = serve(canned(lambda msg: "yes"))
+    svc = judge(srv.url + "/v1", template="Grade {response} against {rubric} (item {n:d})")
+    rows = [{**r, "rubric": "be strict", "n": i} for i, r in enumerate(samples(4))]
+    del rows[1]["rubric"]
+    rows[2]["n"] = "two"
+    out = svc.score(["a", "b", "c", "d"], rows)
+    assert [s for s, _ in out.scores] == [1.0, None, None, 1.0] and out.counts == {ERRORS: 2.0}
+    assert "names {rubric}, which this sample (task 'add') does not have; its columns: label, n, prompt" \
+        in out.scores[1][1]
+    assert "could not be filled in for this sample (task 'add'): Unknown format code 'd'" in out.scores[2][1]
+    assert len(srv.seen) == 2 and srv.seen[0]["body"]["messages"][0]["content"].startswith("Grade ")
 
 
 def test_judge_key_from_its_own_variable(serve, monkeypatch):

@@ -10,14 +10,19 @@ Both keep one deadline per ``score`` call, ``timeout_s`` from its start, retries
 socket timeout is the time left; a 5xx, a 429, a refused or dropped connection or a socket timeout is
 retried after ``backoff_s * 2**k`` seconds (plus up to a quarter more, at random; at least a 429's
 Retry-After), unless that wait would pass the deadline; any other 4xx is not retried. At most
-``max_concurrency`` requests are in flight. ``score`` returns by the deadline plus `MARGIN_S` whatever a
-server does: a request still running then is abandoned (its thread ends at its socket timeout, and
-sends no retry). What was not scored is (None, why), counted in ``reward/remote/errors`` (items).
+``max_concurrency`` requests are in flight, on daemon threads (a server cannot hold up the process's
+exit). At the deadline the requests still running are abandoned: their sockets are shut down, which ends
+a read that a hanging or trickling server would otherwise keep going, and ``score`` returns by the
+deadline plus `MARGIN_S`, with the call's threads ended. What was not scored is (None, why), counted in
+``reward/remote/errors`` (items); a reply that cannot be read (too deep, a number too large for a float,
+anything that raises) is one of those, never an exception out of ``score``.
 
-The key is read once, at build, from the environment variable ``api_key_env`` names, and sent as
-``Authorization: Bearer <key>``; it is in no error text (replaced by ``<key>``), no `outstanding` line and
-no ``repr``. Redirects are not followed (a 3xx is an error naming where it pointed), so the key goes to
-the configured address only. URLs are shown without user info, query or fragment.
+The key is read once, at build, from the environment variable ``api_key_env`` names (surrounding
+whitespace removed; a key with any other character outside printable ASCII is refused), and sent as
+``Authorization: Bearer <key>``; it is in no error text (replaced by ``<key>`` before a text is cut), no
+`outstanding` line and no ``repr``. Redirects are not followed (a 3xx is an error naming where it
+pointed), so the key goes to the configured address only. URLs are shown without user info, query or
+fragment.
 
 Only the standard library (urllib, json, threads): a step makes a few POSTs; requests, httpx or aiohttp
 would add a dependency and nothing this needs.
@@ -29,15 +34,15 @@ import math
 import os
 import random
 import re
+import socket
 import string
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
-from http.client import HTTPException
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any, Callable, Optional, Sequence
 
 from verirl.config.schema import JUDGE_PARSERS
@@ -45,8 +50,9 @@ from verirl.core.errors import ConfigError
 from verirl.rewards.service import Scores, ServiceScores
 
 ERRORS = "reward/remote/errors"  # items a remote or judge call could not score
-MARGIN_S = 0.25  # how long past its deadline `score` waits for requests that end at their socket timeout
+MARGIN_S = 0.25  # how long past its deadline `score` waits for the threads of abandoned requests to end
 JOB = Callable[[float, threading.Event], Scores]  # (deadline, stop) -> the scores of the job's items
+BODY_BYTES = 1 << 16  # the most of an error body read; an excerpt is cut from it
 
 
 def read_key(var: Optional[str], key: str) -> Optional[str]:
@@ -54,10 +60,18 @@ def read_key(var: Optional[str], key: str) -> Optional[str]:
     config key that names it."""
     if not var:
         return None
-    value = os.environ.get(var)
+    value = os.environ.get(var, "").strip()
     if not value:
-        raise ConfigError(f"{key}={var!r} names an environment variable that is not set: export {var}=<the key> "
-                          f"before the run (the key itself is never put in a config).")
+        raise ConfigError(f"{key}={var!r} names an environment variable that is not set (or empty): export "
+                          f"{var}=<the key> before the run (the key itself is never put in a config).")
+    bad = next(((i, c) for i, c in enumerate(value) if not "!" <= c <= "~"), None)
+    if bad:  # it would be refused as a header value, in an error text that holds the whole key
+        i, c = bad
+        what = "a space" if c == " " else "a control character" if c.isspace() or ord(c) < 32 or ord(c) == 127 \
+            else "a character outside ASCII"
+        raise ConfigError(f"${var} (named by {key}) holds {what} at position {i + 1} of {len(value)}: a key is "
+                          f"printable ASCII without spaces; write the key alone into the variable (a key file "
+                          f"saved with CRLF line ends: remove the CR).")
     return value
 
 
@@ -87,7 +101,51 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # a 3xx reaches `_Client` as an HTTPError: the key is never sent to another address
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Tracked:
+    """A connection that hands its socket, once connected, to ``on_sock`` (so that it can be shut down)."""
+
+    def __init__(self, *args, on_sock: Callable[[socket.socket], None], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_sock = on_sock
+
+    def connect(self) -> None:
+        super().connect()
+        self.on_sock(self.sock)
+
+
+class _TrackedHTTP(_Tracked, HTTPConnection):
+    pass
+
+
+class _TrackedHTTPS(_Tracked, HTTPSConnection):
+    pass
+
+
+class _Open:
+    """urllib's HTTP(S) handler with connections that report their sockets to the request's ``on_sock``."""
+
+    def do_open(self, http_class, req, **kwargs):
+        tracked = _TrackedHTTPS if issubclass(http_class, HTTPSConnection) else _TrackedHTTP
+        return super().do_open(partial(tracked, on_sock=req.on_sock), req, **kwargs)
+
+
+class _HTTPHandler(_Open, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_Open, urllib.request.HTTPSHandler):
+    pass
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, _HTTPHandler, _HTTPSHandler)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Ends the reads and writes on ``sock`` (a thread blocked in one returns at once)."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's: a TLS socket's state is left alone
+    except OSError:
+        pass  # already closed
 
 
 class _Failure(Exception):
@@ -106,11 +164,6 @@ class _Retry(_Failure):
         self.after = after
 
 
-def _excerpt(raw: bytes, n: int = 200) -> str:
-    text = raw[:4 * n].decode("utf-8", "replace")
-    return " ".join(text.split())[:n]
-
-
 def _retry_after(headers) -> float:
     try:
         return max(0.0, float((headers or {}).get("Retry-After", 0)))
@@ -126,17 +179,29 @@ class _Client:
                  retries: int, backoff_s: float):
         self.name, self.url, self.where = name, url, public_url(url)
         self._key, self._key_var = key, key_var
+        self._keys = sorted({key, json.dumps(key)[1:-1]}, key=len, reverse=True) if key else []  # as sent, in JSON
         self.max_concurrency, self.retries, self.backoff_s = int(max_concurrency), int(retries), float(backoff_s)
         self._lock = threading.Lock()
         self._flight: dict[int, tuple[float, int, int]] = {}  # request id -> (started, items, try)
-        self._calls: set[threading.Event] = set()  # the stop events of the calls running now
+        self._calls: dict[threading.Event, set[socket.socket]] = {}  # a running call's stop -> its open sockets
         self._ids = 0
 
     def __repr__(self) -> str:
         return f"_Client({self.name!r}, {self.where!r})"
 
     def redact(self, text: str) -> str:
-        return text.replace(self._key, "<key>") if self._key else text
+        for k in self._keys:
+            text = text.replace(k, "<key>")
+        return text
+
+    def excerpt(self, raw: bytes, n: int = 200) -> str:
+        """The first ``n`` characters of a reply's body, whitespace runs as one space, the key replaced
+        before the cut (a key cut off at the end of what was read is replaced too)."""
+        text = self.redact(raw[:BODY_BYTES].decode("utf-8", "replace"))
+        if self._key and len(raw) > BODY_BYTES:
+            k = next((k for k in range(len(self._key) - 1, 0, -1) if text.endswith(self._key[:k])), 0)
+            text = text[:len(text) - k] + ("<key>" if k else "")
+        return " ".join(text.split())[:n]
 
     def outstanding(self) -> list[str]:
         now = time.monotonic()
@@ -146,38 +211,65 @@ class _Client:
                 for t0, n, k in flight]
 
     def run(self, jobs: Sequence[tuple[int, JOB]], timeout_s: float) -> Scores:
-        """Each job's scores (a job: its item count and its function), ``max_concurrency`` jobs at once,
-        all under one deadline ``timeout_s`` from now; a job that failed or did not finish by then scores
-        (None, why) for each of its items. Returns by the deadline plus `MARGIN_S`."""
+        """Each job's scores (a job: its item count and its function), ``max_concurrency`` jobs at once on
+        daemon threads, all under one deadline ``timeout_s`` from now; a job that failed, raised or did not
+        finish by then scores (None, why) for each of its items. At the deadline the sockets of the
+        requests still open are shut down; returns by the deadline plus `MARGIN_S`."""
         deadline = time.monotonic() + timeout_s
-        stop = threading.Event()
-        pool = ThreadPoolExecutor(max(1, min(self.max_concurrency, len(jobs))), thread_name_prefix=f"verirl-{self.name}")
+        stop, done = threading.Event(), threading.Condition()
+        results: list[Optional[Scores]] = [None] * len(jobs)
+        todo = list(range(len(jobs)))[::-1]
+
+        def work() -> None:
+            while True:
+                with done:
+                    if stop.is_set() or not todo:
+                        return
+                    i = todo.pop()
+                n, job = jobs[i]
+                try:
+                    res = job(deadline, stop)
+                    if len(res) != n:
+                        raise _Failure(f"{len(res)} scores for {n} items")
+                except _Failure as e:
+                    res = [(None, e.why)] * n
+                except Exception as e:  # noqa: BLE001 - a reply this module did not foresee: its items, not the step
+                    res = [(None, f"the reply from {self.where} could not be scored: {type(e).__name__}: "
+                                  f"{self.excerpt(str(e).encode())}")] * n
+                with done:
+                    if not stop.is_set():
+                        results[i] = res
+                        done.notify_all()
+
         with self._lock:
-            self._calls.add(stop)
+            self._calls[stop] = set()
+        threads = [threading.Thread(target=work, name=f"verirl-{self.name}", daemon=True)
+                   for _ in range(min(self.max_concurrency, len(jobs)))]
         try:
-            futures: list[Future] = [pool.submit(job, deadline, stop) for _, job in jobs]
-            wait(futures, timeout=max(0.0, deadline - time.monotonic()) + MARGIN_S)
+            for t in threads:
+                t.start()
+            with done:
+                done.wait_for(lambda: all(r is not None for r in results), max(0.0, deadline - time.monotonic()))
+                stop.set()  # an abandoned job sends no further request, and its result is not taken
         finally:
-            stop.set()  # an abandoned job sends no further request
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop.set()
             with self._lock:
-                self._calls.discard(stop)
-        out: Scores = []
-        for (n, _), f in zip(jobs, futures):
-            if not f.done() or f.cancelled():
-                res = [(None, f"no reply from {self.where} within timeout_s={timeout_s:g} s")] * n
-            elif isinstance(f.exception(), _Failure):
-                res = [(None, f.exception().why)] * n
-            else:
-                res = f.result()  # another exception is a bug in this module: it says so
-                assert len(res) == n, (len(res), n)
-            out.extend((s, self.redact(why)) for s, why in res)
-        return out
+                socks = self._calls.pop(stop, set())
+            for sock in socks:
+                _shut(sock)
+        for t in threads:
+            t.join(max(0.0, deadline + MARGIN_S - time.monotonic()))
+        late = [(None, f"no reply from {self.where} within timeout_s={timeout_s:g} s")]
+        return [(s, self.redact(why)) for (n, _), res in zip(jobs, results) for s, why in (res or late * n)]
 
     def close(self) -> None:
+        """Ends the running calls: no further request, their open sockets shut down."""
         with self._lock:
-            for stop in self._calls:
-                stop.set()
+            calls, self._calls = self._calls, {}
+        for stop, socks in calls.items():
+            stop.set()
+            for sock in socks:
+                _shut(sock)
 
     def post(self, payload: dict, deadline: float, stop: threading.Event, items: int) -> Any:
         """The reply's JSON, or `_Failure` after the retries the deadline allows."""
@@ -189,7 +281,7 @@ class _Client:
                 raise _Failure(f"no reply from {self.where} within the deadline" + (f" (the last try: {why})"
                                                                                      if why else ""))
             try:
-                return self._once(data, left, items, k)
+                return self._once(data, deadline, stop, items, k)
             except _Retry as e:
                 why = e.why
                 if k == self.retries:
@@ -201,22 +293,48 @@ class _Client:
                     raise _Failure(f"{why}; the call ended before retry {k + 1}") from None
         raise _Failure(f"{why} (tries: {self.retries + 1})")
 
-    def _once(self, data: bytes, left: float, items: int, k: int) -> Any:
+    def _read(self, resp, deadline: float, stop: threading.Event, cap: Optional[int] = None) -> bytes:
+        """The body of ``resp`` (its first ``cap`` bytes and one more), read a chunk at a time so that a
+        trickling server is given up on at the deadline."""
+        chunks, got = [], 0
+        while cap is None or got <= cap:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise _Failure(f"no reply from {self.where} within the deadline (the body came too slowly)")
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _once(self, data: bytes, deadline: float, stop: threading.Event, items: int, k: int) -> Any:
         req = urllib.request.Request(self.url, data=data, method="POST", headers={
             "Content-Type": "application/json", "Accept": "application/json", "User-Agent": "verirl"})
         if self._key:
             req.add_unredirected_header("Authorization", f"Bearer {self._key}")
+        left = deadline - time.monotonic()
+        opened: list[socket.socket] = []
+
+        def on_sock(sock: socket.socket) -> None:  # shut down at the deadline or at close(), whichever is first
+            with self._lock:
+                socks = self._calls.get(stop)
+                if socks is not None:
+                    socks.add(sock)
+            opened.append(sock)
+            if socks is None:
+                _shut(sock)
+        req.on_sock = on_sock
         with self._lock:
             self._ids += 1
             rid = self._ids
             self._flight[rid] = (time.monotonic(), items, k)
         try:
             with _OPENER.open(req, timeout=left) as resp:
-                raw = resp.read()
+                raw = self._read(resp, deadline, stop)
         except urllib.error.HTTPError as e:
             try:
-                body = _excerpt(e.read())
-            except (OSError, HTTPException):
+                body = self.excerpt(self._read(e, deadline, stop, BODY_BYTES))
+            except (OSError, HTTPException, _Failure):
                 body = ""
             said = f"HTTP {e.code} from {self.where}" + (f": {body}" if body else "")
             if e.code == 429 or e.code >= 500:
@@ -237,10 +355,12 @@ class _Client:
         finally:
             with self._lock:
                 self._flight.pop(rid, None)
+                for sock in opened:
+                    self._calls.get(stop, set()).discard(sock)
         try:
             return json.loads(raw)
-        except ValueError:
-            raise _Failure(f"{self.where} replied with something that is not JSON: {_excerpt(raw)!r}") from None
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
+            raise _Failure(f"{self.where} replied with something that is not JSON: {self.excerpt(raw)!r}") from None
 
 
 def _score_value(v: Any) -> tuple[Optional[float], str]:
@@ -248,9 +368,13 @@ def _score_value(v: Any) -> tuple[Optional[float], str]:
         return None, "the server scored it null"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None, f"the server's score {str(v)[:80]!r} is not a number"
-    if not math.isfinite(v):
+    try:
+        f = float(v)
+    except OverflowError:
+        return None, f"the server's score, an integer of {v.bit_length()} bits, is beyond a float's range"
+    if not math.isfinite(f):
         return None, f"the server's score {v!r} is not finite"
-    return float(v), ""
+    return f, ""
 
 
 def _jsonable(v: Any) -> bool:
@@ -433,31 +557,41 @@ class JudgeService:
 
     def message(self, response: str, sample: dict) -> str:
         """The user message for one sample: the template with its fields filled (a response's braces stay
-        as they are)."""
+        as they are); `ValueError` saying why when the sample lacks a field or a format spec fails on its
+        value."""
         values = {**sample, "prompt": prompt_text(sample.get("prompt")), "response": response,
                   "label": sample.get("label", ""), "task": sample.get("task", "")}
         missing = sorted(self.fields - values.keys())
         if missing:
-            raise ConfigError(f"reward.judge.template names {', '.join('{' + m + '}' for m in missing)}, which a "
-                              f"sample of task {sample.get('task')!r} does not have (its columns: "
-                              f"{', '.join(sorted(map(str, values)))}). Use one of those, or route the judge to "
-                              f"the tasks that have it (reward.tasks).")
+            raise ValueError(f"reward.judge.template names {', '.join('{' + m + '}' for m in missing)}, which this "
+                             f"sample (task {sample.get('task')!r}) does not have; its columns: "
+                             f"{', '.join(sorted(map(str, values)))}. Use one of those, or route the judge to the "
+                             f"tasks that have it (reward.tasks).")
         try:
             return self.template.format_map(values)
         except (ValueError, TypeError) as e:
-            raise ConfigError(f"reward.judge.template could not be filled in ({e}): check the format specs "
-                              f"after ':' in its fields.") from None
+            raise ValueError(f"reward.judge.template could not be filled in for this sample (task "
+                             f"{sample.get('task')!r}): {e}; check the format specs after ':' in its "
+                             f"fields.") from None
 
     def request(self, response: str, sample: dict) -> dict:
-        """The chat completions request for one sample."""
+        """The chat completions request for one sample (`ValueError` as `message`)."""
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
             [{"role": "user", "content": self.message(response, sample)}]
         return {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}
 
     def score(self, responses: Sequence[str], samples: Sequence[dict]) -> ServiceScores:
-        jobs = [(1, partial(self._one, self.request(r, s))) for r, s in zip(responses, samples)]
-        scores = self.client.run(jobs, self.timeout_s)
+        scores: Scores = [(None, "")] * len(responses)
+        jobs, where = [], []
+        for i, (r, s) in enumerate(zip(responses, samples)):
+            try:
+                jobs.append((1, partial(self._one, self.request(r, s))))
+                where.append(i)
+            except ValueError as e:  # a sample the template does not fit: that sample, not the run
+                scores[i] = (None, str(e))
+        for i, got in zip(where, self.client.run(jobs, self.timeout_s)):
+            scores[i] = got
         return ServiceScores(scores, {ERRORS: float(sum(s is None for s, _ in scores))})
 
     def _one(self, body: dict, deadline: float, stop: threading.Event) -> Scores:
@@ -466,7 +600,7 @@ class JudgeService:
             content = reply["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise _Failure(f"{self.client.where} replied without choices[0].message.content: "
-                           f"{_excerpt(json.dumps(reply).encode())!r}") from None
+                           f"{self.client.excerpt(json.dumps(reply).encode())!r}") from None
         if not isinstance(content, str):
             raise _Failure(f"{self.client.where} replied with content {type(content).__name__}, not text")
         return [self.parse(content, self.scale)]
