@@ -86,6 +86,19 @@ def test_lean_logits_and_greedy_equal_transformers(family):
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
 
 
+def test_one_shape_steps_equal_generate(monkeypatch):
+    """The decoding step a CUDA graph captures (one shape, the whole cache attended, no compaction), run
+    eagerly here on a MoE model: transformers' generate's greedy tokens."""
+    import verirl.rollout.native as native
+
+    monkeypatch.setattr(native, "_one_shape", lambda device: (True, False))
+    model = model_of("qwen2_moe")
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    a = NativeEngine(model, PAD, [EOS]).generate(_prompts(7), 2, params)
+    b = HFEngine(model, PAD, [EOS]).generate(_prompts(7), 2, params)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+
+
 def test_experts_are_views_of_the_fused_weights():
     """The sparse layers compute on the experts' own 3-D parameters (no copy per generate call)."""
     from verirl.rollout.lean import _Dense, _Moe
