@@ -494,9 +494,10 @@ def test_training_with_a_scoring_server_that_hangs_once(serve, tmp_path, monkeyp
     assert len(srv.seen) == 6  # 8 responses a step in batches of 4
     hung, others = rows[1], [rows[0], rows[2]]
     # the reward wait (the service runs beside the log-prob passes) ends by the deadline, and the step takes
-    # no longer than a step without the hang plus the deadline
+    # no longer than a step without the hang (with room for a loaded machine's spread) plus the deadline
     assert hung["timing/reward"] < timeout_s + 1.0, hung
-    assert hung["timing/all"] < max(r["timing/all"] for r in others) + timeout_s + 1.0, [r["timing/all"] for r in rows]
+    assert hung["timing/all"] < 1.5 * max(r["timing/all"] for r in others) + timeout_s + 1.0, \
+        [r["timing/all"] for r in rows]
     assert all("reward/remote/mean" in r for r in rows)
     for path in Path(run).rglob("*"):  # not in config.yaml, logs, dumps, checkpoints
         if path.is_file():

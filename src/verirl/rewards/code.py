@@ -39,7 +39,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,8 +47,7 @@ from typing import Callable, Optional, Sequence
 
 from verirl.config.schema import CodeRewardConfig
 from verirl.rewards.service import ServiceScores
-from verirl.sandbox import (Limits, ProgramResult, _communicate, _report, environment, hidden_paths, launch_config,
-                            launcher_argv, python_paths)
+from verirl.sandbox import Limits, run_program
 
 STARTUP_S = 3.0  # the sandbox's deadline past sample_timeout_s: its start and the harness's
 FLOAT_TOL = 1e-6  # two non-integer numbers match when |got - want| <= FLOAT_TOL * max(1, |want|)
@@ -480,26 +478,6 @@ def job_for(program: str, cases: Sequence[Case], cfg: CodeRewardConfig) -> dict:
             "cases": [{"fn": c.fn, **({"input": c.input} if c.fn is None else {"args": c.input})} for c in cases]}
 
 
-def _run_program(code: str, stdin: str, limits: Limits, hide: tuple[str, ...],
-                 on_start: Optional[Callable[[subprocess.Popen], None]]) -> ProgramResult:
-    """`verirl.sandbox.run_program`, with ``on_start`` given the launcher's process as soon as it runs:
-    its ``terminate()`` from another thread stops the sandbox (and this call returns)."""
-    report_r, report_w = os.pipe()
-    cfg = launch_config("program", limits, code=code, argv=[sys.executable, "-I"], report_fd=report_w,
-                        hide=[*hidden_paths(), *hide], keep=python_paths())
-    start = time.monotonic()
-    proc = subprocess.Popen(launcher_argv(cfg), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, pass_fds=(report_w,), env=environment(),
-                            start_new_session=True)
-    os.close(report_w)
-    if on_start is not None:
-        on_start(proc)
-    out, err, timed_out, truncated = _communicate(proc, stdin.encode(), limits, start)
-    setup = _report(report_r)
-    return ProgramResult(None if timed_out else proc.returncode, out.decode("utf-8", "replace"),
-                         err.decode("utf-8", "replace"), timed_out, truncated, time.monotonic() - start, setup)
-
-
 @dataclass
 class SampleResult:
     score: Optional[float]  # None: the sample could not be scored (why)
@@ -513,8 +491,9 @@ def run_sample(program: str, cases: Sequence[Case], cfg: CodeRewardConfig, hide:
                on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> SampleResult:
     """Run ``program`` against ``cases`` in one sandbox and score it (``cfg.mode``); None with the reason
     when the sandbox or the harness failed on its own (no last line, and not stopped at the deadline).
-    ``on_start``: see `_run_program`."""
-    res = _run_program(HARNESS, json.dumps(job_for(program, cases, cfg)), limits_for(cfg, cases), hide, on_start)
+    ``on_start``: see `verirl.sandbox.run_program`."""
+    res = run_program(HARNESS, json.dumps(job_for(program, cases, cfg)), limits_for(cfg, cases), hide=hide,
+                      on_start=on_start)
     lines: dict[int, dict] = {}
     done = False
     for line in res.stdout.splitlines():

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 UID_BASE = 0x50000  # the sandboxes' uids, one per sandbox: UID_BASE .. UID_BASE + 65535 (no user has them)
@@ -131,10 +131,13 @@ class ProgramResult:
 
 
 def run_program(code: str, stdin: str = "", limits: Optional[Limits] = None, *,
-                hide: tuple[str, ...] = ()) -> ProgramResult:
+                hide: tuple[str, ...] = (),
+                on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> ProgramResult:
     """Run the Python program ``code`` in a fresh sandbox, ``stdin`` on its standard input; its
     processes end with it; ``hide``: more paths to cover (besides the trainer's home). Never raises
-    for what the program does (a crash, a hang, a flood of output, a fork bomb): that is in the result."""
+    for what the program does (a crash, a hang, a flood of output, a fork bomb): that is in the result.
+    ``on_start`` is given the launcher's process as soon as it runs: its ``terminate()``, from another
+    thread, stops the sandbox and everything in it (and this call returns)."""
     limits = limits or Limits()
     report_r, report_w = os.pipe()
     cfg = launch_config("program", limits, code=code, argv=[sys.executable, "-I"], report_fd=report_w,
@@ -144,6 +147,8 @@ def run_program(code: str, stdin: str = "", limits: Optional[Limits] = None, *,
                             stderr=subprocess.PIPE, pass_fds=(report_w,), env=environment(),
                             start_new_session=True)
     os.close(report_w)
+    if on_start is not None:
+        on_start(proc)
     out, err, timed_out, truncated = _communicate(proc, stdin.encode(), limits, start)
     setup = _report(report_r)
     return ProgramResult(None if timed_out else proc.returncode, out.decode("utf-8", "replace"),
