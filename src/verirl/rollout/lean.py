@@ -33,8 +33,9 @@ For routing replay and its tests, a decoder records the experts each sparse laye
 (``record_routes``: ``last_routes``, one (B, T, k) int64 tensor per sparse layer in layer order for the
 tokens of the last `forward`) and can perturb its routers (``route_noise``: the standard deviation of
 Gaussian noise added to every router logit before the choice, drawn from a generator seeded with
-``route_seed`` when the decoder is built). Both are class attributes, off by default, that an instance
-or a test may set.
+``route_seed`` at its first draw; a CUDA graph is not captured with it: the engine decodes eagerly). Both are
+class attributes, off by default, that an instance or a test may set. With a captured CUDA graph step,
+``last_routes`` holds the graph's tensors, rewritten at each replay: copy them before the next step.
 """
 from __future__ import annotations
 
@@ -129,6 +130,8 @@ class _Moe:
         xl = x2.to(low)
         logits = self.router(xl)  # (B*T, E)
         if dec.route_noise:
+            if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("route_noise draws on the host's generator: a step with it is not captured")
             logits = logits + dec.route_noise * torch.randn(logits.shape, generator=dec.noise_gen(logits.device),
                                                             device=logits.device, dtype=torch.float32)
         w, ids = route(logits, self.r)
