@@ -51,6 +51,24 @@ def _gemma2(tmp_path) -> str:
     return str(path)
 
 
+def _qwen3_moe(tmp_path) -> str:
+    """A Qwen3-MoE config.json of 6 experts beside the tiny model's tokenizer, no weights."""
+    import shutil
+
+    from transformers import Qwen3MoeConfig
+
+    from verirl.models.load import TINY_DIR
+
+    path = tmp_path / "qwen3moe"
+    path.mkdir()
+    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
+        shutil.copy(f, path)
+    Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
+                   moe_intermediate_size=32).save_pretrained(path)
+    return str(path)
+
+
 CASES = [
     ("check_finite", {"actor.lr": float("inf")}, "actor.lr=inf is not a finite number"),
     ("check_bounds", {"trainer.total_steps": 0}, "trainer.total_steps=0 must be > 0"),
@@ -97,6 +115,19 @@ CASES = [
     ("check_token_budgets", {"actor.sequence_parallel_size": 2, "actor.max_token_len_per_device": 40},
      "actor.max_token_len_per_device=40 x actor.sequence_parallel_size 2 = 80 tokens per group is smaller than the "
      "longest possible sequence"),
+    ("layout", {"trainer.nproc_per_node": 4, "actor.sequence_parallel_size": 2, "actor.expert_parallel_size": 3},
+     "actor.expert_parallel_size=3 does not divide the data-parallel x sequence-parallel ranks it splits the experts "
+     "over: 2 x actor.sequence_parallel_size=2 = 4 (4 % 3 = 1)"),
+    ("layout", {"actor.expert_tensor_parallel_size": 2},
+     "actor.expert_tensor_parallel_size=2: experts split over ranks are not built"),
+    ("layout", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2, "actor.expert_parallel_size": 2},
+     "actor.expert_parallel_size=2 with actor.pipeline_parallel_size=2: expert parallelism inside pipeline stages"),
+    ("experts", {"trainer.nproc_per_node": 2, "actor.expert_parallel_size": 2},
+     "actor.expert_parallel_size=2: model.path=tiny (qwen2) is a dense model, with no experts to split"),
+    ("experts", {"trainer.nproc_per_node": 4, "actor.expert_parallel_size": 4, "model.path": _qwen3_moe},
+     "actor.expert_parallel_size=4 does not divide the 6 experts of model.path="),
+    ("experts", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "model.path": _qwen3_moe},
+     "(qwen3_moe, 6 experts): its expert layers have no tensor-parallel plan"),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.pipeline_parallel_size": 2},
      "actor.pipeline_parallel_size=2 needs actor.max_token_len_per_device > 0"),
     ("model parallel", {"trainer.nproc_per_node": 2, "actor.pipeline_parallel_size": 2,

@@ -123,6 +123,7 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
             f"samples, so set actor.mini_batch_prompts to a multiple of {world} that divides data.prompts_per_step="
             f"{data.prompts_per_step} (e.g. {_multiples(world, actor.mini_batch_prompts)}), or change the number "
             f"of {_ranks(cfg)}. Both keys count prompts, not sequences.")
+    _check_expert_layout(cfg)
     if devices is not None:
         kind, count = devices
         if t.nproc_per_node > count:
@@ -133,6 +134,30 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
                 f"{kind.lower()}:LOCAL_RANK. Set trainer.nproc_per_node to at most {count}"
                 f"{' (and trainer.nnodes for more machines)' if count else ''}, make more devices visible "
                 f"({'CUDA' if kind == 'CUDA' else 'ASCEND_RT'}_VISIBLE_DEVICES), or use model.device=cpu.")
+
+
+def _check_expert_layout(cfg: Config) -> None:
+    """actor.expert_parallel_size divides the data-parallel x sequence-parallel ranks it lives in, without
+    pipeline stages; actor.expert_tensor_parallel_size is 1."""
+    a = cfg.actor
+    ep, etp = a.expert_parallel_size, a.expert_tensor_parallel_size
+    if etp != 1:
+        raise ConfigError(f"actor.expert_tensor_parallel_size={etp}: experts split over ranks are not built; each "
+                          f"expert stays whole on its rank (expert tensor parallel 1, as Qwen3-235B-A22B's runs use). "
+                          f"Set actor.expert_tensor_parallel_size=1 and split the experts with "
+                          f"actor.expert_parallel_size.")
+    if ep == 1:
+        return
+    group = data_parallel_size(cfg) * a.sequence_parallel_size
+    if group % ep:
+        raise ConfigError(f"actor.expert_parallel_size={ep} does not divide the data-parallel x sequence-parallel "
+                          f"ranks it splits the experts over: {data_parallel_size(cfg)} x "
+                          f"actor.sequence_parallel_size={a.sequence_parallel_size} = {group} ({group} % {ep} = "
+                          f"{group % ep}). Choose a divisor of {group}, or change the number of ranks.")
+    if a.pipeline_parallel_size > 1:
+        raise ConfigError(f"actor.expert_parallel_size={ep} with actor.pipeline_parallel_size="
+                          f"{a.pipeline_parallel_size}: expert parallelism inside pipeline stages is not built. Use "
+                          f"one of the two.")
 
 
 def cpu_cores() -> int:

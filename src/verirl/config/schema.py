@@ -425,6 +425,11 @@ class ActorConfig:
     pipeline_parallel_size: int = setting(1, "pipeline stages of decoder layers, one per rank (docs/parallelism.md); "
                                              "needs max_token_len_per_device: every micro-batch is padded to it "
                                              "between stages; data parallel = world / (tp x sp x this)", gt=0)
+    expert_parallel_size: int = setting(1, "ranks that split a mixture-of-experts model's routed experts (expert "
+                                           "parallel, docs/moe.md): E/ep experts per rank, tokens exchanged by "
+                                           "all-to-all; divides data parallel x sequence parallel", gt=0)
+    expert_tensor_parallel_size: int = setting(1, "ranks that split each expert's matrices; 1 only (experts whole "
+                                                  "on their rank)", gt=0)
     pipeline_schedule: str = setting("1f1b", "1f1b / gpipe / interleaved_1f1b (2 stages per rank)")
     pipeline_layers: list[int] = setting([], "decoder layers of each stage, first to last (MindSpeed-RL's "
                                              "num_layer_list); [] = an even split, earlier stages one more")

@@ -378,6 +378,37 @@ def check_activation_dump(cfg: Config, ask: Optional[Ask] = None) -> None:
                       f"set trainer.dump_activations.steps=[].")
 
 
+def check_experts(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """The model fits actor.expert_parallel_size: a mixture-of-experts model whose
+    experts divide by it; and a MoE model is not tensor parallel (its expert layers have no tensor-parallel
+    plan). Reads the model's config.json (no weights)."""
+    from verirl.models.load import model_config
+    from verirl.models.moe import routing
+
+    if cfg.actor.expert_parallel_size == 1 and cfg.actor.tensor_parallel_size == 1:
+        return
+    config = model_config(cfg.model.path, dict(cfg.model.override_config))
+    ep, tp = cfg.actor.expert_parallel_size, cfg.actor.tensor_parallel_size
+    r = routing(config)
+    kind = getattr(config, "model_type", "?")
+    if r is None:
+        if ep > 1:
+            raise ConfigError(f"actor.expert_parallel_size={ep}: model.path={cfg.model.path} ({kind}) is a dense "
+                              f"model, with no experts to split. Set actor.expert_parallel_size=1, or use a "
+                              f"mixture-of-experts model (e.g. model.path=tiny-moe).")
+        return
+    if tp > 1:
+        raise ConfigError(f"actor.tensor_parallel_size={tp} with model.path={cfg.model.path}, a mixture-of-experts "
+                          f"model ({kind}, {r.num_experts} experts): its expert layers have no tensor-parallel plan. "
+                          f"Split the experts with actor.expert_parallel_size instead, and set "
+                          f"actor.tensor_parallel_size=1.")
+    if r.num_experts % ep:
+        raise ConfigError(f"actor.expert_parallel_size={ep} does not divide the {r.num_experts} experts of "
+                          f"model.path={cfg.model.path} ({r.num_experts} % {ep} = {r.num_experts % ep}): each rank "
+                          f"of an expert-parallel group holds {r.num_experts} / ep of them. Choose a divisor of "
+                          f"{r.num_experts}.")
+
+
 def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
     MLP width and vocabulary split evenly (read from its config.json, no weights); actor.sequence_parallel_size
@@ -635,5 +666,6 @@ RULES: list[Rule] = [
     Rule("started ranks", check_started_ranks, True),
     Rule("templates", check_templates, True),
     Rule("activation modules", check_activation_modules, True),
+    Rule("experts", check_experts, True),  # before the tensor-parallel plan: a MoE model has none
     Rule("model parallel", check_model_parallel, True),
 ]

@@ -33,6 +33,7 @@ from verirl.rollout.replay import dump_prompts
 from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
+from verirl.models.expert_parallel import shard_experts
 from verirl.train.pipelined import pipeline, push_tensor, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
@@ -173,12 +174,17 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
     if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
         for model in (lm.model, ref) if ref is not None else (lm.model,):
             tensor_parallel(model, dist.mesh[TP])
+    if dist.ep_world > 1:  # each rank keeps its experts' slice; the reference the same way
+        for model in (lm.model, ref) if ref is not None else (lm.model,):
+            shard_experts(model, dist.ep_mesh)
     sharded = dist.gradient_mesh is not None and dist.gradient_mesh.size() > 1 and cfg.actor.strategy == "fsdp2"
     device = next(lm.model.parameters()).device
     if sharded and dist.pp_world == 1:
-        shard(lm.model, dist.gradient_mesh, device, offload_params=cfg.actor.offload == "params")
+        shard(lm.model, dist.gradient_mesh, device, offload_params=cfg.actor.offload == "params",
+              experts_mesh=dist.edp_mesh)
         if ref is not None:
-            shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
+            shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False,
+                  experts_mesh=dist.edp_mesh)
     elif ref is not None and cfg.ref.offload and not sharded:
         ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
     if dist.pp_world > 1:  # this rank keeps its stages' parameters, the reference's too (FSDP2 inside them)

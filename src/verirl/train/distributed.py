@@ -9,6 +9,12 @@ shards over the data-parallel and sequence-parallel ranks (`Dist.gradient_mesh`)
 gradients over the same group, `verirl.models.parallel.tensor_parallel` splits each layer over
 ``mesh["tp"]``, and the packed passes split each micro-batch's tokens over ``mesh["sp"]``.
 
+With ``actor.expert_parallel_size`` ep > 1 the data-parallel x sequence-parallel group (the gradient
+mesh) is laid out again as (``"edp"``, ``"ep"``), ep innermost: each expert-parallel group
+(`Dist.ep_mesh`) holds every routed expert once, split over its ranks
+(`verirl.models.expert_parallel`), and the ranks holding the same experts (`Dist.edp_mesh`, the
+expert-data-parallel group) shard them with FSDP2 or sum their gradients.
+
 The ranks of one data-parallel coordinate (its sp x tp ranks, `Dist.replica_mesh`) hold the same data
 (the same prompts, rollouts, rewards and log-probs): the step's data is split over the data-parallel
 coordinate (`Dist.dp_rank` of `Dist.dp_world`), and the data collectives (`all_sum`, `all_max`,
@@ -44,6 +50,8 @@ DP = "dp"  # the data-parallel dimension's name in `Dist.mesh`
 PP = "pp"  # the pipeline-parallel dimension's name (present, with SP and TP, when any is above 1)
 SP = "sp"  # the sequence-parallel dimension's name
 TP = "tp"  # the tensor-parallel dimension's name
+EP = "ep"  # the expert-parallel dimension of the gradient mesh (`Dist.ep_mesh`)
+EDP = "edp"  # the expert-data-parallel dimension: the ranks holding the same experts (`Dist.edp_mesh`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Dist:
     shards_mesh: Optional["DeviceMesh"] = None  # DP x SP flattened: FSDP2 shards and gradients are summed over it
     replica_mesh: Optional["DeviceMesh"] = None  # PP x SP x TP flattened: the ranks holding one dp coordinate's data
     groups_mesh: Optional["DeviceMesh"] = None  # PP x SP flattened: a dp coordinate's tensor-parallel groups (with PP)
+    ep_mesh: Optional["DeviceMesh"] = None  # the gradient mesh's inner ep ranks: they split the experts (ep > 1)
+    edp_mesh: Optional["DeviceMesh"] = None  # the gradient mesh's outer ranks: they hold the same experts (ep > 1)
 
     @staticmethod
     def single() -> "Dist":
@@ -85,6 +95,16 @@ class Dist:
     @property
     def tp_rank(self) -> int:
         return self._coordinate(TP)
+
+    @property
+    def ep_world(self) -> int:
+        """Ranks of this rank's expert-parallel group (1: every rank holds every expert)."""
+        return self.ep_mesh.size() if self.ep_mesh is not None else 1
+
+    @property
+    def ep_rank(self) -> int:
+        """This rank's coordinate in its expert-parallel group: it holds experts [ep_rank*E/ep, (ep_rank+1)*E/ep)."""
+        return self.ep_mesh.get_local_rank() if self.ep_mesh is not None else 0
 
     @property
     def pp_world(self) -> int:
@@ -187,9 +207,19 @@ class Dist:
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum the gradients over the mesh's data-parallel group, in one flat buffer (params without a
         gradient count as 0; a tensor-parallel parameter's local shard is summed with the same shard of
-        the other data-parallel ranks)."""
-        mesh = self.gradient_mesh
-        if mesh is None or mesh.size() == 1:
+        the other data-parallel ranks). Expert slices (`verirl.models.expert_parallel.is_expert`) hold every
+        rank of their expert-parallel group's tokens already: they are summed over `edp_mesh` only."""
+        from verirl.models.expert_parallel import is_expert
+
+        experts = [p for p in params if is_expert(p)]
+        if experts:
+            params = [p for p in params if not is_expert(p)]
+            if self.edp_mesh is not None and self.edp_mesh.size() > 1:
+                self._sum(experts, self.edp_mesh)
+        self._sum(params, self.gradient_mesh)
+
+    def _sum(self, params: Sequence[torch.nn.Parameter], mesh: Optional["DeviceMesh"]) -> None:
+        if mesh is None or mesh.size() == 1 or not params:
             return
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p)) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -230,11 +260,12 @@ def launched() -> bool:
 
 
 def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequence_parallel: int = 1,
-         pipeline_parallel: int = 1) -> Dist:
+         pipeline_parallel: int = 1, expert_parallel: int = 1) -> Dist:
     """Join the process group the launcher set up (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the
     environment) and lay its ranks out on a mesh: world / (``pipeline_parallel`` x ``sequence_parallel`` x
     ``tensor_parallel``) data-parallel ranks, each with its pipeline, sequence-parallel and (innermost)
-    tensor-parallel groups when any is above 1; one process alone gets `Dist.single()`."""
+    tensor-parallel groups when any is above 1, and the gradient mesh laid out as (edp, ``expert_parallel``)
+    when that is above 1; one process alone gets `Dist.single()`."""
     if not launched() or int(os.environ["WORLD_SIZE"]) == 1:
         return Dist.single()
     from torch.distributed.device_mesh import init_device_mesh
@@ -248,12 +279,29 @@ def init(device: torch.device, timeout_s: int, tensor_parallel: int = 1, sequenc
                                                  int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     split = tensor_parallel * sequence_parallel * pipeline_parallel
     if split == 1:
-        return Dist(rank, world, *local, init_device_mesh(device.type, (world,), mesh_dim_names=(DP,)))
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=(DP,))
+        ep, edp = _experts(mesh[DP], expert_parallel)
+        return Dist(rank, world, *local, mesh, ep_mesh=ep, edp_mesh=edp)
     mesh = init_device_mesh(device.type, (world // split, pipeline_parallel, sequence_parallel, tensor_parallel),
                             mesh_dim_names=(DP, PP, SP, TP))
     shards = mesh[DP, SP]._flatten("dp_sp") if sequence_parallel > 1 else None
     groups = mesh[PP, SP]._flatten("pp_sp") if pipeline_parallel > 1 and tensor_parallel > 1 else None
-    return Dist(rank, world, *local, mesh, shards, mesh[PP, SP, TP]._flatten("pp_sp_tp"), groups)
+    ep, edp = _experts(shards if shards is not None else mesh[DP], expert_parallel)
+    return Dist(rank, world, *local, mesh, shards, mesh[PP, SP, TP]._flatten("pp_sp_tp"), groups, ep, edp)
+
+
+def _experts(gradient: "DeviceMesh", ep: int) -> tuple[Optional["DeviceMesh"], Optional["DeviceMesh"]]:
+    """(ep_mesh, edp_mesh): the gradient mesh unflattened into (edp, ep), ep innermost; (None, None) at ep 1."""
+    if ep == 1:
+        return None, None
+    size = gradient.size()
+    if size % ep:
+        from verirl.core.errors import ConfigError
+
+        raise ConfigError(f"actor.expert_parallel_size={ep} does not divide the {size} data-parallel x "
+                          f"sequence-parallel ranks ({size} % {ep} = {size % ep}); choose a divisor of {size}.")
+    mesh = gradient._unflatten(0, (size // ep, ep), (EDP, EP))
+    return mesh[EP], mesh[EDP]
 
 
 def close(dist: Optional[Dist]) -> None:

@@ -49,7 +49,7 @@ def join(cfg: Config) -> Dist:
     """This process's rank: the process group its launcher set up, or `Dist.single()` alone."""
     return distributed.init(resolve_device(cfg.model.device), cfg.trainer.dist_timeout_s,
                             cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel_size,
-                            cfg.actor.pipeline_parallel_size)
+                            cfg.actor.pipeline_parallel_size, cfg.actor.expert_parallel_size)
 
 
 def train_rank(cfg: Config, dist: Dist, console: Optional[Console] = None) -> dict:

@@ -21,6 +21,13 @@ Every rank must run the same collectives. FSDP2 runs them inside module forwards
   resharded after; no collective while decoding;
 * a rank with fewer micro-batches runs empty ones (`padded_micro_batches`).
 
+Expert parallelism (`verirl.models.expert_parallel`): each rank holds its slice of the routed experts.
+With ``fsdp2`` the experts of each layer are their own unit over the expert-data-parallel ranks
+(``dist.edp_mesh``) when there are more than one, and left out of FSDP2 otherwise (``ignored_params``:
+their gradients already hold every token of their group, nothing to reduce). `full_weights` gathers
+every expert for decoding; the gradient norm counts a slice once; the full state dicts concatenate the
+slices (in expert order) and `shard_state_dict` cuts this rank's.
+
 Checkpoints are one format whatever the layout: full tensors (`full_state_dict`,
 `full_optimizer_state`, gathered on every rank, written by rank 0), placed back into the shards
 on load (`shard_state_dict`, `shard_optimizer_state`).
@@ -33,6 +40,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from verirl.core.dtensors import local
+from verirl.models.expert_parallel import expert_modules, gather_experts, gather_slices, tag_experts
 from verirl.train.distributed import TP, Dist
 
 
@@ -55,13 +63,15 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model, mesh, device: torch.device, offload_params: bool = False, trainable: bool = True):
+def shard(model, mesh, device: torch.device, offload_params: bool = False, trainable: bool = True,
+          experts_mesh=None):
     """FSDP2 over every decoder layer, then the root (in place; returns ``model``), sharded over
     ``mesh``, a one-dimensional DeviceMesh (the data-parallel dimension, ``dist.mesh["dp"]``). On
     accelerators the parameters compute in bf16 and the gradients reduce in fp32; ``offload_params``
     keeps the shards on the host (where the device is not the host already). ``trainable=False``
-    (the reference): parameters only."""
-    _fully_shard(model, model.get_decoder().layers, mesh, device, offload_params, trainable)
+    (the reference): parameters only. Experts split by expert parallelism: their own units over
+    ``experts_mesh`` (the expert-data-parallel ranks) when it has more than one rank, else left out."""
+    _fully_shard(model, model.get_decoder().layers, mesh, device, offload_params, trainable, experts_mesh=experts_mesh)
     return model
 
 
@@ -79,16 +89,26 @@ def shard_stages(stages, mesh, device: torch.device, offload_params: bool = Fals
 
 
 def _fully_shard(root, layers, mesh, device: torch.device, offload_params: bool, trainable: bool,
-                 reshard_layers: bool = True) -> None:
+                 reshard_layers: bool = True, experts_mesh=None) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     accelerator = device.type != "cpu"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if accelerator and next(root.parameters()).dtype == torch.float32 else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_params and accelerator else OffloadPolicy()
+    experts = expert_modules(root)
+    ignored: Optional[set] = None
+    if experts and experts_mesh is not None and experts_mesh.size() > 1:
+        for ex in experts:
+            fully_shard(ex, mesh=experts_mesh, mp_policy=mp, offload_policy=offload,
+                        reshard_after_forward=reshard_layers)
+    elif experts:
+        ignored = {p for ex in experts for p in ex.parameters()}
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_layers)
-    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_layers,
+                    ignored_params=ignored)
+    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload, ignored_params=ignored)
+    tag_experts(root)  # FSDP2 replaced the experts' parameters with its own
     for unit in fsdp_units(root):
         unit.set_gradient_divide_factor(1.0)  # a sum, not a mean: see the module docstring
         unit.set_force_sum_reduction_for_comms(True)
@@ -107,13 +127,14 @@ def reshard_stages(stages) -> None:
 def full_weights(model, split: bool = False) -> Iterator[None]:
     """Every parameter of ``model`` whole, as a plain tensor, inside the block (for decoding, which
     reads weights outside module forwards): one all-gather per unit before, none inside, reshard
-    after. A no-op for a model that is not sharded."""
+    after. A no-op for a model that is not sharded. Experts split by expert parallelism: all gathered
+    (`verirl.models.expert_parallel.gather_experts`)."""
     units = fsdp_units(model)
     for unit in units:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)
     try:
-        with contextlib.nullcontext() if split else _whole_layers(model):
+        with contextlib.nullcontext() if split else _whole_layers(model), gather_experts(model):
             yield
     finally:
         for unit in units:
@@ -228,8 +249,18 @@ def memory_metrics(model, optimizer, ref, dist: Dist) -> dict[str, float]:
 
 def full(t):
     """The whole of ``t`` on every rank (an all-gather when it is sharded; a collective: every rank
-    must call it for the same tensors in the same order)."""
-    return t.full_tensor() if isinstance(t, _dtensor()) else t
+    must call it for the same tensors in the same order). An expert slice: every slice of its
+    expert-parallel group, concatenated."""
+    whole = t.full_tensor() if isinstance(t, _dtensor()) else t
+    mesh = getattr(t, "_verirl_ep_mesh", None)
+    return gather_slices(whole, mesh) if mesh is not None else whole
+
+
+def _expert_meshes(model) -> dict[str, object]:
+    """state-dict name -> expert-parallel mesh, for the expert parameters of ``model``."""
+    mods = {id(m) for m in expert_modules(model)}
+    return {f"{name}.{p}" if name else p: m._verirl_ep_mesh for name, m in model.named_modules() if id(m) in mods
+            for p in m._parameters}
 
 
 def full_state_dict(model, only: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
@@ -250,8 +281,25 @@ def full_state_dict(model, only: Optional[Callable[[str], bool]] = None) -> dict
 def full_optimizer_state(optimizer) -> dict:
     """``optimizer.state_dict()`` with whole tensors: the same format as one rank's (every rank calls it)."""
     sd = optimizer.state_dict()
-    sd["state"] = {i: {k: full(v) for k, v in s.items()} for i, s in sd["state"].items()}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    sd["state"] = {i: {k: _full_like(v, params[int(i)]) for k, v in s.items()} for i, s in sd["state"].items()}
     return sd
+
+
+def _full_like(v, param: torch.Tensor):
+    """A state tensor of ``param`` whole (`full`), an expert slice's concatenated over its group."""
+    mesh = getattr(param, "_verirl_ep_mesh", None)
+    if mesh is None or not torch.is_tensor(v) or v.dim() == 0:
+        return full(v)
+    v = v.full_tensor() if isinstance(v, _dtensor()) else v
+    return gather_slices(v, mesh)
+
+
+def _own_slice(value: torch.Tensor, mesh) -> torch.Tensor:
+    """This rank's rows of a whole expert tensor (dimension 0 split over the expert-parallel ``mesh``)."""
+    n = value.shape[0] // mesh.size()
+    r = mesh.get_local_rank()
+    return value[r * n:(r + 1) * n]
 
 
 def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -265,25 +313,36 @@ def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def shard_state_dict(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Whole weights (a checkpoint's) laid out as ``model``'s parameters, for ``model.load_state_dict``."""
+    """Whole weights (a checkpoint's) laid out as ``model``'s parameters, for ``model.load_state_dict``
+    (an expert tensor: this rank's experts)."""
     own = model.state_dict()
-    return {k: shard_like(v, own[k]) if k in own else v for k, v in weights.items()}
+    meshes = _expert_meshes(model)
+    return {k: shard_like(_own_slice(v, meshes[k]) if k in meshes else v, own[k]) if k in own else v
+            for k, v in weights.items()}
 
 
 def shard_optimizer_state(optimizer, state: dict) -> dict:
     """A whole optimizer state (a checkpoint's) laid out as ``optimizer``'s parameters."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     out = dict(state)
-    out["state"] = {i: {k: shard_like(v, params[int(i)]) if torch.is_tensor(v) and v.dim() > 0 else v
-                        for k, v in s.items()} for i, s in state["state"].items()}
+    out["state"] = {i: {k: shard_like(_mine(v, params[int(i)]), params[int(i)]) if torch.is_tensor(v) and v.dim() > 0
+                        else v for k, v in s.items()} for i, s in state["state"].items()}
     return out
+
+
+def _mine(v: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    mesh = getattr(param, "_verirl_ep_mesh", None)
+    return _own_slice(v, mesh) if mesh is not None else v
 
 
 def grad_norm(params, max_norm: float) -> torch.Tensor:
     """The gradients' global norm (over every rank's shards), clipped to ``max_norm`` when it is > 0."""
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    if any(isinstance(g, _dtensor()) and g.device_mesh.ndim > 1 or _on_tp(g) for g in grads):
-        return _split_grad_norm(grads, max_norm)
+    experts = [getattr(p, "_verirl_ep", 1) for p in params if p.grad is not None]
+    if any(e > 1 for e in experts) or any(isinstance(g, _dtensor()) and g.device_mesh.ndim > 1 or _on_tp(g)
+                                         for g in grads):
+        return _split_grad_norm(grads, max_norm, experts)
     if max_norm > 0:
         return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
     return full(torch.nn.utils.get_total_norm(grads))
@@ -293,14 +352,15 @@ def _on_tp(t: torch.Tensor) -> bool:
     return isinstance(t, _dtensor()) and TP in (t.device_mesh.mesh_dim_names or ())
 
 
-def _split_grad_norm(grads, max_norm: float) -> torch.Tensor:
+def _split_grad_norm(grads, max_norm: float, experts: Optional[list[int]] = None) -> torch.Tensor:
     """`grad_norm` over gradients laid out on several meshes (tensor parallel, with or without FSDP2 over
-    the data-parallel ranks, and plain tensors every rank holds whole): each rank's local squares, each
-    divided by the number of ranks that hold the same piece, summed over every rank."""
+    the data-parallel ranks, expert slices, and plain tensors every rank holds whole): each rank's local
+    squares, each divided by the number of ranks that hold the same piece, summed over every rank.
+    ``experts``: per gradient, the expert-parallel group its slice is one of ``experts[i]`` pieces of."""
     world = torch.distributed.get_world_size()
     total = torch.zeros((), dtype=torch.float64, device=local(grads[0]).device if grads else "cpu")
-    for g in grads:
-        pieces = 1
+    for i, g in enumerate(grads):
+        pieces = experts[i] if experts else 1
         if isinstance(g, _dtensor()):
             for size, p in zip(g.device_mesh.shape, g.placements):
                 pieces *= 1 if p.is_replicate() else size  # Shard, or FSDP2's _StridedShard under TP
