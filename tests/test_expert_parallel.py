@@ -177,3 +177,30 @@ def test_expert_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ra
     assert sorted(wa) == sorted(wb)
     for name in wa:
         assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
+def test_resume_across_expert_parallel_layouts_continues_the_one_rank_run(tmp_path, one_rank, first, then):
+    """Step 1 on ``first`` ranks (ep 2 on 2 ranks, or one rank), its whole checkpoint (the experts and their
+    AdamW moments gathered in expert order) resumed for step 2 on ``then``: step 2's rollouts equal the
+    uninterrupted one-rank run's, its statistics and the weights after it within 1e-5."""
+    from safetensors.torch import load_file
+
+    from verirl.cli import main
+
+    def layout(ranks: int) -> list[str]:
+        return [f"trainer.nproc_per_node={ranks}", f"actor.expert_parallel_size={ranks}"]
+
+    run = tmp_path / "resumed"
+    assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=1"] + layout(first)) == 0
+    assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=2"] + layout(then)) == 0
+    a, b = ([json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (one_rank, run))
+    assert [m["step"] for m in b] == [1, 2]
+    assert (one_rank / "rollouts.jsonl").read_text() == (run / "rollouts.jsonl").read_text()
+    for key in ("reward/mean", "actor/pg_loss", "actor/kl", "actor/entropy"):
+        assert abs(a[1][key] - b[1][key]) <= 1e-5 * abs(a[1][key]) or abs(a[1][key] - b[1][key]) < 1e-8, key
+    assert abs(a[1]["actor/grad_norm"] - b[1]["actor/grad_norm"]) <= 1e-5 * a[0]["actor/grad_norm"]
+    wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank, run))
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name
