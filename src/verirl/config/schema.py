@@ -331,6 +331,12 @@ class DistillConfig:
     rewards: bool = setting(True, "add the rules' group advantage to it; false: the distillation advantage alone",)
 
 
+ROUTER_REPLAY = Registry("algo.router_replay", {
+    "off": "every pass routes by its own router",
+    "R2": "the update routes by the routes the trainer's old-log-prob pass chose (no old pass: as off)",
+    "R3": "the old-log-prob pass and the update route by the experts the rollout engine chose (rollout.engine=native)"})
+
+
 @dataclass
 class AlgoConfig:
     adv_estimator: str = setting("grpo", "grpo (group mean/std) / rloo (leave-one-out) / reinforce_plus_plus_baseline")
@@ -365,6 +371,14 @@ class AlgoConfig:
     loss_scale_factor: float = setting(0.0, "seq-mean-token-sum-norm: the constant divisor; 0 = rollout.max_new_tokens "
                                        "(Dr. GRPO)", ge=0)
     mask_truncated: bool = setting(False, "responses cut at rollout.max_new_tokens (no stop token) get no loss")
+    router_replay: str = setting("off", "a mixture-of-experts model's routing replay (docs/moe.md): off / R2 (the "
+                                 "update routes by the old-log-prob pass's routes) / R3 (the old pass and the update "
+                                 "route by the rollout engine's recorded experts: rollout.engine=native); lower case "
+                                 "accepted", choices=ROUTER_REPLAY,
+                                 normal=lambda v: "off" if str(v).lower() in ("off", "none", "false") else str(v).upper())
+    moe_aux_loss_coef: float = setting(0.0, "a mixture-of-experts model's load-balancing loss (transformers' "
+                                       "load_balancing_loss_func on the routers' logits) added to the loss times "
+                                       "this; 0 = off (moe/aux_loss)", ge=0)
     distill: DistillConfig = section(DistillConfig, "on-policy distillation from a teacher model")
     filter_groups: FilterGroupsConfig = section(
         FilterGroupsConfig, "DAPO dynamic sampling: groups whose metric is the same for every sample (all right or "

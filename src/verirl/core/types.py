@@ -34,6 +34,11 @@ class Rollout:
     # before top-k / top-p; vllm: after, renormalised over the kept tokens); None for engines that do not
     # return them (hf, replay, and greedy decoding)
     sample_logprobs: Optional[torch.Tensor] = None
+    # (N, P + R, L_moe, k) int16: of a mixture-of-experts model, the experts the engine routed each token to in
+    # each sparse layer (layer order), columns aligned with cat(prompt_ids, response_ids); -1 where not recorded
+    # (pads, a token never fed to the model). None: not recorded (a dense model, an engine that does not return
+    # them). Read by routing replay (algo.router_replay=R3) and moe/router_disagreement.
+    routed_experts: Optional[torch.Tensor] = None
 
     @property
     def response_lengths(self) -> torch.Tensor:  # (N,)

@@ -103,7 +103,8 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: t
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
-    """Join rollouts generated in chunks: prompts re-left-padded, responses re-right-padded."""
+    """Join rollouts generated in chunks: prompts re-left-padded, responses re-right-padded (the routed
+    experts' columns with them; kept only when every part has them)."""
     if len(parts) == 1:
         return parts[0]
     P = max(r.prompt_ids.shape[1] for r in parts)
@@ -117,6 +118,11 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         return torch.cat([fill, t] if left else [t, fill], dim=1)
 
     with_logprobs = all(r.sample_logprobs is not None for r in parts)
+    routed = None
+    if all(r.routed_experts is not None for r in parts):  # prompt columns re-left-padded, response ones right-padded
+        routed = torch.cat([torch.cat([_pad_routes(r.routed_experts[:, :r.prompt_ids.shape[1]], P, True),
+                                       _pad_routes(r.routed_experts[:, r.prompt_ids.shape[1]:], R, False)], 1)
+                            for r in parts])
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
@@ -125,4 +131,11 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         loss_mask=torch.cat([pad(r.loss_mask, R, 0, False) for r in parts]),
         stopped=torch.cat([r.stopped for r in parts]),
         sample_logprobs=torch.cat([pad(r.sample_logprobs, R, 0, False) for r in parts]) if with_logprobs else None,
+        routed_experts=routed,
     )
+
+
+def _pad_routes(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
+    """Route columns (N, W, L, k) padded with -1 to ``width`` columns, on the left or the right."""
+    fill = t.new_full((t.shape[0], width - t.shape[1]) + t.shape[2:], -1)
+    return torch.cat([fill, t] if left else [t, fill], dim=1)

@@ -13,6 +13,11 @@
   cache with the columns not yet written masked, and no compaction of finished rows (models
   on their own forward, and VERIRL_CUDA_GRAPHS=0, still compact). A step
   of small kernels is bound by their launches there, not by the arithmetic.
+* A mixture-of-experts model's routes are recorded (``record_routes``, on for one by default): the experts each
+  sparse layer chose for each token fed (prefill and every step, repeated for the n samples and kept through
+  compaction) as ``Rollout.routed_experts``, -1 where none (pads, the last sampled token). The lean decoder
+  records them itself (``LeanDecoder.record_routes``), transformers' forward through `RouterTap`; multi-turn
+  `Session` episodes are not recorded.
 * Sampling inverts the CDF with one uniform number per row (see `sampling.sample_next`). With a
   seed, the uniform of token t of sample j of the prompt at global position g is
   `sampling.keyed_uniforms(seed, g, j, t)`: the rollout of a prompt does not depend on the
@@ -20,6 +25,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from typing import Callable, Optional, Sequence
@@ -29,6 +35,8 @@ from transformers import DynamicCache
 
 from verirl.core.errors import env_choice
 from verirl.models.modes import eval_mode
+from verirl.models.moe import routing
+from verirl.models.router_tap import RouterTap
 from verirl.rollout.base import SamplingParams, build_rollout, left_pad
 from verirl.rollout.lean import LeanDecoder, lean_supported
 from verirl.rollout.sampling import keyed_uniforms, sample_and_score, sample_next
@@ -73,8 +81,18 @@ class _HFStepper:
     def reload(self, model) -> None:
         """The model's weights changed in place mid-call: its forward reads them as they are."""
 
+    def routes(self, B: int) -> Optional[torch.Tensor]:
+        """(B, T, L, k) the experts of the last forward's tokens, with a tap installed (its ``last_ids``)."""
+        tap = getattr(self, "tap", None)
+        if tap is None or any(x is None for x in tap.last_ids):
+            return None
+        return torch.stack([x.view(B, -1, x.shape[-1]) for x in tap.last_ids], 2)
+
     def _last_logits(self, ids, pos) -> torch.Tensor:
         """The logits at each row's last position of ``ids`` (its cache and mask extended by them)."""
+        tap = getattr(self, "tap", None)
+        if tap is not None:
+            tap.begin()
         out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **{self.kw: self.cache})
         return out.logits[:, -1]
@@ -167,6 +185,11 @@ class _LeanStepper:
         graph, out = self.captured
         graph.replay()
         return out
+
+    def routes(self, B: int) -> Optional[torch.Tensor]:
+        """(B, T, L, k) the experts of the last forward's tokens (the decoder's ``last_routes``, copied)."""
+        r = self.dec.last_routes
+        return torch.stack(r, 2).clone() if self.dec.record_routes and r else None
 
     def reload(self, model) -> None:
         """The model's weights changed in place mid-call: pack them again (the cache kept)."""
@@ -266,6 +289,8 @@ class NativeEngine:
         # returns the version it holds, asked before the prefill and before each decoding step
         self.refresh: Optional[Callable[[], int]] = None
         self.last_versions: list[int] = []  # of the last call with ``refresh``: token t's version, per t
+        # a mixture-of-experts model's routes recorded into Rollout.routed_experts (off: None there)
+        self.record_routes = not split and routing(model.config) is not None
 
     def open_session(self, prompt_ids: Sequence[Sequence[int]], horizon: int) -> Optional["Session"]:
         """Episodes that keep their KV cache across turns (`Session`), ``horizon`` response tokens each at
@@ -315,13 +340,25 @@ class NativeEngine:
             else:
                 run = _HFStepper(model)
             self.decoder = run.dec if isinstance(run, _LeanStepper) else None
-            logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
+            tap = contextlib.nullcontext()
+            if self.record_routes:
+                if isinstance(run, _LeanStepper):
+                    run.dec.record_routes = True
+                elif not self.split:
+                    tap = run.tap = RouterTap(model)
+            with tap:
+                logits = run.prefill(ids, mask, pos, ids.shape[1] + R)  # (B, V)
+                first = run.routes(ids.shape[0]) if self.record_routes else None  # (B, P, L, k)
             self.batch_sizes = [ids.shape[0]]
             if n > 1:  # expand each prompt's cache to its n samples
                 run.repeat(n)
                 logits = logits.repeat_interleave(n, dim=0)
                 pos = pos.repeat_interleave(n, dim=0)
             N = logits.shape[0]
+            routed = None  # (N, P + R, L, k) int16
+            if first is not None:
+                routed = torch.full((N, ids.shape[1] + R) + first.shape[2:], -1, dtype=torch.int16, device=device)
+                routed[:, :ids.shape[1]] = first.to(torch.int16).repeat_interleave(n, 0)
             tokens = torch.full((N, R), self.pad_id, dtype=torch.long, device=device)
             sampled = params.temperature > 0  # greedy decoding has no distribution to report
             logps = torch.zeros((N, R), dtype=torch.float32, device=device) if sampled else None
@@ -362,7 +399,10 @@ class NativeEngine:
                         version = newer
                         run.reload(model)
                     versions.append(version)
-                logits = run.step(tok, next_pos, P + t)
+                with tap:
+                    logits = run.step(tok, next_pos, P + t)
+                    if routed is not None:
+                        routed[active, P + t] = run.routes(tok.shape[0])[:, 0].to(torch.int16)
                 next_pos = next_pos + 1
         self.last_versions = versions if refresh is not None else []
         tokens, logps = tokens.clone(), None if logps is None else logps.clone()  # ordinary tensors again
@@ -370,8 +410,17 @@ class NativeEngine:
                                 self.stop_ids, self.pad_id)
         if logps is not None:
             rollout.sample_logprobs = logps[:, :rollout.response_ids.shape[1]] * rollout.response_mask
+        if routed is not None:
+            rollout.routed_experts = _routes_of(routed.clone(), rollout)
         return rollout
 
+
+def _routes_of(routed: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """(N, P + R, L, k) routes cut to the rollout's response width, -1 on pads."""
+    P, R = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    routed = routed[:, :P + R]
+    real = torch.cat([rollout.prompt_mask, rollout.response_mask], 1).bool().to(routed.device)
+    return routed.masked_fill(~real[:, :, None, None], -1)
 
 
 class Session:

@@ -409,6 +409,48 @@ def check_experts(cfg: Config, ask: Optional[Ask] = None) -> None:
                           f"{r.num_experts}.")
 
 
+def check_router_replay(cfg: Config, ask: Optional[Ask] = None) -> None:
+    """algo.router_replay R2 / R3 and algo.moe_aux_loss_coef > 0 need a mixture-of-experts model (read from its
+    config.json, no weights) whose passes are not pipelined; R3 needs an engine that records the experts it
+    routed each token to (native, single-turn, colocated)."""
+    from verirl.models.router_tap import replay_mode
+
+    a, pp = cfg.algo, cfg.actor.pipeline_parallel_size
+    mode = replay_mode(a.router_replay)
+    if mode == "off" and not a.moe_aux_loss_coef:
+        return
+    from verirl.models.load import model_config
+    from verirl.models.moe import routing
+
+    key = f"algo.router_replay={a.router_replay}" if mode != "off" else f"algo.moe_aux_loss_coef={a.moe_aux_loss_coef}"
+    config = model_config(cfg.model.path, dict(cfg.model.override_config))
+    if routing(config) is None:
+        raise ConfigError(f"{key}: model.path={cfg.model.path} ({getattr(config, 'model_type', '?')}) is a dense "
+                          f"model, with no routers to replay or balance. Set algo.router_replay=off and "
+                          f"algo.moe_aux_loss_coef=0, or use a mixture-of-experts model (e.g. model.path=tiny-moe).")
+    if pp > 1:
+        raise ConfigError(f"{key} with actor.pipeline_parallel_size={pp}: the routers of a pipelined model are not "
+                          f"tapped in this version. Use actor.pipeline_parallel_size=1, or algo.router_replay=off "
+                          f"and algo.moe_aux_loss_coef=0.")
+    if mode != "r3":
+        return
+    r = cfg.rollout
+    if r.engine != "native":
+        why = ("vLLM's routed experts (enable_return_routed_experts) are not read by verirl's vllm engine in this "
+               "version, so the rollouts carry none" if r.engine == "vllm" else
+               f"rollout.engine={r.engine} returns no routed experts")
+        raise ConfigError(f"algo.router_replay=R3 with rollout.engine={r.engine}: {why}. Use rollout.engine=native "
+                          f"(which records them), or algo.router_replay=R2: the update routes by the trainer's own "
+                          f"routes of the old-log-prob pass.")
+    if r.multi_turn.enable:
+        raise ConfigError("algo.router_replay=R3 with rollout.multi_turn.enable=true: a multi-turn episode's routes "
+                          "are not recorded in this version. Use algo.router_replay=R2, or single-turn rollouts.")
+    if r.placement == "separate":
+        raise ConfigError("algo.router_replay=R3 with rollout.placement=separate: the producers' batches do not "
+                          "carry the routed experts in this version. Use rollout.placement=colocated, or "
+                          "algo.router_replay=R2.")
+
+
 def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     """actor.tensor_parallel_size > 1: the model has a tensor-parallel plan and its heads, key/value heads,
     MLP width and vocabulary split evenly (read from its config.json, no weights); actor.sequence_parallel_size
@@ -668,4 +710,5 @@ RULES: list[Rule] = [
     Rule("activation modules", check_activation_modules, True),
     Rule("experts", check_experts, True),  # before the tensor-parallel plan: a MoE model has none
     Rule("model parallel", check_model_parallel, True),
+    Rule("routing replay", check_router_replay, True),
 ]

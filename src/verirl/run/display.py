@@ -3,7 +3,8 @@
 * ``rich``: a live view under the run's messages: a progress bar with the ETA, and a table of the
   latest and smoothed (last 10 steps) reward overall, per rule and per task, response lengths, KL,
   entropy, clip fraction, grad norm (a multi-turn run's turns, tool calls and tool time, an asynchronous
-  run's staleness, queue depth and idle times too), and the step's time split by phase as a bar.
+  run's staleness, queue depth and idle times, a mixture-of-experts run's expert load and routing
+  disagreements too), and the step's time split by phase as a bar.
 * ``plain``: one line per step, no escape codes (CI, Ray workers, ``nohup``, a file).
 * ``off``: no live view; only the ``log.console_every`` lines (``verirl train --quiet`` sets both off);
   messages and the final table remain.
@@ -101,6 +102,8 @@ def metrics_table(m: dict, recent: list[dict]) -> Table:
              ("tool time s", "timing/tools"),
              ("clip fraction", "actor/pg_clipfrac"), ("grad norm", "actor/grad_norm"),
              ("groups kept", "filter/kept_groups"), ("mismatch kl", "mismatch/kl"),
+             ("expert load max/mean", "moe/load_max_over_mean"), ("  mean over layers", "moe/load_max_over_mean/mean"),
+             ("replay disagreement", "moe/replay_disagreement"), ("router disagreement", "moe/router_disagreement"),
              ("staleness", "async/staleness_mean"), ("  max", "async/staleness_max"),
              ("queue depth", "async/queue_depth"), ("trainer idle s", "async/trainer_idle_s"),
              ("rollout idle s", "async/rollout_idle_s"), ("weight sync s", "async/weight_sync_s"),

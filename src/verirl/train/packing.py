@@ -50,6 +50,7 @@ from verirl.models.parallel import head_group, head_shard, is_tensor_parallel
 from verirl.train.strategy import final_hidden
 from verirl.train.record import response_positions
 from verirl.core.types import Rollout
+from verirl.models import router_tap
 
 ATTN_NAME = "verirl_packed"
 # The layout of the packed forward in progress. It travels beside the model call rather than as
@@ -122,6 +123,12 @@ class PackedBatch:
     out_col: torch.Tensor  # (M,) column in the (b, r) result
     rows: int
     width: int  # r = the longest response among the rows
+    # (T,) each packed token's place in the rollout's (N, P + R) columns of cat(prompt_ids, response_ids), flat
+    # (a shared prompt's: its first row's): where its routed experts are (`routes_of`)
+    source: Optional[torch.Tensor] = None
+    # (K,) (rollout place, packed position) of every row's every token, a shared prompt's once per row: where a
+    # pass's own routes go (`store_routes`)
+    dest: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,9 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     segments: list[_Seg] = []
     heads, starts, lens = [], [], []  # per row: the position predicting its first token, its start, its length
     shared: dict[tuple, int] = {}  # prompt tokens -> start in the packed row
+    Pw, cols = rollout.prompt_ids.shape[1], rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1]
+    source: list[int] = []  # per packed token: its flat rollout place
+    dest: list[tuple[int, int]] = []  # (flat rollout place, packed position start, length) runs of every row
     for i in rows:
         prompt = tuple(t for t, m in zip(p_ids[i], p_mask[i]) if m)
         L = int(r_len[i])
@@ -219,10 +229,14 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
             p_start = len(ids)
             ids.extend(prompt)
             pos.extend(range(P))
+            source.extend(range(i * cols + Pw - P, i * cols + Pw))
             if share_prompt:
                 shared[prompt] = p_start
                 segments.append(_Seg(((p_start, P),), P))
+        dest.append((i * cols + Pw - P, p_start, P))
         r_start = len(ids)
+        source.extend(range(i * cols + Pw, i * cols + Pw + L))
+        dest.append((i * cols + Pw, r_start, L))
         ids.extend(r_ids[i][:L])
         pos.extend(range(P, P + L))
         segments.append(_Seg(((p_start, P), (r_start, L)), L) if share_prompt else _Seg(((p_start, P + L),), P + L))
@@ -242,8 +256,40 @@ def pack_rows(rollout: Rollout, rows: Sequence[int], share_prompt: bool = True) 
     width = max(lens, default=0)
     layout = PackedLayout(segments, varlen, len(ids), device)
     t = lambda x: x.to(device)  # noqa: E731
+    d_lens = torch.tensor([n for _, _, n in dest], dtype=torch.long)
+    d_place = torch.repeat_interleave(torch.tensor([a for a, _, _ in dest], dtype=torch.long), d_lens) + _within(d_lens)
+    d_pos = _positions([(b, n) for _, b, n in dest])
     return PackedBatch(t(ids_t)[None], t(torch.tensor(pos, dtype=torch.long))[None], layout, t(pred), t(ids_t[at]),
-                       t(out_row), t(out_col), len(rows), max(width, 1))
+                       t(out_row), t(out_col), len(rows), max(width, 1), t(torch.tensor(source, dtype=torch.long)),
+                       (t(d_place), t(d_pos)))
+
+
+def routes_of(routed: torch.Tensor, pb: PackedBatch) -> torch.Tensor:
+    """(T, L, k) the routes of the packed row's tokens, from a rollout's (N, P + R, L, k) routed experts."""
+    return routed.reshape((-1,) + routed.shape[2:]).index_select(0, pb.source.to(routed.device))
+
+
+def store_routes(store: torch.Tensor, pb: PackedBatch, ids: torch.Tensor, start: int = 0) -> None:
+    """Write a packed forward's routes ids (T', L, k), of packed positions start..start+T', into every row's
+    places of ``store`` (N, P + R, L, k)."""
+    place, at = pb.dest
+    keep = (at >= start) & (at < start + ids.shape[0])
+    flat = store.view((-1,) + store.shape[2:])
+    flat[place[keep].to(store.device)] = ids[(at[keep] - start).to(ids.device)].to(store.device, store.dtype)
+
+
+def _tap_begin(tap, routed: Optional[torch.Tensor], replay: bool, pb: PackedBatch, shard) -> Optional[torch.Tensor]:
+    """The router tap's routes for this rank's tokens of ``pb``; returns which of them are real (T_local,)."""
+    T = pb.input_ids.shape[1]
+    lo, width = (0, T) if shard is None else (shard.start, shard.input_ids.shape[1])
+    real = (torch.arange(lo, lo + width, device=pb.input_ids.device) < T)
+    feed = None
+    if routed is not None:
+        feed = routes_of(routed, pb)[lo:lo + width]
+        if feed.shape[0] < width:  # a shard's pads past the row's end: the router's own choice
+            feed = torch.cat([feed, feed.new_full((width - feed.shape[0],) + feed.shape[1:], -1)])
+    tap.begin(feed, replay)
+    return real
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -389,8 +435,15 @@ def packed_logprobs(model, rollout: Rollout, rows: Sequence[int], temperature: f
         ids, positions, pred = shard.input_ids, shard.position_ids, shard.pred_pos
         labels, first = labels[shard.owned], first[shard.owned]
     split = None if shard is None else (sp_group, shard.tokens)
+    tap = router_tap.current()  # routing replay and the MoE metrics (`verirl.models.router_tap`)
+    if tap is not None:
+        real = _tap_begin(tap, tap.routed, tap.replaying, pb, shard)
     with _packed_attention(model, pb.layout, split), response_positions(pred, first):
         hidden = final_hidden(model, ids, positions)[0]
+    if tap is not None:
+        tap.end(real)
+        if tap.store is not None and tap.counting:
+            store_routes(tap.store, pb, torch.stack(tap.last_ids, 1), 0 if shard is None else shard.start)
     head = model.get_output_embeddings()
     # under mixed precision (torch.autocast) the output layer still multiplies in the weights' dtype: a
     # bfloat16 logit of 10 is off by up to 0.03, and so would every log-prob be

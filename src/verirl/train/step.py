@@ -19,6 +19,7 @@ one rollout per step. Rewards are outcome rewards (one scalar per response).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -26,10 +27,12 @@ import torch
 
 from verirl.core.algo import (distill_advantages, informative_groups, kl_penalty, normalize_then_sum, overlong_penalty,
                               reverse_kl)
-from verirl.core.errors import DataError
+from verirl.core.errors import ConfigError, DataError
 from verirl.train.evaluate import decode_responses, reward_fields
 from verirl.train.step_metrics import ResponseStats, Timer, step_metrics
 from verirl.models.lora import adapters_off
+from verirl.models.moe import moe_blocks, routing
+from verirl.models.router_tap import RouterTap, replay_mode
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.update import Correction, compute_logprobs, update_policy
@@ -37,7 +40,7 @@ from verirl.train.build import Run
 from verirl.train.settings import RewardShaping, StepSettings
 from verirl.train.distributed import Dist, on_rank0
 from verirl.train.packing import PackCache
-from verirl.train.pipelined import whole_model
+from verirl.train.pipelined import pipeline_of, whole_model
 from verirl.train.strategy import full_state_dict, full_weights, memory_metrics
 from verirl.core.types import Prompt, Rollout, TrainBatch
 
@@ -215,16 +218,48 @@ def reference_model(run: Run) -> Iterator[torch.nn.Module]:
         yield run.model
 
 
+def moe_settings(run: Run) -> tuple[str, float]:
+    """(algo.router_replay lower-cased: off / r2 / r3, algo.moe_aux_loss_coef) for a mixture-of-experts
+    model the step taps (`RouterTap`); ("", 0.0) for a dense or pipelined one."""
+    if routing(run.model.config) is None or pipeline_of(run.model) is not None:
+        return "", 0.0
+    algo = run.cfg.algo
+    return replay_mode(getattr(algo, "router_replay", "off")), float(getattr(algo, "moe_aux_loss_coef", 0.0) or 0.0)
+
+
 def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     """The consumer's half of a step: the old and reference log-prob passes (the scoring finishes
     meanwhile), the rewards awaited and the advantages of the global batch computed, the policy update
-    and the weight push."""
+    and the weight push.
+
+    A mixture-of-experts model's passes run inside a `RouterTap` (algo.router_replay): R3 routes the old pass
+    and the update by the engine's recorded experts (``Rollout.routed_experts``); R2 records the old pass's own
+    routes and routes the update by them (no old pass, on-policy: nothing to reuse, the update routes by its
+    router); off routes by the router. The reference pass always routes by its own router: the reference
+    policy is the model it is, its routing included, and its KL term does not depend on the rollout engine.
+    The update's tap gives the moe/* metrics, compared with the routes it was given (R2: the old pass's;
+    otherwise the engine's)."""
     settings, dist, rollout = batch.settings, run.dist, batch.rollout
     layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
     old_logprobs = ref_logprobs = teacher_logprobs = None
+    replay, aux_coef = moe_settings(run)
+    engine_routes, store = rollout.routed_experts, None
+    if replay == "r3" and engine_routes is None:
+        raise ConfigError("algo.router_replay=R3: the rollout engine recorded no routed experts for this batch "
+                          "(rollout.engine=native records them, multi-turn episodes do not); set "
+                          "algo.router_replay=R2 (the trainer's own routing of the old-log-prob pass) or off.")
     if settings.old_pass is not None:
         with timer("old_log_prob"):
-            old_logprobs = compute_logprobs(run.model, rollout, settings.old_pass, layouts, dist)
+            tap = contextlib.nullcontext()
+            if replay == "r3":
+                tap = RouterTap(run.model, engine_routes, replay=True)
+            elif replay == "r2":
+                N, cols = rollout.response_ids.shape[0], rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1]
+                layers, k = len(moe_blocks(run.model)), routing(run.model.config).top_k
+                store = torch.full((N, cols, layers, k), -1, dtype=torch.int16, device=rollout.response_ids.device)
+                tap = RouterTap(run.model, store=store)
+            with tap:
+                old_logprobs = compute_logprobs(run.model, rollout, settings.old_pass, layouts, dist)
     if settings.ref_pass is not None:
         with timer("ref"), reference_model(run) as ref:
             ref_logprobs = compute_logprobs(ref, rollout, settings.ref_pass, layouts, dist)
@@ -243,11 +278,18 @@ def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     trainer_logp = old_logprobs if old_logprobs is not None or rollout.sample_logprobs is None else \
         torch.zeros_like(rollout.sample_logprobs)  # on-policy: filled by the update with its own
     entropy = torch.zeros(rollout.response_ids.shape[0], dtype=torch.float32, device=rollout.response_ids.device)
-    with timer("update"), recording(run, batch.step):
+    update_params, tap = settings.update, contextlib.nullcontext()
+    if replay:
+        routes = store if store is not None else engine_routes
+        tap = RouterTap(run.model, routes, replay=replay != "off" and routes is not None, keep_logits=aux_coef > 0)
+        update_params = dataclasses.replace(update_params, moe_aux_loss_coef=aux_coef)
+    with timer("update"), recording(run, batch.step), tap:
         update = update_policy(run.model, run.optimizer, run.scheduler,
-                               TrainBatch(rollout, trained_advantages, old_logprobs, ref_logprobs), settings.update,
+                               TrainBatch(rollout, trained_advantages, old_logprobs, ref_logprobs), update_params,
                                layouts, dist, on_policy_out=trainer_logp, entropy_out=entropy)
         update.update(distilled)
+    if replay:
+        update.update(tap.metrics(dist.all_sum))
     with timer("sync_weights"):  # an engine with its own copy of the weights (vLLM) gets the new ones
         pushed = run.engine.sync_weights(run.model) or {}
     return Trained(rewards, advantage_rewards, advantages, trainer_logp, entropy, update, pushed,
@@ -371,7 +413,8 @@ def episode_info(e, env_reward: float) -> dict:
 def _on(r: Rollout, device) -> Rollout:
     """The rollout's tensors on ``device``."""
     return Rollout(*(None if t is None else t.to(device) for t in (
-        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask, r.stopped, r.sample_logprobs)))
+        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask, r.stopped, r.sample_logprobs,
+        r.routed_experts)))
 
 
 @dataclass
@@ -455,9 +498,11 @@ def take_rows(r: Rollout, rows: list[int]) -> Rollout:
     idx = torch.as_tensor(rows, dtype=torch.long, device=r.response_ids.device)
     pm, rm = r.prompt_mask[idx], r.response_mask[idx]
     p, w = int(pm.sum(-1).max()), max(int(rm.sum(-1).max()), 1)
+    P = r.prompt_ids.shape[1]
     return Rollout(r.prompt_ids[idx][:, -p:].int().cpu(), pm[:, -p:].bool().cpu(), r.response_ids[idx][:, :w].int().cpu(),
                    rm[:, :w].bool().cpu(), r.loss_mask[idx][:, :w].bool().cpu(), r.stopped[idx].cpu(),
-                   None if r.sample_logprobs is None else r.sample_logprobs[idx][:, :w].cpu())
+                   None if r.sample_logprobs is None else r.sample_logprobs[idx][:, :w].cpu(),
+                   None if r.routed_experts is None else r.routed_experts[idx][:, P - p:P + w].cpu())
 
 
 def as_training_rollout(r: Rollout, like: Rollout) -> Rollout:
@@ -467,7 +512,8 @@ def as_training_rollout(r: Rollout, like: Rollout) -> Rollout:
                    r.response_ids.to(device, like.response_ids.dtype),
                    r.response_mask.to(device, like.response_mask.dtype), r.loss_mask.to(device, like.loss_mask.dtype),
                    r.stopped.to(device),
-                   None if r.sample_logprobs is None else r.sample_logprobs.to(device, torch.float32))
+                   None if r.sample_logprobs is None else r.sample_logprobs.to(device, torch.float32),
+                   None if r.routed_experts is None else r.routed_experts.to(device))
 
 
 def shape_rewards(shaping: RewardShaping, raw: RewardResult, rollout: Rollout, group_size: int,

@@ -24,7 +24,7 @@ import torch
 from verirl.core.algo import (POLICY_LOSSES, PolicyLossParams, aggregate, entropy_from_logits, high_entropy_mask,
                          kl_penalty, logprobs_from_logits, rollout_correction)
 from verirl.core.errors import ConfigError
-from verirl.models import eval_mode
+from verirl.models import eval_mode, router_tap
 from verirl.train.distributed import Dist
 from verirl.models.pipeline import from_last, pipeline_backward, pipeline_grad_norm, pipeline_logprobs, sum_tied_grads
 from verirl.train.packing import PackCache, packed_logprobs, supports_packing
@@ -88,6 +88,9 @@ class UpdateParams:
     correction: Optional[Correction] = None  # the mismatch guard; None (or no sampled log-probs): off
     grad_clip: float = 1.0
     offload_optimizer: bool = False  # the optimizer state waits on the host between updates (actor.offload)
+    # a mixture-of-experts model's load-balancing loss (`RouterTap.aux_loss`) added times this (moe/aux_loss);
+    # needs a `RouterTap` with keep_logits around the update
+    moe_aux_loss_coef: float = 0.0
 
 
 Rows = Union[slice, Sequence[int]]
@@ -179,9 +182,22 @@ def response_logprobs(model, rollout: Rollout, idx: Rows = slice(None), temperat
     b, width = input_ids.shape
     r = resp_ids.shape[1]
     rows, cols = resp_mask.nonzero(as_tuple=True)  # column width - r - 1 + t predicts response token t
+    tap = router_tap.current()  # routing replay and the MoE metrics: the routes sliced like the token ids
+    if tap is not None:
+        Pw, lo = rollout.prompt_ids.shape[1], rollout.prompt_ids.shape[1] - (width - r)
+        sel = idx if isinstance(idx, slice) else torch.as_tensor(list(idx), dtype=torch.long)
+        tap.begin(None if tap.routed is None else tap.routed[sel][:, lo:Pw + r].reshape((b * width,) + tap.routed.shape[2:]),
+                  tap.replaying)
     with response_positions(rows * width + width - r - 1 + cols, cols == 0):
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                        logits_to_keep=r + 1).logits[:, :-1]  # (b, r, V): position t predicts response token t
+    if tap is not None:
+        real = attn.bool().reshape(-1)
+        tap.end(real)
+        if tap.store is not None and tap.counting:
+            used = torch.stack(tap.last_ids, 1).masked_fill(~real.to(tap.last_ids[0].device)[:, None, None], -1)
+            tap.store[sel.to(tap.store.device) if not isinstance(sel, slice) else sel, lo:Pw + r] = \
+                used.view((b, width) + used.shape[1:]).to(tap.store.device, tap.store.dtype)
     logp = logprobs_from_logits(logits, resp_ids, temperature)
     ent = None
     if with_entropy:
@@ -247,7 +263,7 @@ def compute_logprobs(model, rollout: Rollout, forward: LogprobPass = LogprobPass
         return out
     with eval_mode(model), on_device_for(model, out.device, forward.offload):
         for mb in same_count(planned, model, dist):
-            with silenced() if mb is None else contextlib.nullcontext():
+            with (silenced() if mb is None else contextlib.nullcontext()), router_tap.uncounted(mb is None):
                 logp, _, _ = sequence_logprobs(model, rollout, mb or planned[0][:1], forward, layouts=layouts,
                                                sp_group=dist.sp_group)
             if mb is not None:  # an empty micro-batch only joins the other ranks' collectives
@@ -328,6 +344,12 @@ def _trained_loss(logp, ent, sel, epoch: int, batch: TrainBatch, p: UpdateParams
     if entropy_out is not None and epoch == 0:
         entropy_out[sel] = (ent.detach() * r.loss_mask[sel, :w].to(ent.dtype)).sum(-1).to(entropy_out.dtype)
     loss, shares = _micro_loss(logp, ent, trained[sel, :w], sel, batch, p, old, n_tokens, n_seqs)
+    tap = router_tap.current()
+    aux = tap.aux_loss(tap.last_real) if tap is not None and p.moe_aux_loss_coef > 0 else None
+    if aux is not None:  # a micro-batch's mean over its tokens, weighted by its share of the mini-batch's
+        aux = aux * (float(trained[sel, :w].sum()) / max(n_tokens, 1.0))
+        loss = loss + p.moe_aux_loss_coef * aux
+        sums["moe_aux_loss"] += float(aux.detach())
     for k, v in shares.items():
         sums[k] += v
     return loss
@@ -352,8 +374,12 @@ def _optimizer_step(optimizer, scheduler, gn: torch.Tensor, sums: dict, stats: d
 def _update_metrics(stats: dict, batch: TrainBatch, p: UpdateParams, nonfinite: int) -> dict[str, float]:
     if batch.ref_logprobs is None or p.kl_coef <= 0:
         stats.pop("kl")  # no reference pass: say nothing rather than a made-up zero
-    return {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
-            "actor/nonfinite_updates": float(nonfinite)}
+    aux = stats.pop("moe_aux_loss", None)
+    out = {**{f"actor/{k}": sum(v) / len(v) for k, v in stats.items() if v},
+           "actor/nonfinite_updates": float(nonfinite)}
+    if aux:
+        out["moe/aux_loss"] = sum(aux) / len(aux)
+    return out
 
 
 def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, layouts: Optional[PackCache],
@@ -363,7 +389,9 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
     r = batch.rollout
     N = r.response_ids.shape[0]
     mb_seqs = p.mini_batch_prompts * p.group_size
-    stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")}
+    aux = ("moe_aux_loss",) if p.moe_aux_loss_coef > 0 else ()  # `_trained_loss` adds its share
+    stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "kl", "entropy", "pg_clipfrac", "grad_norm", "lr")
+                                     + aux}
     params = [q for q in model.parameters() if q.requires_grad]
     trained = trained_mask(r, p)
     nonfinite = 0  # mini-batches whose loss or grad norm was not finite: skipped
@@ -372,12 +400,12 @@ def _update(model, optimizer, scheduler, batch: TrainBatch, p: UpdateParams, lay
             m1 = min(m0 + mb_seqs, N)
             n_tokens, n_seqs = dist.all_sum([float(trained[m0:m1].sum()), float(m1 - m0)])  # of the global mini-batch
             optimizer.zero_grad(set_to_none=True)
-            sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0}
+            sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0, **{k: 0.0 for k in aux}}
             planned = plan_micro_batches(r, range(m0, m1), p.forward.micro_batch_size, p.forward.max_tokens,
                                          p.forward.prompt_once)
             for mb in same_count(planned, model, dist):
                 if mb is None:  # an empty micro-batch: only the other ranks' all-gathers and reduce-scatters
-                    with silenced():
+                    with silenced(), router_tap.uncounted():
                         logp, _, _ = sequence_logprobs(model, r, planned[0][:1], p.forward, True, layouts,
                                                        dist.sp_group)
                         (logp.sum() * 0.0).backward()

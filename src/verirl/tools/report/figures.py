@@ -24,7 +24,7 @@ MOST_PANELS = 12  # per figure (rules, tasks, validation metrics); more would be
 PHASES = ("rollout", "reward", "old_log_prob", "ref", "teacher", "update", "sync_weights")  # timing/<phase>, stacked
 STYLES = ("-", "--", ":", "-.")
 NAMES = ("reward", "reward_rules", "reward_tasks", "response_length", "agents", "actor", "timing", "throughput",
-         "async", "validation", "filter_mismatch")  # every figure's file name, <name>.png, in page order
+         "async", "validation", "filter_mismatch", "moe")  # every figure's file name, <name>.png, in page order
 
 
 @dataclass
@@ -167,6 +167,15 @@ def plan(runs: list[RunData]) -> list[tuple[str, str, str, list[Panel]]]:
         "filter/kept_groups: groups with signal kept per step (algorithm.filter_groups); mismatch/kl: KL of the "
         "rollout engine to the trainer per token; mismatch/masked_frac: tokens the mismatch guard zeroed.",
         [Panel(k, [k]) for k in _present(runs, ["filter/kept_groups", "mismatch/kl", "mismatch/masked_frac"])])
+    add("moe", "Mixture of experts",
+        "moe/load_max_over_mean: per sparse layer, the busiest expert's tokens over the mean, the largest over the "
+        "layers (and their mean); moe/replay_disagreement: the (token, layer) pairs routed to other experts than "
+        "the recorded ones (0 under routing replay), moe/router_disagreement: those whose router would choose "
+        "otherwise (algo.router_replay, docs/moe.md).",
+        [_labelled(runs, "expert load", {"moe/load_max_over_mean": "max over layers",
+                                         "moe/load_max_over_mean/mean": "mean over layers"}, "max / mean"),
+         _labelled(runs, "routing disagreement", {"moe/replay_disagreement": "replayed",
+                                                  "moe/router_disagreement": "router"}, "fraction")])
     return out
 
 
