@@ -144,3 +144,14 @@ def test_tiny_moe_recipe_trains_two_steps(tmp_path):
         assert not torch.equal(a.gate.weight, b.gate.weight)
         assert not torch.equal(a.experts.gate_up_proj, b.experts.gate_up_proj)
         assert not torch.equal(a.experts.down_proj, b.experts.down_proj)
+
+
+def test_perf_flops_count_the_experts_a_token_visits():
+    """perf/mfu's matmul weights for tiny-moe: the nn.Linear ones (attention, the tied output layer) plus, per
+    sparse layer, the router (8 x 128) and top-2 of the 8 experts (gate/up 256 x 128, down 128 x 128 each)."""
+    from verirl.models.load import load_model
+    from verirl.models.perf import FlopModel
+
+    model = load_model("tiny-moe", "float32", "cpu").model
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert FlopModel.of(model).matmul_params == linear + 4 * (8 * 128 + 2 * (256 * 128 + 128 * 128))

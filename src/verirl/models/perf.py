@@ -21,7 +21,17 @@ class FlopModel:
 
     @staticmethod
     def of(model) -> "FlopModel":
+        """The nn.Linear weights, and a mixture-of-experts model's routers and the top-k experts a token
+        visits in each sparse layer (its fused 3-D expert weights are no nn.Linear; the count is per expert,
+        so it holds with the experts split over ranks)."""
+        from verirl.models.moe import moe_blocks, routing
+
         n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        r = routing(model.config)
+        for _, block in moe_blocks(model) if r is not None else ():
+            experts, gate = block.experts, block.gate
+            n += r.top_k * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
+            n += 0 if isinstance(gate, torch.nn.Linear) else gate.weight.numel()
         cfg = getattr(model.config, "text_config", None) or model.config
         layers = next(getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(cfg, k))
         hidden = next(getattr(cfg, k) for k in ("hidden_size", "n_embd", "d_model") if hasattr(cfg, k))
