@@ -497,3 +497,68 @@ def test_flops_per_token_are_the_active_weights_that_multiply(tiny):
     M = estimate_memory(cfg, make_layout(cfg), config)
     attention, lm_head = 48 * (2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128), 151936 * 2048
     assert M.flops_per_token == 2 * (attention + 48 * 128 * 2048 + 48 * 8 * 3 * 2048 * 768 + lm_head)
+
+
+# ---------------------------------------------------------------- expert parallel (actor.expert_parallel_size)
+
+EP16 = ["model.dtype=bfloat16", "trainer.nproc_per_node=16", "data.prompts_per_step=16", "actor.mini_batch_prompts=16"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_30b_a3b(tmp_path_factory):
+    """Qwen3-30B-A3B's config.json beside the tiny tokenizer's files (no weights)."""
+    path = tmp_path_factory.mktemp("qwen3-30b-a3b")
+    _config(QWEN3_30B_A3B).save_pretrained(path)
+    _tiny_tokenizer(path)
+    return path
+
+
+def test_expert_parallel_splits_the_experts_and_counts_the_all_to_all_by_hand(qwen3_30b_a3b, capsys):
+    """Qwen3-30B-A3B, ep 8 on 16 ranks (edp 2): each rank holds 128 / 8 = 16 experts of every layer, 1/8 of the
+    routed experts' bytes under ddp, 1/16 under FSDP2 (each slice over edp 2); one micro-batch of 8 sequences of
+    160 tokens sends 2 x 1280 x k 8 x h 2048 x 2 B x 7/8 per sparse layer forward."""
+    plan = _plan(f"model.path={qwen3_30b_a3b}", *EP16, "actor.strategy=ddp", "actor.expert_parallel_size=8", cores=8)
+    L, M = plan.layout, plan.memory
+    routed, total = 48 * 128 * 3 * 2048 * 768, 30_532_122_624
+    assert (L.expert_parallel, L.expert_data_parallel, M.experts_per_rank, M.expert_shards) == (8, 2, 16, 8)
+    assert M.expert_states == routed * (2 + 2 + 8 + 2) // 8  # bfloat16 params, grads, reference; AdamW float32
+    assert M.params == M.grads == M.reference == (total - routed) * 2 + routed * 2 // 8
+    assert M.optimizer == (total - routed) * 8 + routed * 8 // 8
+    assert M.rollout_params == total * 2 + M.params  # the experts gathered whole for generation, beside the slices
+    assert M.tokens_per_forward == 8 * 160
+    forward = 2 * 1280 * 8 * 2048 * 2 * 7 // 8
+    assert (M.all_to_all_forward, M.all_to_all_update, M.all_to_all_micro_batch) == (forward, 2 * forward,
+                                                                                     48 * 2 * forward)
+    assert L.expert_coordinates(9) == {"edp": 1, "ep": 1} and L.expert_coordinates(7) == {"edp": 0, "ep": 7}
+    text = render(plan)
+    assert "dp 16 (edp 2 x ep 8)" in text and "[0..7], [8..15]" in text and "rank 7: dp 7, edp 0, ep 7" in text
+    assert re.search(r"all-to-all per sparse layer +70\.0 MiB  dispatch \+ combine: 2 x 1,280 tokens x k 8 x 2048 "
+                     r"x 2 B", text) and re.search(r"all-to-all per micro-batch +6\.6 GiB", text)
+    assert "128 / 8 = 16 experts per rank" in text
+    cfg = load_config("tiny", [f"model.path={qwen3_30b_a3b}", *EP16, "actor.strategy=fsdp2",
+                               "actor.expert_parallel_size=8", "trainer.checkpoint_format=whole"])
+    fsdp = estimate_memory(cfg, make_layout(cfg), read_model_config(str(qwen3_30b_a3b)))
+    assert fsdp.expert_states == routed * 14 // 16 and fsdp.params == total * 2 // 16 and fsdp.expert_shards == 16
+    assert any("over the 2 edp ranks holds its 16 experts whole: 144.0 MiB per layer" in w for w in fsdp.leaves_out)
+    one = _plan(f"model.path={qwen3_30b_a3b}", *EP16, "actor.strategy=ddp", cores=8).memory
+    assert one.expert_states == 8 * M.expert_states and one.all_to_all_forward == 0  # ep 1: no exchange
+    assert main(["plan", "--json", f"model.path={qwen3_30b_a3b}", *EP16, "actor.strategy=ddp",
+                 "actor.expert_parallel_size=8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["layout"]["expert_parallel"], out["layout"]["expert_data_parallel"]) == (8, 2)
+    assert out["memory"]["all_to_all_forward"] == forward and out["memory"]["expert_states"] == M.expert_states
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.nproc_per_node=6", "data.prompts_per_step=6", "actor.mini_batch_prompts=6",
+      "actor.expert_parallel_size=3"],
+     r"actor.expert_parallel_size=3 does not divide the 128 experts of model.path=\S+ \(128 % 3 = 2\)"),
+    (["trainer.nproc_per_node=16", "data.prompts_per_step=16", "actor.mini_batch_prompts=16",
+      "actor.expert_parallel_size=32"],
+     r"actor.expert_parallel_size=32 does not divide the data-parallel x sequence-parallel ranks it splits the "
+     r"experts over: 16 x actor.sequence_parallel_size=1 = 16 \(16 % 32 = 16\)"),
+])
+def test_the_plan_refuses_an_expert_parallel_size_that_does_not_divide(qwen3_30b_a3b, overrides, message, capsys):
+    assert main(["plan", f"model.path={qwen3_30b_a3b}", "actor.strategy=ddp", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verirl plan: config error: ") and err.count("\n") == 1 and re.search(message, err)

@@ -394,11 +394,19 @@ class Layout:
     max_staleness: int = 0  # trainer.async_training.max_staleness
     async_mode: str = ""  # trainer.async_training.mode with producers
     lora_rank: int = 0  # actor.lora.rank: adapters trained, the reference the actor with them off (0 = off)
+    expert_parallel: int = 1  # actor.expert_parallel_size: ranks of the dp x sp group that split the routed experts
+    expert_data_parallel: int = 1  # edp: the ranks of the dp x sp group that hold the same experts, (dp x sp) / ep
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """``rank``'s place on the mesh (dp, pp, sp, tp; the last the innermost): its coordinates."""
         tp, sp, pp = self.tensor_parallel, self.sequence_parallel, self.pipeline_parallel
         return {"dp": rank // (tp * sp * pp), "pp": rank // (tp * sp) % pp, "sp": rank // tp % sp, "tp": rank % tp}
+
+    def expert_coordinates(self, rank: int) -> dict[str, int]:
+        """``rank``'s place on the (edp, ep) split of the dp x sp group (ep innermost): ep picks its experts."""
+        c = self.coordinates(rank)
+        flat = c["dp"] * self.sequence_parallel + c["sp"]
+        return {"edp": flat // self.expert_parallel, "ep": flat % self.expert_parallel}
 
 
 @dataclass
@@ -443,6 +451,12 @@ class Memory:
     routed_parameters: int = 0  # a mixture of experts' routed experts, all of them (0: dense, or counted on meta)
     expert_states: int = 0  # bytes per rank of the routed experts' params + grads + optimizer + reference
     flops_per_token: int = 0  # a forward's matmul FLOPs per token: 2 x the active weights that multiply (0: unknown)
+    expert_parallel: int = 1  # actor.expert_parallel_size
+    experts_per_rank: int = 0  # routed experts of each sparse layer on one rank: E / ep (0: dense, or counted on meta)
+    expert_shards: int = 1  # the routed experts' states divided by this: ep (x edp under FSDP2); `shards` at ep 1
+    all_to_all_forward: int = 0  # bytes one rank sends per sparse layer per micro-batch, forward (dispatch + combine)
+    all_to_all_update: int = 0  # the same, forward and backward (the update's micro-batches)
+    all_to_all_micro_batch: int = 0  # all_to_all_update over this rank's sparse layers: one update micro-batch
 
 
 @dataclass
@@ -511,7 +525,8 @@ def make_layout(cfg: Config) -> Layout:
         tensor_parallel=tp, data_parallel=dp, rollout_tensor_parallel=rollout_tp,
         sequence_parallel=sp, pipeline_parallel=pp, pipeline_schedule=actor.pipeline_schedule,
         pipeline_layers=tuple(actor.pipeline_layers), pipeline_bubble=_bubble(actor, pp, mb_per_rank * n, longest),
-        lora_rank=actor.lora.rank)
+        lora_rank=actor.lora.rank, expert_parallel=actor.expert_parallel_size,
+        expert_data_parallel=max(dp * sp // actor.expert_parallel_size, 1))
 
 
 def pipeline_micro_batches(actor, pp: int, sequences: int, longest: int) -> int:
@@ -607,7 +622,8 @@ def lora_adapters(cfg: Config, config, layout: Optional[Layout] = None) -> Optio
 
 
 def _moe_formulas(config, layout: Layout, b: int, shards: int, routed: int, routed_held: int, per_param: int,
-                  lora: bool, reference: bool, total: int, active: int, flops: int) -> dict[str, str]:
+                  lora: bool, reference: bool, total: int, active: int, flops: int,
+                  tokens: int = 0) -> dict[str, str]:
     """How the active parameters, the routed experts' states and the FLOPs per token are counted."""
     out = {"flops": (f"a forward: 2 x {human_count(flops // 2)} weights that multiply (the active parameters less the "
                      f"embedding lookup and the norms, the output layer counted); the update x 3 (its backward "
@@ -625,16 +641,42 @@ def _moe_formulas(config, layout: Layout, b: int, shards: int, routed: int, rout
     states = (f"params {b}" + ("" if lora else f" + grads {b} + AdamW {OPTIMIZER_BYTES}")
               + (f" + reference {b}" if reference else ""))
     stages = " (this rank's stages)" if layout.pipeline_parallel > 1 else ""
+    ep, edp = layout.expert_parallel, layout.expert_data_parallel
+    if ep > 1:
+        n = ex.experts // ep
+        over = (f" / edp {edp}: FSDP2 shards each slice over the {edp} ranks that hold the same experts"
+                if layout.strategy == "fsdp2" and edp > 1 else
+                f"; the {edp} edp ranks of an ep coordinate each hold its slice whole (actor.strategy="
+                f"{layout.strategy})" if edp > 1 else "")
+        out["experts"] = (f"actor.expert_parallel_size {ep}: {ex.experts} / {ep} = {n} experts per rank x {ex.layers} "
+                          f"sparse layers x 3 x {model_shape(config).hidden} x "
+                          f"{ex.intermediate} = {routed_held // ep:,} parameters x ({states}) B{over}; included in "
+                          f"the states above")
+        h = model_shape(config).hidden
+        out["all_to_all"] = (f"dispatch + combine: 2 x {tokens:,} tokens x k {ex.per_token} x {h} x {b} B "
+                             f"(model.dtype) x (ep - 1) / ep = {ep - 1}/{ep} (the share of a rank's token rows whose "
+                             f"experts are on other ranks, with a balanced router), per rank, forward")
+        out["all_to_all_micro_batch"] = (f"x 2 with the backward (the reverse exchanges) x {ex.layers} sparse layers: "
+                                         f"one update micro-batch; the old-log-prob and reference passes' forwards "
+                                         f"send half of it")
+        return out
     if shards > 1 and layout.strategy == "fsdp2":
         where = f"/ {shards}: FSDP2 shards them like any weight"
     elif layout.world_size > 1:
         where = f"every rank holds every expert (actor.strategy={layout.strategy}: all {ex.experts} of each layer)"
     else:
         where = f"one rank holds all {ex.experts} experts of each layer"
-    out["experts"] = (f"{routed_held:,} routed-expert parameters{stages} x ({states}) B; {where}; expert parallelism "
-                      f"would split this part, {ex.experts}/ep experts per rank (verirl has none yet: the states "
-                      f"above include it)")
+    out["experts"] = (f"{routed_held:,} routed-expert parameters{stages} x ({states}) B; {where}; "
+                      f"actor.expert_parallel_size=ep splits this part, {ex.experts}/ep experts per rank (included in "
+                      f"the states above)")
     return out
+
+
+def _per_rank(rest: int, experts: int, per: int, shards: int, expert_shards: int) -> int:
+    """Bytes per rank of ``rest`` parameters divided by ``shards`` and ``experts`` by ``expert_shards``."""
+    if expert_shards == shards:
+        return (rest + experts) * per // shards
+    return rest * per // shards + experts * per // expert_shards
 
 
 def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
@@ -668,10 +710,18 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     adapters = lora_adapters(cfg, config, layout)
     extra = adapters.held if adapters else 0  # the adapters' parameters beside the frozen base's
     trained = extra if adapters else held  # what gets gradients and AdamW's moments
-    params = (held + extra) * b // shards
-    grads = trained * b // shards
-    optimizer = trained * OPTIMIZER_BYTES // shards
-    reference = held * b // shards if layout.reference_pass and adapters is None else 0
+    active, routed = count_active(config) if counted == "formula" else (total, 0)
+    # the routed experts' share of the states: every one on every rank without expert parallelism (FSDP2 shards them
+    # like any weight); a pipeline rank holds its layers' experts; expert parallel: E/ep per rank, / edp under FSDP2
+    routed_held = routed * _layers_held(config, layout) // shape.layers
+    ep, edp = layout.expert_parallel, layout.expert_data_parallel
+    expert_shards = shards if ep == 1 or not routed else ep * (edp if layout.strategy == "fsdp2" else 1)
+    trained_experts = 0 if adapters else routed_held
+    params = _per_rank(held + extra - routed_held, routed_held, b, shards, expert_shards)
+    grads = _per_rank(trained - trained_experts, trained_experts, b, shards, expert_shards)
+    optimizer = _per_rank(trained - trained_experts, trained_experts, OPTIMIZER_BYTES, shards, expert_shards)
+    reference = _per_rank(held - routed_held, routed_held, b, shards, expert_shards) \
+        if layout.reference_pass and adapters is None else 0
     if layout.token_budget > 0:
         tokens = layout.token_budget
     else:
@@ -698,18 +748,19 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     kv_cache = shape.layers * shape.cache_width * b * layout.max_sequence_length * layout.sequences_per_generate_call \
         // (tp if split else 1)
     whole = total + (adapters.parameters if adapters else 0)
-    rollout_params = params if split else whole * b + (params if shards > 1 else 0)
+    rollout_params = params if split else whole * b + (params if shards > 1 or expert_shards > 1 else 0)
     # FSDP2 inside pipeline stages keeps each stage's layers gathered through a pass and its gradients whole
     # until the schedule's end: the stage's whole parameters and gradients instead of their shards
     gathered = ((held + extra) * b // tp + trained * b // tp - params - grads
                 if layout.pipeline_parallel > 1 and shards > tp else 0)
     update = params + grads + optimizer + reference + activations + output_layer + gathered
-    active, routed = count_active(config) if counted == "formula" else (total, 0)
-    # the routed experts' share of the states: every one on every rank without expert parallelism (FSDP2 shards them
-    # like any weight); a pipeline rank holds its layers' experts
-    routed_held = routed * _layers_held(config, layout) // shape.layers
     per_expert_param = b + (0 if adapters else b + OPTIMIZER_BYTES) + (b if reference else 0)
-    expert_states = routed_held * per_expert_param // shards
+    expert_states = routed_held * per_expert_param // expert_shards
+    ex = moe_experts(config) if routed else None
+    # dispatch + combine: each of a rank's tokens x k rows of h leaves it when its expert is elsewhere, (ep - 1) / ep
+    # of them with a balanced router; the backward sends the gradients back the same way
+    a2a = 2 * tokens * ex.per_token * shape.hidden * b * (ep - 1) // ep if ex is not None and ep > 1 else 0
+    sparse_held = ex.layers * _layers_held(config, layout) // shape.layers if ex is not None else 0
     # the output layer multiplies by the embedding matrix when tied to it
     flops = 2 * (active - parts["embeddings"] - parts["norms"] + (parts["embeddings"] if shape.tied else 0)) \
         if parts else 0
@@ -717,16 +768,22 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
     where = " x ".join(part for part in (
         f"sharded over the {layout.data_parallel} data-parallel ranks (actor.strategy=fsdp2)"
         if layout.strategy == "fsdp2" and layout.data_parallel > 1 else "",
-        f"split over the tensor-parallel group of {tp}" if tp > 1 else "") if part)
+        f"split over the tensor-parallel group of {tp}" if tp > 1 else "",
+        f"the routed experts {ex.experts // ep} of {ex.experts} per rank (actor.expert_parallel_size={ep})"
+        + (f", each slice sharded over edp {edp}" if layout.strategy == "fsdp2" and edp > 1 else "")
+        if ex is not None and ep > 1 else "") if part)
     count = f"{held:,} (this rank's stages, of {total:,})" if layout.pipeline_parallel > 1 else f"{total:,}"
-    over = f" / {shards}" if shards > 1 else ""
+    over = over_rest = f" / {shards}" if shards > 1 else ""
+    if expert_shards != shards:  # expert parallel without FSDP2: the routed experts 1/ep, the rest whole
+        count, over = f"({held - routed_held:,}{over} + {routed_held:,} routed experts / {expert_shards})", ""
     if adapters:
         ad = f"{extra:,} (this rank's stages, of {adapters.parameters:,})" if layout.pipeline_parallel > 1 \
             else f"{extra:,}"
         state_formulas = {
-            "params": f"({count} frozen + {ad} adapters) x {b} B ({cfg.model.dtype}){over}",
-            "grads": f"the adapters only: {ad} x {b} B{over}",
-            "optimizer": f"AdamW over the adapters only: 2 x float32 = {OPTIMIZER_BYTES} B x {ad}{over}",
+            "params": f"({count} frozen + {ad} adapters{over_rest if expert_shards != shards else ''}) x {b} B "
+                      f"({cfg.model.dtype}){over}",
+            "grads": f"the adapters only: {ad} x {b} B{over_rest}",
+            "optimizer": f"AdamW over the adapters only: 2 x float32 = {OPTIMIZER_BYTES} B x {ad}{over_rest}",
             "reference": ("0: the base with the adapters off (actor.lora), no copy" if layout.reference_pass
                           else "algo.kl_coef=0: no reference model"),
         }
@@ -742,7 +799,7 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         **state_formulas,
         "model_states": "params + grads + optimizer + reference (what a run's perf/model_states_gb measures)",
         **_moe_formulas(config, layout, b, shards, routed, routed_held, per_expert_param, adapters is not None,
-                        bool(reference), total, active, flops),
+                        bool(reference), total, active, flops, tokens),
         "activations": (f"{tokens:,} tokens x {shape.layers} layers x (8 x {shape.hidden} + "
                         + (f"4 x {kv_width} + 4 x {shape.active_intermediate:g}" if tp == 1 else
                            f"(4 x {kv_width} + 4 x {shape.active_intermediate:g}) / tp {tp}")
@@ -759,7 +816,8 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
                      + f"{layout.max_sequence_length} tokens x {layout.sequences_per_generate_call} sequences per "
                      f"generate call" + (f" / {tp} (this rank's heads)" if split else "")),
         "rollout_params": ("this rank's split parameters (the native engine decodes on the tensor-parallel plan)"
-                           if split else "the full parameters, gathered for generation, + the shard" if shards > 1
+                           if split else "the full parameters, gathered for generation, + the shard"
+                           if shards > 1 or expert_shards > 1
                            else "the parameters"),
         "update_phase": "params + grads + optimizer + reference + activations + output layer" + (
             f" + the stages' whole parameters and gradients during a pass ({human_bytes(gathered)} beyond their "
@@ -781,8 +839,15 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
         "packing and prompt sharing make real forwards shorter than the worst case counted here "
         "(every sequence at data.max_prompt_length + rollout.max_new_tokens)",
     ]
-    ex = moe_experts(config) if routed else None
-    if ex is not None and shards > 1:
+    if ex is not None and ep > 1:
+        if layout.strategy == "fsdp2" and edp > 1:
+            leaves_out.append(f"FSDP2's all-gather of a sparse layer's expert slice over the {edp} edp ranks holds "
+                              f"its {ex.experts // ep} experts whole: "
+                              f"{human_bytes(ex.experts // ep * 3 * shape.hidden * ex.intermediate * b)} per layer")
+        leaves_out.append("the all-to-alls' buffers (the rows sent and received) and an unbalanced router: a rank "
+                          "whose experts get more than 1/ep of the rows computes and keeps more; the experts "
+                          "gathered whole for each generate call are counted in the rollout phase")
+    elif ex is not None and shards > 1:
         leaves_out.append(f"FSDP2's all-gather of a sparse layer holds all its {ex.experts} experts whole: "
                           f"{human_bytes(ex.experts * 3 * shape.hidden * ex.intermediate * b)} per layer")
     if adapters:
@@ -796,7 +861,9 @@ def estimate_memory(cfg: Config, layout: Layout, config) -> Memory:
                   trained_share=adapters.parameters / whole if adapters else 1.0,
                   model_states=params + grads + optimizer + reference, adapters=adapters,
                   active_parameters=active, routed_parameters=routed, expert_states=expert_states,
-                  flops_per_token=flops)
+                  flops_per_token=flops, expert_parallel=ep, experts_per_rank=ex.experts // ep if ex else 0,
+                  expert_shards=expert_shards, all_to_all_forward=a2a, all_to_all_update=2 * a2a,
+                  all_to_all_micro_batch=2 * a2a * sparse_held)
 
 
 def make_plan(cfg: Config, source: str = "tiny", cores: Optional[int] = None,
@@ -839,11 +906,14 @@ def human_flops(n: float) -> str:
 def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
     """The mesh and each rank's coordinates on it, when there is more than data parallelism."""
     tp, sp, pp, dp = L.tensor_parallel, L.sequence_parallel, L.pipeline_parallel, L.data_parallel
-    if tp * sp * pp == 1:
+    ep, edp = L.expert_parallel, L.expert_data_parallel
+    if tp * sp * pp == 1 and ep == 1:
         return []
     dims = [(name, size) for name, size in (("dp", dp), ("pp", pp), ("sp", sp), ("tp", tp)) if size > 1 or name == "dp"]
     shown = range(min(L.world_size, 8))
-    coords = "; ".join(f"rank {r}: " + ", ".join(f"{name} {L.coordinates(r)[name]}" for name, _ in dims) for r in shown)
+    coords = "; ".join(f"rank {r}: " + ", ".join(
+        [f"{name} {L.coordinates(r)[name]}" for name, _ in dims]
+        + ([f"{name} {L.expert_coordinates(r)[name]}" for name in ("edp", "ep")] if ep > 1 else [])) for r in shown)
     what = []
     if tp > 1:
         groups = ", ".join("[" + ", ".join(str(g * tp + j) for j in range(tp)) + "]"
@@ -855,11 +925,18 @@ def _mesh_rows(L: Layout) -> list[tuple[str, str, str]]:
                     f"exchanged around attention)")
     if pp > 1:
         what.append(f"pipelines of {pp} stages (decoder layers per rank, the tied embedding on both end stages)")
+    if ep > 1:
+        n = L.world_size // (tp * pp * ep)
+        groups = ", ".join(f"[{g * ep}..{g * ep + ep - 1}]" for g in range(min(n, 4)))
+        what.append(f"the dp x sp group of {dp * sp} laid out as (edp {edp}, ep {ep}), ep innermost: expert-parallel "
+                    f"groups of {ep} consecutive data-parallel ranks {groups}{', ...' if n > 4 else ''} (E/ep "
+                    f"routed experts per rank, tokens dispatched and combined by all-to-all); the {edp} edp ranks of "
+                    f"an ep coordinate hold the same experts")
     sizes = " x ".join(f"actor.{k}_parallel_size {v}" for k, v in (("tensor", tp), ("sequence", sp), ("pipeline", pp))
                        if v > 1)
-    rows = [("mesh", " x ".join(f"{name} {size}" for name, size in dims),
-             f"world {L.world_size} / {sizes}; " + "; ".join(what) + "; data and gradients over dp"
-             + (" x sp" if sp > 1 else "")),
+    rows = [("mesh", " x ".join(f"{name} {size}" for name, size in dims) + (f" (edp {edp} x ep {ep})" if ep > 1 else ""),
+             f"world {L.world_size}" + (f" / {sizes}" if sizes else "") + "; " + "; ".join(what)
+             + "; data and gradients over dp" + (" x sp" if sp > 1 else "")),
             ("coordinates", f"{L.world_size} ranks", coords + ("; ..." if L.world_size > 8 else ""))]
     if pp > 1:
         rows.append(("pipeline schedule", L.pipeline_schedule,
@@ -974,6 +1051,9 @@ def _rows(plan: Plan) -> list[tuple[str, str, str]]:
              ("reference model", human_bytes(M.reference), f["reference"]),
              ("model states", human_bytes(M.model_states), f["model_states"]),
              *([("routed experts' states", human_bytes(M.expert_states), f["experts"])] if M.routed_parameters else []),
+             *([("all-to-all per sparse layer", human_bytes(M.all_to_all_forward), f["all_to_all"]),
+                ("all-to-all per micro-batch", human_bytes(M.all_to_all_micro_batch), f["all_to_all_micro_batch"])]
+               if M.all_to_all_forward else []),
              ("activations", human_bytes(M.activations), f["activations"]),
              ("output layer", human_bytes(M.output_layer), f["output_layer"]),
              ("rollout KV cache", human_bytes(M.kv_cache), f["kv_cache"]),
