@@ -502,11 +502,16 @@ def test_mindspeed_max_packing_token_size_reaches_the_critic_only():
 
 def test_mindspeed_pipeline_layouts_of_the_peers():
     """DeepSeek-R1 on 256 NPUs: tensor parallel 4 x pipeline parallel 8 with uneven stages (num_layer_list
-    7,7,8,8,8,8,8,7); Qwen2.5-7B on tensor parallel 2 x pipeline parallel 2. Both sizes are written as MindSpeed-RL ran
-    them, one group of tp x pp ranks, which verirl runs, its generation on vLLM too."""
+    7,7,8,8,8,8,8,7); Qwen2.5-7B on tensor parallel 2 x pipeline parallel 2. The pipeline sizes are written as
+    MindSpeed-RL ran them, one group of tp x pp ranks, which verirl runs, its generation on vLLM too; DeepSeek-R1's
+    tensor parallelism becomes 1 (verirl's MoE layers have no tensor-parallel plan) and its expert parallelism inside
+    the stages a decision."""
     result = convert("mindspeed-rl", MS_R1)
     assert (result.get("actor.tensor_parallel_size"), result.get("actor.pipeline_parallel_size"),
-            result.get("trainer.nproc_per_node")) == (4, 8, 32)
+            result.get("trainer.nproc_per_node")) == (1, 8, 32)
+    assert result.row("actor_config.tensor_model_parallel_size").status == "decide"
+    ep = result.row("actor_config.expert_model_parallel_size")
+    assert ep.status == "decide" and "inside 8 pipeline stages" in ep.note and result.get("actor.expert_parallel_size") is None
     assert result.get("actor.pipeline_layers") == [7, 7, 8, 8, 8, 8, 8, 7]
     assert result.row("actor_config.num_layer_list").status == "translated"
     pp = result.row("actor_config.pipeline_model_parallel_size")

@@ -869,3 +869,73 @@ def run(args) -> int:
         print_table(result, sys.stderr)
         sys.stdout.write(text)
     return 0
+
+
+# ---------------------------------------------------------------- mixture-of-experts layouts (both formats)
+
+def fit_experts(t: Translation, peer: str, ep: int, ep_keys: Sequence[str], etp: int, etp_key: str,
+                tp_key: str) -> None:
+    """A mixture-of-experts run's layout as verirl builds it (docs/moe.md): ``ep`` (from ``ep_keys``) as
+    actor.expert_parallel_size with whole checkpoints (the sharded format places no expert slices) on a world it
+    divides; experts whole on their rank (expert tensor parallel ``etp`` from ``etp_key``: 1 only); no tensor
+    parallelism (verirl's expert layers have no tensor-parallel plan: actor.tensor_parallel_size from ``tp_key``
+    becomes 1); no expert parallelism inside pipeline stages."""
+    import math
+
+    if etp == 1:
+        t.translated(etp_key, "experts whole on their rank (expert tensor parallel 1), verirl's "
+                              "actor.expert_tensor_parallel_size 1")
+    else:
+        t.decide(etp_key, f"{peer} cut each expert's matrices over {etp} ranks (expert tensor parallel {etp}); not "
+                          f"built in verirl: each expert stays whole on its rank (actor.expert_tensor_parallel_size=1, "
+                          f"the default); the same maths, more expert memory per rank (verirl plan shows it)")
+    tp = int(t.out.get("actor.tensor_parallel_size", 1))
+    if tp > 1:
+        t.put("actor.tensor_parallel_size", 1, tp_key,
+              note=f"{peer} split the attention and dense layers over {tp} ranks; verirl's mixture-of-experts "
+                   f"layers have no tensor-parallel plan (verirl train refuses tensor parallelism on a MoE model): "
+                   f"actor.tensor_parallel_size=1 written, the experts split by actor.expert_parallel_size instead")
+        t.decide(tp_key, f"tensor parallelism {tp} on a mixture-of-experts model: each rank holds the whole "
+                         f"attention and dense weights in verirl; check the memory with `verirl plan`")
+        if t.out.get("rollout.engine") != "vllm" and t.out.get("rollout.tensor_parallel_size") == tp:
+            t.put("rollout.tensor_parallel_size", 1, *t.out_from.get("rollout.tensor_parallel_size", []),
+                  note="1: the actor is not tensor parallel, verirl's engine decodes with the whole weights on each rank")
+    if ep <= 1:
+        for key in ep_keys:
+            t.ignore(key, "1: none")
+        return
+    pp = int(t.out.get("actor.pipeline_parallel_size", 1))
+    if pp > 1:
+        for key in ep_keys:
+            t.decide(key, f"expert parallelism {ep} inside {pp} pipeline stages: not built in verirl (refused); "
+                          f"actor.expert_parallel_size 1 left, every rank of a stage holds all its layers' experts; "
+                          f"or actor.pipeline_parallel_size=1 with actor.expert_parallel_size={ep}")
+        return
+    t.put("actor.expert_parallel_size", ep, *ep_keys,
+          note=f"ranks that split the routed experts, in both: E/{ep} experts per rank, tokens dispatched to them "
+               f"and combined by all-to-all; the same log-probs as one rank (docs/moe.md)")
+    t.put("trainer.checkpoint_format", "whole", *ep_keys,
+          note="expert parallel needs whole checkpoints in verirl (the sharded format places no expert slices): "
+               "the experts gathered, rank 0 writes, resumable on any expert-parallel size")
+    nproc, nnodes = int(t.out.get("trainer.nproc_per_node", 1)), int(t.out.get("trainer.nnodes", 1))
+    sp = int(t.out.get("actor.sequence_parallel_size", 1))
+    if (nproc * nnodes) % ep:
+        written = math.lcm(nproc, ep, sp)
+        t.put("trainer.nproc_per_node", written, *t.out_from.get("trainer.nproc_per_node", []), *ep_keys,
+              note=f"actor.expert_parallel_size={ep} divides the data-parallel x sequence-parallel ranks: "
+                   f"trainer.nproc_per_node={written} written, the fewest that hold it; set trainer.nproc_per_node "
+                   f"/ nnodes for this machine, a multiple of {ep} ranks in all")
+
+
+def aux_scale_words(coef: float, layers: Optional[int], top_k: Optional[int]) -> str:
+    """The decide note of a Megatron load-balancing coefficient written as algo.moe_aux_loss_coef: Megatron adds
+    coef x the Switch loss of each MoE layer (token shares of the top-k assignments), summed over the layers;
+    verirl's (transformers' load_balancing_loss_func) pools the layers' tokens and counts every top-k assignment,
+    top_k times Megatron's per-layer value."""
+    scale = (f": with the run's {layers} layers and top-{top_k}, {coef:g} x {layers} / {top_k} = "
+             f"{coef * layers / top_k:g}" if layers and top_k else " (L: the MoE layers, k: the router's top-k, "
+                                                                     "in config.json)")
+    return (f"{coef:g} written; Megatron adds {coef:g} x each MoE layer's Switch loss (summed over the layers, token "
+            f"shares of the top-k picks), verirl's transformers' loss pools the layers and counts the top-k picks "
+            f"(k x Megatron's per-layer value): the same pull per router is algo.moe_aux_loss_coef = coef x L / k"
+            f"{scale}")

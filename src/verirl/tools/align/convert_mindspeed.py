@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
-                                       megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, aux_scale_words, calls_per_turn_words,
+                                       fit_experts, fit_multi_turn, megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
                                        tool_config_rows)
 
 MT, AC, RL, GEN = "megatron_training.", "actor_config.", "rl_config.", "generate_config."
@@ -762,10 +762,11 @@ def _data_and_model(t: Translation, version: str) -> None:
         model_keys = [k for k in t.under(str(name)) + t.under(f"model.{name}")
                       if not k.startswith(("megatron_training.", "actor_config."))]
         for key in model_keys:
-            if key.rsplit(".", 1)[1] not in NUMERICS:
+            if key.rsplit(".", 1)[1] not in NUMERICS and key.rsplit(".", 1)[1] not in MOE_KEYS:
                 t.ignore(key, "the architecture: verirl reads it from model.path's config.json")
         for key in t.under("model"):
-            t.ignore(key, f"a model YAML this config does not use (megatron_training.model is {name})")
+            if key not in model_keys:
+                t.ignore(key, f"a model YAML this config does not use (megatron_training.model is {name})")
     else:
         model_keys = []
     numerics, sources = {}, []
@@ -893,6 +894,108 @@ def _layout(t: Translation) -> None:
                             [_actor_key(t, "pipeline_model_parallel_size")],
                             lambda: (f"MindSpeed-RL's actor had {t.get(RL + 'actor_resource.num_npus')} NPUs"
                                      if t.get(RL + "actor_resource.num_npus", None) else ""))
+
+
+# The MoE keys _experts reads, wherever they are set (actor_config, megatron_training, the model YAML).
+MOE_KEYS = ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_tp_extend_ep", "num_experts",
+            "moe_router_topk", "moe_grouped_gemm", "moe_aux_loss_coeff", "moe_router_load_balancing_type",
+            "moe_token_dispatcher_type", "moe_permutation_async_comm", "use_fused_moe_token_permute_and_unpermute",
+            "moe_alltoall_overlap_comm")
+_MOE_IGNORED = {
+    "num_experts": "the model's shape: verirl reads the experts from model.path's config.json",
+    "moe_router_topk": "the model's shape: verirl reads the router's top-k from model.path's config.json",
+    "moe_token_dispatcher_type": "how Megatron moves tokens to their experts (allgather / alltoall / alltoall_seq): "
+                                 "communication, not maths; verirl's expert parallel dispatches and combines by "
+                                 "all-to-all, with no token dropping",
+    "moe_permutation_async_comm": "overlaps the token permutation with communication: scheduling, not maths",
+    "use_fused_moe_token_permute_and_unpermute": "a fused kernel for the token permutation: the same maths",
+    "moe_alltoall_overlap_comm": "overlaps the all-to-all with computation: scheduling, not maths"}
+
+
+def _moe_keys(t: Translation, leaf: str) -> list[str]:
+    """The given keys named ``leaf``, the one MindSpeed-RL reads first: actor_config, megatron_training, the model
+    YAML (top level or under model:)."""
+    name = t.get(_actor_key(t, "model"), None)
+    where = [AC + leaf, MT + leaf] + ([f"{name}.{leaf}", f"model.{name}.{leaf}"] if name is not None else [])
+    return [k for k in where if t.given(k)]
+
+
+def _moe_value(t: Translation, leaf: str) -> Any:
+    keys = _moe_keys(t, leaf)
+    return t.get(keys[0]) if keys else None
+
+
+def _moe(t: Translation, leaf: str, default: Any = None) -> tuple[Any, str]:
+    """(the value MindSpeed-RL runs with, the key it came from: the first of `_moe_keys`, else actor_config's);
+    the others are rows that say which one wins."""
+    keys = _moe_keys(t, leaf)
+    for other in keys[1:]:
+        t.ignore(other, f"{keys[0]} wins")
+    return (t.get(keys[0]), keys[0]) if keys else (default, AC + leaf)
+
+
+def _experts(t: Translation) -> None:
+    """A MoE model's settings (a model with num_experts, or expert parallelism above 1): the expert layout
+    (fit_experts; moe_tp_extend_ep spreads the experts over the tensor-parallel ranks too, so Megatron's tp x ep
+    ranks are verirl's expert-parallel group), the grouped expert product, the load-balancing loss; the rest
+    communication and the model's shape."""
+    experts = _moe_value(t, "num_experts")
+    ep, ep_key = _moe(t, "expert_model_parallel_size", 1)
+    ep = int(ep or 1)
+    for leaf, why in _MOE_IGNORED.items():
+        for key in _moe_keys(t, leaf):
+            t.ignore(key, why)
+    grouped, grouped_key = _moe(t, "moe_grouped_gemm", False)
+    if t.given(grouped_key):
+        if grouped:
+            t.translated(grouped_key, "the experts computed as one grouped product (torch's _grouped_mm), as verirl "
+                                      "always does")
+        else:
+            t.ignore(grouped_key, "false: a loop over the experts, the same maths; verirl computes them as one "
+                                  "grouped product")
+    if not experts and ep <= 1:
+        for leaf in ("expert_tensor_parallel_size", "moe_tp_extend_ep", "moe_aux_loss_coeff",
+                     "moe_router_load_balancing_type"):
+            for key in _moe_keys(t, leaf):
+                t.ignore(key, "a dense model (no num_experts, expert parallel 1)")
+        return
+    tp_key = _actor_key(t, "tensor_model_parallel_size")
+    tp = int(t.out.get("actor.tensor_parallel_size", 1))
+    extend, extend_key = _moe(t, "moe_tp_extend_ep", False)
+    etp_value, etp_key = _moe(t, "expert_tensor_parallel_size")
+    ep_keys = [ep_key] if t.given(ep_key) else []
+    if extend and tp > 1:
+        t.translated(extend_key, f"Megatron spreads the experts over the tensor-parallel ranks too (each expert whole): "
+                                 f"tensor parallel {tp} x expert parallel {ep} = {tp * ep} ranks, verirl's "
+                                 f"actor.expert_parallel_size={tp * ep}", ["actor.expert_parallel_size"])
+        ep, ep_keys = tp * ep, ep_keys + [extend_key]
+    elif t.given(extend_key):
+        t.ignore(extend_key, "tensor parallel 1: nothing to extend" if extend else "false: off")
+    etp = int(etp_value) if etp_value is not None else (1 if extend else tp)  # Megatron: unset is the tensor size
+    fit_experts(t, "MindSpeed-RL", ep, ep_keys, etp, etp_key, tp_key)
+    _aux_loss(t)
+
+
+def _aux_loss(t: Translation) -> None:
+    """Megatron's load-balancing loss (moe_aux_loss_coeff with moe_router_load_balancing_type aux_loss, Megatron's
+    default type) as algo.moe_aux_loss_coef."""
+    coef, coef_key = _moe(t, "moe_aux_loss_coeff", 0.0)
+    kind, type_key = _moe(t, "moe_router_load_balancing_type", "aux_loss")
+    coef = float(coef or 0)
+    if kind == "none" or coef == 0:
+        t.ignore(coef_key, f"{coef:g} with load balancing {kind}: off, verirl's algo.moe_aux_loss_coef 0")
+        t.ignore(type_key, f"{kind}: no load-balancing loss" if coef else f"{kind}, with coefficient 0: off")
+        return
+    _, layers = _num_layers(t)
+    top_k = _moe_value(t, "moe_router_topk")
+    t.put("algo.moe_aux_loss_coef", coef, coef_key, *([type_key] if t.given(type_key) else []),
+          note="the Switch load-balancing loss added times this, in both")
+    t.decide(coef_key, aux_scale_words(coef, int(layers) if layers else None, int(top_k) if top_k else None))
+    if kind == "seq_aux_loss":
+        t.decide(type_key, "seq_aux_loss balances each sequence; verirl's Switch loss balances the whole batch")
+    elif kind != "aux_loss":
+        t.decide(type_key, f"{kind}: verirl's only load-balancing loss is the Switch loss over the batch "
+                           f"(Megatron's aux_loss)")
 
 
 def _ints(value: Any) -> list[int]:
@@ -1152,4 +1255,5 @@ def translate(t: Translation) -> None:
     _reward(t, version)
     _data_and_model(t, version)
     _layout(t)
+    _experts(t)
     fit_multi_turn(t, "MindSpeed-RL")

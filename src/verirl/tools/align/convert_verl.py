@@ -36,9 +36,9 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, calls_per_turn_words, fit_multi_turn,
-                                       megatron_lora_targets, model_parallel_fits, peer_tables, pipeline_stages,
-                                       tool_config_rows)
+from verirl.tools.align.convert import (Direct, NeedsDecision, Translation, aux_scale_words, calls_per_turn_words,
+                                       fit_experts, fit_multi_turn, megatron_lora_targets, model_parallel_fits,
+                                       peer_tables, pipeline_stages, tool_config_rows)
 from verirl.tools.align.convert_verl_rewards import reward_manager_key, translate_distillation, translate_rewards
 
 A = "actor_rollout_ref.actor."
@@ -981,6 +981,8 @@ def _model(t: Translation) -> None:
         leaf = key.rsplit(".", 1)[1]
         if leaf in STAGE_SPLIT:
             _stage_split(t, key, leaf)
+        elif leaf in MOE_LOSS:
+            continue  # _experts'
         elif not any(fnmatchcase(key, pattern) for pattern, _ in IGNORED if "override_transformer_config" in pattern):
             t.decide(key, f"a Megatron transformer-config override ({leaf}={t.get(key)}): if it changes the model's "
                           f"numerics, set the same in model.override_config (check with `verirl doctor`)")
@@ -1623,6 +1625,98 @@ def _rollout_layout(t: Translation, tp: int) -> None:
                       f"the model fits one device")
 
 
+# ---------------------------------------------------------------- mixture-of-experts models
+
+OTC = MG + "override_transformer_config."
+MOE_LOSS = ("moe_aux_loss_coeff", "moe_router_load_balancing_type")  # Megatron's load-balancing loss: _experts'
+RR = A + "router_replay."
+
+
+def _experts(t: Translation) -> None:
+    """A MoE run's settings: Megatron's expert parallel sizes (fit_experts: verirl's layout), the routing replay
+    mode, the load-balancing loss's coefficient; the rollout's own expert parallelism is placement (verl.yaml)."""
+    ep_key, etp_key = MG + "expert_model_parallel_size", MG + "expert_tensor_parallel_size"
+    if not _megatron(t):
+        for key in (ep_key, etp_key):
+            t.ignore(key, f"read by veRL's Megatron workers only; actor.strategy is {t.get(A + 'strategy')}")
+    else:
+        etp_value = t.get(etp_key, None)
+        tp = _size(t, MG + "tensor_model_parallel_size")
+        etp = tp if etp_value is None else int(etp_value)  # Megatron: null is the tensor-parallel size
+        if etp_value is None and t.given(etp_key):
+            t.note(etp_key, f"null: Megatron takes the tensor-parallel size ({tp})")
+        if _size(t, ep_key) > 1:  # a MoE model (veRL's file does not say otherwise)
+            fit_experts(t, "veRL", _size(t, ep_key), [ep_key], etp, etp_key, MG + "tensor_model_parallel_size")
+        else:
+            t.ignore(ep_key, "1: none")
+            if etp == 1:
+                t.ignore(etp_key, "1: none")
+            else:
+                t.ignore(etp_key, f"{etp}: read with expert parallelism, which is 1 here (a dense model, or every "
+                                  f"rank holds every expert as in verirl)")
+    _router_replay(t)
+    _aux_loss(t)
+
+
+def _router_replay(t: Translation) -> None:
+    """router_replay.mode: veRL's disabled / R2 / R3 are verirl's algo.router_replay off / R2 / R3 (R3 on verirl's
+    native engine, which records the experts it routed to; verirl's vllm engine returns none)."""
+    key, rollout_key = RR + "mode", R + "enable_rollout_routing_replay"
+    mode = str(t.get(key, "disabled"))
+    if mode.lower() in ("disabled", "none", "off", "false"):
+        t.ignore(key, "disabled: every pass routes by its own router, verirl's algo.router_replay off (the default)")
+        return
+    engine = t.out.get("rollout.engine", "native")
+    if mode.upper() == "R2":
+        t.put("algo.router_replay", "R2", key,
+              note="the update routes by the experts the trainer's old-log-prob pass chose, in both")
+    elif mode.upper() == "R3" and engine == "native":
+        t.put("algo.router_replay", "R3", key, *([rollout_key] if t.given(rollout_key) else []),
+              note="the old-log-prob pass and the update route by the experts the rollout engine chose, in both "
+                   "(verirl's native engine records them)")
+    elif mode.upper() == "R3":
+        t.put("algo.router_replay", "R2", key, note="R2 written")
+        t.decide(key, f"R3 replays the rollout engine's experts; verirl's {engine} engine returns none (vLLM's "
+                      f"routed experts are not read in this version): algo.router_replay=R2 written (the trainer's "
+                      f"own routes of the old-log-prob pass), or rollout.engine=native with R3")
+        t.translated(rollout_key, "the rollout engine's routes, for R3")
+    else:
+        t.decide(key, f"mode {mode}: verirl's algo.router_replay is off / R2 / R3 (veRL's values); veRL's routing "
+                      f"files are not read, algo.router_replay off left")
+    if mode.upper() == "R3" and not t.get(rollout_key, False):
+        t.decide(rollout_key, "false with router_replay.mode R3: veRL replays the rollout's routes only when its "
+                              "engine returns them (true); verirl's native engine always records them")
+
+
+def _aux_loss(t: Translation) -> None:
+    """Megatron's load-balancing loss (override_transformer_config.moe_aux_loss_coeff, with
+    moe_router_load_balancing_type aux_loss) as algo.moe_aux_loss_coef; model.override_config's router_aux_loss_coef
+    reaches veRL's Megatron models through its config converter only."""
+    coef_key, type_key = OTC + "moe_aux_loss_coeff", OTC + "moe_router_load_balancing_type"
+    hf_key = M + "override_config.router_aux_loss_coef"
+    kind = str(t.get(type_key, "aux_loss"))
+    if t.given(hf_key):
+        t.note(hf_key, "veRL's FSDP actor adds no router loss (its loss is the policy loss); its Megatron config "
+                       "converter takes it as moe_aux_loss_coeff but sets Qwen-MoE's load balancing to none: "
+                       "algo.moe_aux_loss_coef not written from it (0, off)")
+    if not t.given(coef_key):
+        t.ignore(type_key, f"{kind}: without moe_aux_loss_coeff, Megatron's coefficient is veRL's model converter's")
+        return
+    coef = float(t.get(coef_key))
+    if kind == "none" or coef == 0:
+        t.ignore(coef_key, f"{coef:g} with load balancing {kind}: off, verirl's algo.moe_aux_loss_coef 0")
+        t.ignore(type_key, f"{kind}: no load-balancing loss")
+        return
+    t.put("algo.moe_aux_loss_coef", coef, coef_key, *([type_key] if t.given(type_key) else []),
+          note="the Switch load-balancing loss added times this, in both")
+    t.decide(coef_key, aux_scale_words(coef, None, None))
+    if kind not in ("aux_loss", "seq_aux_loss"):
+        t.decide(type_key, f"{kind}: verirl's only load-balancing loss is the Switch loss over the batch "
+                           f"(Megatron's aux_loss)")
+    elif kind == "seq_aux_loss":
+        t.decide(type_key, "seq_aux_loss balances each sequence; verirl's Switch loss balances the whole batch")
+
+
 # ---------------------------------------------------------------- asynchronous training
 
 AT, V1 = "async_training.", "trainer.v1."
@@ -2132,6 +2226,7 @@ def translate(t: Translation) -> None:
     _engine(t)
     _multi_turn(t)
     _layout(t)
+    _experts(t)
     _kl(t)
     _clip(t)
     _policy_loss(t)
