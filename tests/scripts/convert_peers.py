@@ -49,7 +49,8 @@ SCRIPT_ENV = {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data", "DATA_ROOT": "/dat
 PLAN_OVERRIDES = ["model.path=tiny", "data.train_path=''", "eval.data=''", "data.handler_name=instruction",
                   "data.prompt_type=qwen", "data.map_keys={}", "trainer.nproc_per_node=1", "trainer.nnodes=1",
                   "actor.tensor_parallel_size=1", "actor.sequence_parallel_size=1", "actor.pipeline_parallel_size=1",
-                  "actor.pipeline_layers=[]", "actor.pipeline_schedule=1f1b", "rollout.tensor_parallel_size=1"]
+                  "actor.pipeline_layers=[]", "actor.pipeline_schedule=1f1b", "rollout.tensor_parallel_size=1",
+                  "actor.expert_parallel_size=1", "algo.router_replay=off", "algo.moe_aux_loss_coef=0"]
 
 
 def git_show(git_dir: str, path: str) -> str:
