@@ -48,14 +48,28 @@ def score(program: str, tests, hide: tuple[str, ...] = (), **kw):
         svc.close()
 
 
-def sandbox_processes() -> list[psutil.Process]:
-    """This test's descendants, and (as root) every process of a uid this process's sandboxes ran as
-    (`verirl.sandbox.sandbox_uid`'s sequence so far)."""
+_EARLIER: set[int] = set()  # processes alive before the running test (other tests' helpers, in a whole suite)
+
+
+@pytest.fixture(autouse=True)
+def _processes_before():
+    _EARLIER.clear()
+    _EARLIER.update(p.pid for p in _sandbox_processes())
+    yield
+
+
+def _sandbox_processes() -> list[psutil.Process]:
     found = psutil.Process().children(recursive=True)
     if os.geteuid() == 0:
         mine = {UID_BASE + (os.getpid() * 7919 + k) % 65536 for k in range(next(sandbox._uids))}
         found += [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in mine]
     return found
+
+
+def sandbox_processes() -> list[psutil.Process]:
+    """This test's descendants, and (as root) every process of a uid this process's sandboxes ran as
+    (`verirl.sandbox.sandbox_uid`'s sequence so far), that were not alive when the test started."""
+    return [p for p in _sandbox_processes() if p.pid not in _EARLIER]
 
 
 # --- formats, from fixtures written in each set's own layout ----------------------------------------------------
