@@ -129,12 +129,13 @@ def test_expert_parallel_layer_equals_grouped_mm_on_one_rank(tmp_path):
         assert r["logits"] < 1e-5, r["logits"]
 
 
-# float32, 2 steps at a small lr (as tests/test_tensor_parallel.py): step 1's gradient is the policy term,
-# step 2's adds the KL to the reference
+# float32, 2 steps at a small lr (as tests/test_tensor_parallel.py): step 1's gradient is the policy term and an
+# entropy bonus (a gradient also when every group's rewards are equal), step 2's adds the KL to the reference
 TRAIN = ["train", "trainer.total_steps=2", "trainer.save_freq=1", "data.prompts_per_step=4",
          "actor.mini_batch_prompts=4", "rollout.n=4", "rollout.max_new_tokens=16", "eval.before_train=false",
          "eval.at_end=false", "log.progress=false", "log.console_every=0", "reward.workers=0", "algo.kl_coef=0.01",
-         "actor.lr=1e-6", "trainer.dump_rollouts=true", "trainer.threads=1", "trainer.dist_timeout_s=60",
+         "actor.lr=1e-6", "algo.entropy_coef=0.1", "trainer.dump_rollouts=true", "trainer.threads=1",
+         "trainer.dist_timeout_s=60",
          "model.compute_dtype=null", "model.path=tiny-moe", "trainer.checkpoint_format=whole"]
 
 
@@ -153,9 +154,9 @@ def test_expert_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ra
     """ep 2 on 2 ranks (experts out of FSDP2) and dp2 x ep2 on 4 ranks (each expert slice FSDP2-sharded over
     its 2 expert-data-parallel ranks): the same rollouts and rewards as one rank at both steps (decoding
     gathers every expert), pg_loss, kl and entropy within 1e-5, step 1's grad_norm within 1e-5 and the
-    weights after the steps within 1e-5 of the largest. Step 2's gradient is the KL term alone here (1e-4,
-    the rewards of a group equal): summed in another order, its norm differs by 1e-3 relative on dp4 without
-    experts split too, so it is compared to step 1's scale. (ddp x ep, whose expert gradients are summed over
+    weights after the steps within 1e-5 of the largest. Step 2's gradient can be small (the rewards of a
+    group equal: the KL and entropy terms alone): summed in another order, its norm differs by 1e-3
+    relative on dp4 without experts split too, so it is compared to step 1's scale. (ddp x ep, whose expert gradients are summed over
     edp by the all-reduce, takes the same step: measured equal on dp2 x ep2 too.)"""
     from safetensors.torch import load_file
 
