@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from verirl.config.schema import CodeRewardConfig
+from verirl.rewards.service import ServiceScores
 from verirl.rewards.code import (BATCH_START_FACTOR, COMPILE_ERRORS, MIN_SAMPLE_CAP, NO_PROGRAM, STARTUP_S, Case,
                                  CodeService, CasesFormatError, extract, job_for, limits_for, parse_tests, passed,
                                  run_sample, same_output, same_value)
@@ -368,9 +369,10 @@ def test_a_program_cannot_reach_a_server_on_the_loopback():
 
 # --- the service: concurrency, what runs now, the scorer -------------------------------------------------------
 
-def test_samples_run_at_once_and_outstanding_lists_them():
+def score_watched(svc: CodeService, n: int) -> tuple[ServiceScores, float, list[list[str]]]:
+    """``n`` sleeping programs scored by ``svc`` (closed after), the seconds it took, and what
+    ``outstanding()`` said every 50 ms meanwhile."""
     sleeper = "import time\ntime.sleep(30)\n"
-    svc = CodeService(CodeRewardConfig(test_timeout_s=0.6, sample_timeout_s=1.2, concurrency=4))
     seen: list[list[str]] = []
     done = threading.Event()
 
@@ -383,13 +385,19 @@ def test_samples_run_at_once_and_outstanding_lists_them():
     watcher.start()
     try:
         start = time.monotonic()
-        out = svc.score([sleeper] * 4, [{"label": ADD_TESTS, "task": "code"}] * 4)
+        out = svc.score([sleeper] * n, [{"label": ADD_TESTS, "task": "code"}] * n)
         seconds = time.monotonic() - start
     finally:
         done.set()
         watcher.join()
         svc.close()
-        svc.close()  # twice is safe
+    return out, seconds, seen
+
+
+def test_samples_run_at_once_and_outstanding_lists_them():
+    svc = CodeService(CodeRewardConfig(test_timeout_s=0.6, sample_timeout_s=1.2, concurrency=4))
+    out, seconds, seen = score_watched(svc, 4)
+    svc.close()  # twice is safe
     assert [s for s, _ in out.scores] == [0.0] * 4
     assert seconds < 1.2 + MARGIN  # one sample's deadline, not four
     assert max(len(lines) for lines in seen) == 4
@@ -400,27 +408,9 @@ def test_samples_run_at_once_and_outstanding_lists_them():
 
 
 def test_a_batch_larger_than_concurrency_keeps_one_deadline():
-    sleeper = "import time\ntime.sleep(30)\n"
     timeout = 1.0
     svc = CodeService(CodeRewardConfig(test_timeout_s=timeout, sample_timeout_s=timeout, concurrency=2))
-    seen: list[list[str]] = []
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.append(svc.outstanding())
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        start = time.monotonic()
-        out = svc.score([sleeper] * 8, [{"label": ADD_TESTS, "task": "code"}] * 8)
-        seconds = time.monotonic() - start
-    finally:
-        done.set()
-        watcher.join()
-        svc.close()
+    out, seconds, seen = score_watched(svc, 8)
     scores = [s for s, _ in out.scores]
     assert scores[:2] == [0.0, 0.0] and all(s is None for s in scores[4:]), out.scores  # 4 rounds of 1 s otherwise
     assert "not started by the batch deadline" in out.scores[-1][1] and "reward.code.concurrency" in out.scores[-1][1]
