@@ -120,9 +120,6 @@ CASES = [
      "over: 2 x actor.sequence_parallel_size=2 = 4 (4 % 3 = 1)"),
     ("layout", {"actor.expert_tensor_parallel_size": 2},
      "actor.expert_tensor_parallel_size=2: experts split over ranks are not built"),
-    ("layout", {"trainer.nproc_per_node": 2, "actor.expert_parallel_size": 2},
-     "actor.expert_parallel_size=2 with trainer.checkpoint_format=auto (sharded under actor.strategy=fsdp2): the "
-     "sharded format does not place expert slices yet. Set trainer.checkpoint_format=whole"),
     ("layout", {"trainer.nproc_per_node": 4, "actor.pipeline_parallel_size": 2, "actor.expert_parallel_size": 2,
                 "trainer.checkpoint_format": "whole"},
      "actor.expert_parallel_size=2 with actor.pipeline_parallel_size=2: expert parallelism inside pipeline stages"),

@@ -182,20 +182,31 @@ def test_expert_parallel_training_takes_the_one_rank_step(tmp_path, one_rank, ra
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
-def test_resume_across_expert_parallel_layouts_continues_the_one_rank_run(tmp_path, one_rank, first, then):
-    """Step 1 on ``first`` ranks (ep 2 on 2 ranks, or one rank), its whole checkpoint (the experts and their
-    AdamW moments gathered in expert order) resumed for step 2 on ``then``: step 2's rollouts equal the
-    uninterrupted one-rank run's, its statistics and the weights after it within 1e-5."""
+@pytest.mark.parametrize("first,then,fmt", [((2, 2), (1, 1), "whole"), ((4, 2), (2, 2), "sharded"),
+                                            ((1, 1), (4, 2), "sharded")],
+                         ids=["ep2-to-one-whole", "dp2xep2-to-ep2-sharded", "one-to-dp2xep2-sharded"])
+def test_resume_across_expert_parallel_layouts_continues_the_one_rank_run(tmp_path, one_rank, first, then, fmt):
+    """Step 1 on ``first`` (ranks, ep): ep 2 on 2 ranks, dp2 x ep2 on 4 (each expert slice FSDP2-sharded over
+    its 2 expert-data-parallel ranks), or one rank; its checkpoint resumed for step 2 on ``then``. Whole: the
+    experts and their AdamW moments gathered in expert order. Sharded: every rank writes its blocks, an expert
+    slice's at its experts' rows of the fused tensor, and the resuming ranks read what overlaps theirs. Step
+    2's rollouts equal the uninterrupted one-rank run's, its statistics and the weights after it within
+    1e-5; a sharded run's final/ holds the one-rank run's tensor names (each expert's, as save_pretrained
+    writes them)."""
     from safetensors.torch import load_file
 
     from verirl.cli import main
 
-    def layout(ranks: int) -> list[str]:
-        return [f"trainer.nproc_per_node={ranks}", f"actor.expert_parallel_size={ranks}"]
+    def layout(ranks_ep: tuple[int, int]) -> list[str]:
+        return [f"trainer.nproc_per_node={ranks_ep[0]}", f"actor.expert_parallel_size={ranks_ep[1]}",
+                f"trainer.checkpoint_format={fmt}"]
 
     run = tmp_path / "resumed"
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=1"] + layout(first)) == 0
+    saved = json.loads((run / "checkpoints" / "step_000001" / "state.json").read_text())
+    assert (saved.get("weights") == "sharded") == (fmt == "sharded")
+    if fmt == "sharded":
+        assert saved["layout"]["ep"] == first[1] and saved["layout"]["world"] == first[0]
     assert main(TRAIN + [f"trainer.run_dir={run}", "trainer.total_steps=2"] + layout(then)) == 0
     a, b = ([json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (one_rank, run))
     assert [m["step"] for m in b] == [1, 2]
@@ -204,5 +215,6 @@ def test_resume_across_expert_parallel_layouts_continues_the_one_rank_run(tmp_pa
         assert abs(a[1][key] - b[1][key]) <= 1e-5 * abs(a[1][key]) or abs(a[1][key] - b[1][key]) < 1e-8, key
     assert abs(a[1]["actor/grad_norm"] - b[1]["actor/grad_norm"]) <= 1e-5 * a[0]["actor/grad_norm"]
     wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (one_rank, run))
+    assert sorted(wa) == sorted(wb)
     for name in wa:
         assert (wa[name] - wb[name]).abs().max() <= 1e-5 * wa[name].abs().max(), name

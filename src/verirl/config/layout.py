@@ -154,12 +154,6 @@ def _check_expert_layout(cfg: Config) -> None:
                           f"ranks it splits the experts over: {data_parallel_size(cfg)} x "
                           f"actor.sequence_parallel_size={a.sequence_parallel_size} = {group} ({group} % {ep} = "
                           f"{group % ep}). Choose a divisor of {group}, or change the number of ranks.")
-    fmt = cfg.trainer.checkpoint_format
-    if fmt == "sharded" or fmt == "auto" and a.strategy == "fsdp2":
-        raise ConfigError(f"actor.expert_parallel_size={ep} with trainer.checkpoint_format={fmt}"
-                          f"{' (sharded under actor.strategy=fsdp2)' if fmt == 'auto' else ''}: the sharded format "
-                          f"does not place expert slices yet. Set trainer.checkpoint_format=whole (the experts "
-                          f"gathered, rank 0 writes; resumable on any expert-parallel size).")
     if a.pipeline_parallel_size > 1:
         raise ConfigError(f"actor.expert_parallel_size={ep} with actor.pipeline_parallel_size="
                           f"{a.pipeline_parallel_size}: expert parallelism inside pipeline stages is not built. Use "

@@ -20,7 +20,7 @@ parameters so the gradient norm counts each slice once.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
@@ -85,6 +85,18 @@ def expert_modules(model) -> list[torch.nn.Module]:
 
 def is_expert(p: torch.Tensor) -> bool:
     return getattr(p, TAG, 1) > 1
+
+
+def expert_rows(p: torch.Tensor) -> Optional[tuple[int, int]]:
+    """(the first expert, the experts of the whole tensor) of an expert slice's dimension 0: the rank of
+    coordinate r of ep holding E/ep experts holds rows [r*E/ep, (r+1)*E/ep) of (E, ...); None for a tensor
+    that is not an expert slice. ``p.shape[0]`` is the slice's (a DTensor's global shape over the
+    expert-data-parallel ranks)."""
+    mesh = getattr(p, _MESH, None)
+    if mesh is None or not is_expert(p):
+        return None
+    n = int(p.shape[0])
+    return mesh.get_local_rank() * n, n * mesh.size()
 
 
 def tag_experts(model) -> None:

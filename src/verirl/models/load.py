@@ -7,7 +7,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from safetensors import SafetensorError
@@ -171,6 +171,20 @@ def _load_adapter(path: str, real: str, dtype: str, device: str, override_config
     if os.path.exists(os.path.join(real, "tokenizer_config.json")):
         tokenizer = AutoTokenizer.from_pretrained(real)
     return LoadedModel(lm.model, tokenizer, lm.stop_ids, lm.pad_id, lm.path)
+
+
+def saved_format(config_dir: str | os.PathLike) -> Callable[[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(name, tensor) -> {name: tensor} as ``save_pretrained`` writes a weight of the model whose config.json
+    is in ``config_dir``: transformers' own reverse of its load-time conversions
+    (``revert_weight_conversion``), e.g. a MoE block's fused ``experts.gate_up_proj`` (E, 2I, H) -> each
+    expert's ``gate_proj`` and ``up_proj``; most weights unchanged. Computed against the model built on the
+    meta device (no memory); works on meta tensors too (for a file's header)."""
+    from transformers import AutoConfig
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(config_dir)))
+    return lambda name, t: revert_weight_conversion(skeleton, {name: t})
 
 
 def save_hf(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike, stop_ids: list[int],

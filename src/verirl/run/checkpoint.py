@@ -34,7 +34,7 @@ A checkpoint has one of two formats (``trainer.checkpoint_format``, docs/checkpo
   optimizer's hyperparameters and the scheduler only, and ``shards/rankR.safetensors`` +
   ``shards/rankR.json`` from every rank R (`verirl.run.shards`): each rank writes the pieces it holds;
   rank 0 writes the rest after all of them are on disk, then the manifest over every rank's files, and
-  renames. state.json names the writing layout (world, dp, tp, sp, pp).
+  renames. state.json names the writing layout (world, dp, tp, sp, pp, ep).
 
 Both resume on any layout (`verirl.train.checkpoint`): whole tensors are laid out as the model's shards,
 sharded pieces are read by overlap with what each rank holds. `export_checkpoint` writes a Hugging Face
@@ -570,7 +570,9 @@ def export_model_dir(ckpt: Checkpoint, out_dir: Path, merged: bool = True) -> No
     shutil.copytree(ckpt.model_dir, tmp)
     world = shard_world(ckpt.path)
     if world:
-        write_safetensors(Shards(ckpt.path, world), tmp / "model.safetensors")
+        from verirl.models import saved_format
+
+        write_safetensors(Shards(ckpt.path, world), tmp / "model.safetensors", saved_format(tmp))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)

@@ -13,14 +13,17 @@ Inside a checkpoint directory (`verirl.run.checkpoint` writes the rest and the m
 A block is a DTensor's local tensor placed by its global offset
 (`torch.distributed.tensor._utils.compute_local_shape_and_global_offset`): FSDP2's rows, a tensor-parallel
 column or row split, FSDP2 over tensor parallel (``_StridedShard``: still one box per rank), a plain
-tensor whole at offset 0. The ranks that hold the same block (a replicated tensor; a data-parallel copy;
+tensor whole at offset 0, an expert-parallel rank's expert slice at its experts' rows of the fused (E, ...)
+tensor (`place`; inside it FSDP2's rows over the expert-data-parallel ranks). The ranks that hold the same block (a replicated tensor; a data-parallel copy;
 the tied embedding on a pipeline's two end stages) leave it to the lowest of them, so every element is
 written exactly once; a pipelined rank writes only its stages' parameters.
 
 Loading is by overlap: each tensor this rank holds asks for its box, and the box is assembled from the
 saved pieces that intersect it (`safe_open(...).get_slice`: only the intersection is read), so a rank
 reads what it holds plus one piece at a time. `write_safetensors` streams the whole tensors out one at a
-time in Hugging Face's file layout (what `verirl export` and the run's ``final/`` write).
+time in Hugging Face's file layout (what `verirl export` and the run's ``final/`` write), under the names
+``save_pretrained`` gives them (a MoE's fused experts written one by one, as the model's hub files hold
+them).
 
 The format is verirl's own rather than ``torch.distributed.checkpoint``'s files: DCP's ``.metadata`` is
 read with ``pickle.load``, and nothing a verirl checkpoint holds is ever unpickled; here every file is
@@ -33,7 +36,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -98,6 +101,22 @@ def box(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]
     return local, tuple(int(o) for o in offset), tuple(int(s) for s in size)
 
 
+def place(t: torch.Tensor, owner: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(this rank's local tensor of ``t``, the global tensor's shape, the block's offset in it, its size):
+    `box`, and for an expert slice (``owner``, the parameter ``t`` is or whose optimizer state it is, split
+    by expert parallelism: `verirl.models.expert_parallel.expert_rows`) its rows placed among all the
+    experts, so that the pieces of every layout are boxes of the one fused (E, ...) tensor."""
+    from verirl.models.expert_parallel import expert_rows
+
+    local, offset, size = box(t)
+    shape = tuple(int(s) for s in t.shape)
+    rows = expert_rows(owner) if shape else None
+    if rows is not None:
+        first, experts = rows
+        shape, offset = (experts,) + shape[1:], (offset[0] + first,) + offset[1:]
+    return local, shape, offset, size
+
+
 def named_tensors(model) -> list[tuple[list[str], torch.Tensor]]:
     """Each distinct tensor of ``model.state_dict()`` once, with all its names (a tied weight has two)."""
     seen: dict[int, int] = {}
@@ -120,7 +139,7 @@ def local_blocks(model, optimizer, held: Callable[[torch.Tensor], bool]) -> list
         if not held(t):
             continue
         names[id(t)] = tensor_names[0]
-        out.append(_block(tensor_names[0], WEIGHT, t))
+        out.append(_block(tensor_names[0], WEIGHT, t, t))
     if optimizer is not None:
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -130,14 +149,13 @@ def local_blocks(model, optimizer, held: Callable[[torch.Tensor], bool]) -> list
                     if not torch.is_tensor(v):
                         raise TypeError(f"the optimizer state {part!r} of {names[id(p)]} is a {type(v).__name__}; "
                                         f"a sharded checkpoint stores tensors only")
-                    out.append(_block(names[id(p)], part, v))
+                    out.append(_block(names[id(p)], part, v, p))
     return [(b, t) for b, t in out if math.prod(b.size) > 0 or not b.shape]
 
 
-def _block(name: str, part: str, t: torch.Tensor) -> tuple[Block, torch.Tensor]:
-    local, offset, size = box(t.detach())
-    return Block(stored_key(name, part), name, part, tuple(int(s) for s in t.shape), _dtype_name(t.dtype),
-                 offset, size), local
+def _block(name: str, part: str, t: torch.Tensor, owner: torch.Tensor) -> tuple[Block, torch.Tensor]:
+    local, shape, offset, size = place(t.detach(), owner)
+    return Block(stored_key(name, part), name, part, shape, _dtype_name(t.dtype), offset, size), local
 
 
 def writers(blocks_per_rank: list[list[tuple]]) -> list[set]:
@@ -328,10 +346,10 @@ def load_model_blocks(shards: Shards, model, held: Callable[[torch.Tensor], bool
         found[id(t)] = name
         if not held(t):  # another pipeline stage's parameter, freed here
             continue
-        if tuple(shards.shape(name)) != tuple(t.shape):
-            wrong.append(f"{name} {list(shards.shape(name))} vs the model's {list(t.shape)}")
+        local, shape, offset, size = place(t.detach(), t)
+        if tuple(shards.shape(name)) != shape:
+            wrong.append(f"{name} {list(shards.shape(name))} vs the model's {list(shape)}")
             continue
-        local, offset, size = box(t.detach())
         if math.prod(size) == 0:
             continue
         with torch.no_grad():
@@ -361,7 +379,7 @@ def optimizer_state(shards: Shards, optimizer, found: dict[int, str], held: Call
         if name is None or not held(p):
             continue
         parts = {}
-        local, offset, size = box(p.detach())
+        local, _, offset, size = place(p.detach(), p)
         for part in shards.parts(name):
             if not shards.shape(name, part):  # a scalar (AdamW's step)
                 parts[part] = shards.whole(name, part)
@@ -380,25 +398,44 @@ def optimizer_state(shards: Shards, optimizer, found: dict[int, str], held: Call
 
 # ---- Hugging Face safetensors, one tensor at a time ----------------------------------------------
 
-def write_safetensors(shards: Shards, path: Path) -> None:
+def write_safetensors(shards: Shards, path: Path,
+                      convert: Optional[Callable[[str, torch.Tensor], dict[str, torch.Tensor]]] = None) -> None:
     """``path``: a safetensors file of every weight (tied ones once, as Hugging Face saves them), laid out as
     safetensors' own writer lays them out (header first, larger dtypes first, then by name; the header
-    padded with spaces to 8 bytes), each tensor assembled and written in turn."""
-    names = sorted(shards.names(), key=lambda n: (ST_ORDER.index(ST_DTYPES[shards.dtype(n)]), n))
+    padded with spaces to 8 bytes), each tensor assembled and written in turn. ``convert`` (name, tensor)
+    -> {saved name: tensor}: what ``save_pretrained`` writes for a weight (`verirl.models.saved_format`;
+    a fused experts tensor -> each expert's), applied to meta tensors for the header first; a weight's
+    outputs are kept until written, so at most the weights whose outputs interleave in name order are
+    held at once (one layer's experts)."""
+    convert = convert or (lambda n, t: {n: t})
+    outputs: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}  # saved name -> (weight, dtype, shape)
+    for n in shards.names():
+        for o, t in convert(n, torch.empty(shards.shape(n), dtype=shards.dtype(n), device="meta")).items():
+            if o in outputs:
+                raise ValueError(f"{n} and {outputs[o][0]} are both saved as {o}")
+            outputs[o] = (n, t.dtype, tuple(t.shape))
+    names = sorted(outputs, key=lambda o: (ST_ORDER.index(ST_DTYPES[outputs[o][1]]), o))
     header: dict = {"__metadata__": {"format": "pt"}}
     start = 0
-    for n in names:
-        shape = shards.shape(n)
-        nbytes = math.prod(shape) * shards.dtype(n).itemsize
-        header[n] = {"dtype": ST_DTYPES[shards.dtype(n)], "shape": list(shape), "data_offsets": [start, start + nbytes]}
+    for o in names:
+        _, dtype, shape = outputs[o]
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[o] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [start, start + nbytes]}
         start += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
+    held: dict[str, torch.Tensor] = {}
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
-        for n in names:
-            for chunk in _bytes(shards.whole(n)):
+        for o in names:
+            if o not in held:
+                held.update(convert(outputs[o][0], shards.whole(outputs[o][0])))
+            t = held.pop(o)
+            if tuple(t.shape) != outputs[o][2] or t.dtype != outputs[o][1]:
+                raise RuntimeError(f"{o}: converted as {tuple(t.shape)} {t.dtype}, its header says "
+                                   f"{outputs[o][2]} {outputs[o][1]}")
+            for chunk in _bytes(t):
                 f.write(chunk)
         f.flush()
         os.fsync(f.fileno())

@@ -48,7 +48,7 @@ def checkpoint_due(run: Run, step: int) -> bool:
 
 def checkpoint_format(run: Run) -> str:
     """"whole" or "sharded": ``trainer.checkpoint_format``, where auto is sharded when the actor's
-    parameters are split across ranks (FSDP2 over more than one rank, tensor or pipeline parallel). A LoRA
+    parameters are split across ranks (FSDP2 over more than one rank, tensor, pipeline or expert parallel). A LoRA
     run's checkpoints hold its adapters only: whole (gathered, they are small)."""
     chosen = run.cfg.trainer.checkpoint_format
     if is_lora(run.model):
@@ -56,7 +56,7 @@ def checkpoint_format(run: Run) -> str:
     if chosen != "auto":
         return chosen
     d = run.dist
-    split = (is_sharded(run.model) and d.world > 1) or d.tp_world > 1 or d.pp_world > 1
+    split = (is_sharded(run.model) and d.world > 1) or d.tp_world > 1 or d.pp_world > 1 or d.ep_world > 1
     return "sharded" if split else "whole"
 
 
@@ -132,7 +132,8 @@ def _save_sharded(run: Run, step: int, extra: dict) -> Path:
     path = None
     if not failed and d.is_main:
         try:
-            layout = {"world": d.world, "dp": d.dp_world, "tp": d.tp_world, "sp": d.sp_world, "pp": d.pp_world}
+            layout = {"world": d.world, "dp": d.dp_world, "tp": d.tp_world, "sp": d.sp_world, "pp": d.pp_world,
+                      "ep": d.ep_world}
             save_sharded_rest(tmp, step, run.model, run.tokenizer, run.stop_ids,
                               run.optimizer.state_dict()["param_groups"], run.scheduler.state_dict(), layout, extra)
             path = finish_checkpoint(root, tmp, step, run.checkpoints.keep)

@@ -914,9 +914,6 @@ def fit_experts(t: Translation, peer: str, ep: int, ep_keys: Sequence[str], etp:
     t.put("actor.expert_parallel_size", ep, *ep_keys,
           note=f"ranks that split the routed experts, in both: E/{ep} experts per rank, tokens dispatched to them "
                f"and combined by all-to-all; the same log-probs as one rank (docs/moe.md)")
-    t.put("trainer.checkpoint_format", "whole", *ep_keys,
-          note="expert parallel needs whole checkpoints in verirl (the sharded format places no expert slices): "
-               "the experts gathered, rank 0 writes, resumable on any expert-parallel size")
     nproc, nnodes = int(t.out.get("trainer.nproc_per_node", 1)), int(t.out.get("trainer.nnodes", 1))
     sp = int(t.out.get("actor.sequence_parallel_size", 1))
     if (nproc * nnodes) % ep:
