@@ -435,13 +435,20 @@ def check_router_replay(cfg: Config, ask: Optional[Ask] = None) -> None:
     if mode != "r3":
         return
     r = cfg.rollout
+    if r.engine == "vllm":
+        raise ConfigError(
+            "algo.router_replay=R3 with rollout.engine=vllm: vLLM's routed experts (enable_return_routed_experts) are "
+            "not read by verirl's vllm engine in this version, so the rollouts carry none. vllm 0.32 returns them "
+            "(CompletionOutput.routed_experts) only from its Model Runner V2, which needs Triton for the device; the "
+            "CPU build's Triton has no CPU backend (triton-cpu), so on a CPU vLLM runs its V1 runner and refuses the "
+            "option (\"AuxOutput Connector requires Model Runner V2\", vllm/config/vllm.py, "
+            "_verify_aux_output_compatibility). Use algo.router_replay=R2: the update routes by the trainer's own "
+            "routes of the old-log-prob pass, which needs one (actor.mini_batch_prompts < data.prompts_per_step, or "
+            "actor.epochs > 1); or rollout.engine=native, which records them for R3.")
     if r.engine != "native":
-        why = ("vLLM's routed experts (enable_return_routed_experts) are not read by verirl's vllm engine in this "
-               "version, so the rollouts carry none" if r.engine == "vllm" else
-               f"rollout.engine={r.engine} returns no routed experts")
-        raise ConfigError(f"algo.router_replay=R3 with rollout.engine={r.engine}: {why}. Use rollout.engine=native "
-                          f"(which records them), or algo.router_replay=R2: the update routes by the trainer's own "
-                          f"routes of the old-log-prob pass.")
+        raise ConfigError(f"algo.router_replay=R3 with rollout.engine={r.engine}: rollout.engine={r.engine} returns no "
+                          f"routed experts. Use rollout.engine=native (which records them), or algo.router_replay=R2: "
+                          f"the update routes by the trainer's own routes of the old-log-prob pass.")
     if r.multi_turn.enable:
         raise ConfigError("algo.router_replay=R3 with rollout.multi_turn.enable=true: a multi-turn episode's routes "
                           "are not recorded in this version. Use algo.router_replay=R2, or single-turn rollouts.")

