@@ -34,6 +34,7 @@ from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
 from verirl.models.expert_parallel import shard_experts
+from verirl.models.moe import moe_blocks
 from verirl.train.pipelined import pipeline, push_tensor, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
@@ -170,31 +171,23 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
     lora = lora_settings(cfg)
     if lora is not None:  # adapters trained, the base frozen; the reference is the base with them off: no copy
         apply_lora(lm.model, lora)
-    ref = copy.deepcopy(lm.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 and lora is None else None
-    if dist.tp_world > 1:  # each layer split over the tensor-parallel group; the reference the same way
-        for model in (lm.model, ref) if ref is not None else (lm.model,):
-            tensor_parallel(model, dist.mesh[TP])
-    if dist.ep_world > 1:  # each rank keeps its experts' slice; the reference the same way
-        for model in (lm.model, ref) if ref is not None else (lm.model,):
-            shard_experts(model, dist.ep_mesh)
+    ref = copy.deepcopy(lm.model) if cfg.algo.kl_coef > 0 and lora is None else None  # before the actor is split
+    if dist.tp_world > 1:  # each layer split over the tensor-parallel group
+        tensor_parallel(lm.model, dist.mesh[TP])
+    if dist.ep_world > 1:  # each rank keeps its experts' slice
+        shard_experts(lm.model, dist.ep_mesh)
     sharded = dist.gradient_mesh is not None and dist.gradient_mesh.size() > 1 and cfg.actor.strategy == "fsdp2"
     device = next(lm.model.parameters()).device
     if sharded and dist.pp_world == 1:
         shard(lm.model, dist.gradient_mesh, device, offload_params=cfg.actor.offload == "params",
               experts_mesh=dist.edp_mesh)
-        if ref is not None:
-            shard(ref, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False,
-                  experts_mesh=dist.edp_mesh)
-    elif ref is not None and cfg.ref.offload and not sharded:
-        ref.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
-    if dist.pp_world > 1:  # this rank keeps its stages' parameters, the reference's too (FSDP2 inside them)
-        tied = tied_group(dist)
-        for model in (lm.model, ref) if ref is not None else (lm.model,):
-            pipe = pipeline(model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
-            if sharded:
-                actor = model is lm.model
-                pipe.shard(dist.gradient_mesh, device, cfg.actor.offload == "params" if actor else cfg.ref.offload,
-                           trainable=actor)
+    tied = tied_group(dist) if dist.pp_world > 1 else None
+    if dist.pp_world > 1:  # this rank keeps its stages' parameters (FSDP2 inside them)
+        pipe = pipeline(lm.model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
+        if sharded:
+            pipe.shard(dist.gradient_mesh, device, cfg.actor.offload == "params", trainable=True)
+    if ref is not None:
+        place_frozen(ref, cfg, dist, sharded, device, tied)
     teacher = distill_teacher(cfg, lm, dist, sharded, device)
     adamw = OptimizerSettings(cfg.actor.lr, tuple(cfg.actor.betas), cfg.actor.weight_decay)
     optimizer, scheduler = build_optimizer(lm.model, adamw.lr, adamw.betas, adamw.weight_decay, cfg.actor.warmup_steps)
@@ -221,9 +214,9 @@ def _build_with(cfg: Config, run_dir: Path, lock: RunDirLock, dist: Dist, takes_
 
 
 def distill_teacher(cfg: Config, lm, dist: Dist, sharded: bool, device) -> Optional[torch.nn.Module]:
-    """algo.distill.teacher loaded frozen on the student's device, split like the student (tensor parallel,
-    FSDP2), or None. A teacher whose tokenizer maps an id to another token than the student's is refused:
-    its log-probs would score other tokens than the ones sampled."""
+    """algo.distill.teacher loaded frozen on the student's device and placed as the student is (`place_frozen`:
+    tensor parallel, expert slices, FSDP2, ref.offload), or None. A teacher whose tokenizer maps an id to
+    another token than the student's is refused: its log-probs would score other tokens than the ones sampled."""
     from verirl.models.load import tokenizer_difference
 
     path = cfg.algo.distill.teacher
@@ -240,13 +233,35 @@ def distill_teacher(cfg: Config, lm, dist: Dist, sharded: bool, device) -> Optio
     if teacher_vocab < len(lm.tokenizer):
         raise ConfigError(f"algo.distill.teacher={path}: its output layer has {teacher_vocab} rows, fewer than the "
                           f"{len(lm.tokenizer)} tokens of the shared tokenizer (the student's has {student_vocab}).")
-    model = teacher.model.eval().requires_grad_(False)
+    try:
+        return place_frozen(teacher.model, cfg, dist, sharded, device)
+    except ConfigError as e:  # the teacher's experts do not split over actor.expert_parallel_size
+        raise ConfigError(f"algo.distill.teacher={path}: {e}") from None
+
+
+def place_frozen(model: torch.nn.Module, cfg: Config, dist: Dist, sharded: bool, device: torch.device,
+                 tied=None) -> torch.nn.Module:
+    """A frozen model (the reference, the distillation teacher) placed as the actor is, in place, in eval mode
+    with requires_grad False; returns it. Its layers split over the tensor-parallel group; its routed experts
+    sliced over the expert-parallel group (a model without mixture-of-experts layers stays whole); with
+    ``sharded`` (actor.strategy=fsdp2 on several ranks) FSDP2 over the gradient mesh, the expert slices over
+    the expert-data-parallel ranks, its shards on the host with ref.offload; not sharded, on the host with
+    ref.offload (it comes to ``device`` for its pass); with pipeline parallelism this rank's stages, ``tied``
+    being the actor's `tied_group`."""
+    model.eval().requires_grad_(False)
     if dist.tp_world > 1:
         tensor_parallel(model, dist.mesh[TP])
-    if sharded:
-        shard(model, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False)
-    elif cfg.ref.offload:
+    if dist.ep_world > 1 and moe_blocks(model):
+        shard_experts(model, dist.ep_mesh)
+    if sharded and dist.pp_world == 1:
+        shard(model, dist.gradient_mesh, device, offload_params=cfg.ref.offload, trainable=False,
+              experts_mesh=dist.edp_mesh)
+    elif cfg.ref.offload and not sharded:
         model.to("cpu")  # ref.offload: it waits on the host, and comes to the device for its pass
+    if dist.pp_world > 1:
+        pipe = pipeline(model, dist, cfg.actor.pipeline_schedule, list(cfg.actor.pipeline_layers), tied)
+        if sharded:
+            pipe.shard(dist.gradient_mesh, device, cfg.ref.offload, trainable=False)
     return model
 
 

@@ -1,0 +1,105 @@
+"""Frozen models (the reference, the distillation teacher) placed as the actor is (`verirl.train.build.place_frozen`)
+with expert parallelism, on real gloo ranks in float32: a MoE teacher's experts sliced over the expert-parallel
+group under fsdp2 and ddp, a dense teacher left whole, each giving the unsplit model's logits; and on-policy
+distillation of the tiny MoE with EP 2 on 2 ranks taking the one-rank steps."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from test_expert_parallel import TRAIN, _launch
+
+RANK = r"""
+import json
+import torch
+from verirl.config import load_config
+from verirl.models import load_model
+from verirl.models.expert_parallel import EP_IMPLEMENTATION, expert_modules, shard_experts
+from verirl.train.build import distill_teacher
+from verirl.train.distributed import init
+
+torch.set_num_threads(1)
+dist = init(torch.device("cpu"), 60, expert_parallel=2)
+ids = torch.randint(1, 300, (2, 12), generator=torch.Generator().manual_seed(dist.rank))
+out = {}
+for teacher_path, strategy in (("tiny-moe", "fsdp2"), ("tiny-moe", "ddp"), ("tiny", "fsdp2")):
+    cfg = load_config("tiny", ["model.path=tiny-moe", f"algo.distill.teacher={teacher_path}",
+                               f"actor.strategy={strategy}", "actor.expert_parallel_size=2", "trainer.nproc_per_node=2"])
+    student = load_model("tiny-moe", device="cpu")
+    shard_experts(student.model, dist.ep_mesh)  # the student as the build places it
+    teacher = distill_teacher(cfg, student, dist, strategy == "fsdp2", torch.device("cpu"))
+    whole = load_model(teacher_path, device="cpu").model.eval()
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p
+    experts = lambda m: sum(local(p).numel() * p.element_size() for n, p in m.named_parameters() if ".experts." in n)
+    with torch.no_grad():
+        diff = float((teacher(input_ids=ids).logits - whole(input_ids=ids).logits).abs().max())
+    out[f"{teacher_path}/{strategy}"] = {
+        "sliced": len(expert_modules(teacher)), "expert_bytes": [experts(teacher), experts(whole)],
+        "implementation": getattr(teacher.config, "_experts_implementation", None), "logits": diff,
+        "frozen": not teacher.training and not any(p.requires_grad for p in teacher.parameters())}
+out["ep"] = EP_IMPLEMENTATION
+print("RESULT", json.dumps(out), flush=True)
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_a_moe_teacher_is_sliced_over_the_expert_parallel_group_and_scores_as_the_whole_model(tmp_path):
+    """EP 2 on 2 ranks: a MoE teacher keeps half of its expert bytes on each rank (its experts out of FSDP2
+    under fsdp2, sliced under ddp too), computes with the all-to-all experts, and its logits equal the
+    unsplit model's; a dense teacher of a MoE student stays whole. Each is in eval mode and frozen."""
+    for r in _launch(tmp_path, RANK, 2):
+        for case in ("tiny-moe/fsdp2", "tiny-moe/ddp"):
+            d = r[case]
+            mine, total = d["expert_bytes"]
+            assert d["sliced"] > 0 and mine * 2 == total and total > 0, (case, d)
+            assert d["implementation"] == r["ep"], (case, d)
+        dense = r["tiny/fsdp2"]
+        assert dense["sliced"] == 0 and dense["expert_bytes"] == [0, 0]
+        for case, d in r.items():
+            if case != "ep":
+                assert d["frozen"] and d["logits"] < 1e-5, (case, d)
+
+
+def _moe_teacher(tmp_path, seed: int = 3):
+    """The tiny MoE model with its weights moved by noise: the student's tokenizer, other log-probs (the
+    shipped weights as teacher would make the reverse KL 0 on any layout)."""
+    from transformers import AutoModelForCausalLM
+
+    from verirl.models.load import TINY_MOE_DIR
+
+    path = tmp_path / "teacher"
+    model = AutoModelForCausalLM.from_pretrained(TINY_MOE_DIR)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(path)
+    for f in TINY_MOE_DIR.iterdir():
+        if f.is_file() and not f.name.startswith(("model", "config")) and not f.suffix == ".safetensors":
+            shutil.copy(f, path)
+    return path
+
+
+@pytest.mark.slow
+def test_expert_parallel_distillation_takes_the_one_rank_steps(tmp_path):
+    """On-policy distillation of the tiny MoE from a MoE teacher, EP 2 on 2 ranks (student, reference and
+    teacher sliced alike) against one rank, float32, 2 steps: the same rollouts, and distill/reverse_kl,
+    distill/teacher_logp, actor/pg_loss and actor/kl within 1e-5 relative at each step."""
+    from verirl.cli import main
+
+    teacher = _moe_teacher(tmp_path)
+    distill = TRAIN + [f"algo.distill.teacher={teacher}", "algo.distill.coef=0.5", "trainer.save_freq=0"]
+    one, two = tmp_path / "one", tmp_path / "ep"
+    assert main(distill + [f"trainer.run_dir={one}"]) == 0
+    assert main(distill + [f"trainer.run_dir={two}", "trainer.nproc_per_node=2", "actor.expert_parallel_size=2"]) == 0
+    assert (one / "rollouts.jsonl").read_text() == (two / "rollouts.jsonl").read_text()
+    a, b = ([json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (one, two))
+    assert len(a) == len(b) == 2
+    assert abs(a[0]["distill/reverse_kl"]) > 1e-3  # the teacher is another model: the check has teeth
+    for sa, sb in zip(a, b):
+        for key in ("distill/reverse_kl", "distill/teacher_logp", "actor/pg_loss", "actor/kl"):
+            assert abs(sa[key] - sb[key]) <= 1e-5 * abs(sa[key]) or abs(sa[key] - sb[key]) < 1e-8, (key, sa, sb)
