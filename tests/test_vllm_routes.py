@@ -53,3 +53,24 @@ def test_r3_with_vllm_is_refused_naming_why_and_r2(capsys):
     assert "algo.router_replay=R3 with rollout.engine=vllm" in err
     assert "AuxOutput Connector requires Model Runner V2" in err
     assert "Use algo.router_replay=R2" in err
+
+
+def test_r2_with_vllm_trains_on_the_pushed_experts(tmp_path):
+    """R2, the alternative the refusal names, on vLLM: two mini-batches a step (an old-log-prob pass), the
+    update routed by that pass's routes (moe/replay_disagreement 0); every push leaves the engine's experts
+    as trained (the push check reads the CPU backend's prepacked experts: 0.0), and vLLM samples from them:
+    its log-probs are the trainer's (mismatch/kl at float32 rounding, several nats off with stale experts)."""
+    import json
+
+    from verirl.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", "tiny_moe", *SMALL, "algo.router_replay=R2", "actor.mini_batch_prompts=1",
+                 "trainer.total_steps=2", f"trainer.run_dir={run}", "log.console_every=0", "model.dtype=float32",
+                 "model.compute_dtype=null"]) == 0
+    rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "mismatch/kl" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["moe/replay_disagreement"] == 0.0, r
+        assert r["rollout/push_max_abs_diff"] == 0.0, r
+        assert r["mismatch/kl"] < 1e-5 and r["rollout/logprob_diff/max"] < 1e-3, r

