@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # config.json model_type values with a plan here
+# model_type values whose attention runs split over a sequence-parallel group (Ulysses, through the packed
+# attention function): the dense families, and the mixture-of-experts ones whose attention is theirs
+SP_FAMILIES = TP_FAMILIES + ("qwen2_moe", "qwen3_moe", "mixtral")
 _COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 _ROW = ("self_attn.o_proj", "mlp.down_proj")
 

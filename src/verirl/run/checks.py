@@ -496,13 +496,13 @@ def check_model_parallel(cfg: Config, ask: Optional[Ask] = None) -> None:
     if pp > 1:
         check_pipeline(cfg, config)
     if sp > 1:
-        from verirl.models.parallel import TP_FAMILIES
+        from verirl.models.parallel import SP_FAMILIES
 
         kind = getattr(config, "model_type", "?")
-        if kind not in TP_FAMILIES:
+        if kind not in SP_FAMILIES:
             raise ConfigError(f"actor.sequence_parallel_size={sp}: model_type '{kind}' has no sequence-parallel "
                               f"attention in verirl (its passes are not the packed ones that split the tokens); the "
-                              f"families that have it: {', '.join(TP_FAMILIES)}. Use actor.sequence_parallel_size=1.")
+                              f"families that have it: {', '.join(SP_FAMILIES)}. Use actor.sequence_parallel_size=1.")
         heads = getattr(config, "num_attention_heads", 0)
         kv = getattr(config, "num_key_value_heads", None) or heads
         check_ulysses(heads // tp, kv // tp, sp, key="actor.sequence_parallel_size")
