@@ -51,6 +51,24 @@ def _gemma2(tmp_path) -> str:
     return str(path)
 
 
+def _mixtral_jitter(tmp_path) -> str:
+    """A Mixtral config.json with router_jitter_noise 0.01 beside the tiny model's tokenizer, no weights."""
+    import shutil
+
+    from transformers import MixtralConfig
+
+    from verirl.models.load import TINY_DIR
+
+    path = tmp_path / "mixtral"
+    path.mkdir()
+    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
+        shutil.copy(f, path)
+    MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                  router_jitter_noise=0.01).save_pretrained(path)
+    return str(path)
+
+
 def _qwen3_moe(tmp_path) -> str:
     """A Qwen3-MoE config.json of 6 experts beside the tiny model's tokenizer, no weights."""
     import shutil
@@ -130,6 +148,8 @@ CASES = [
      "actor.expert_parallel_size=4 does not divide the 6 experts of model.path="),
     ("experts", {"trainer.nproc_per_node": 2, "actor.tensor_parallel_size": 2, "model.path": _qwen3_moe},
      "(qwen3_moe, 6 experts): its expert layers have no tensor-parallel plan"),
+    ("experts", {"model.path": _mixtral_jitter},
+     "sets router_jitter_noise=0.01, which multiplies every router's input by random noise while the model trains"),
     ("routing replay", {"algo.router_replay": "r3"},
      "algo.router_replay=r3: model.path=tiny (qwen2) is a dense model, with no routers to replay"),
     ("routing replay", {"algo.moe_aux_loss_coef": 0.01},

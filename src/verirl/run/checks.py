@@ -381,13 +381,21 @@ def check_activation_dump(cfg: Config, ask: Optional[Ask] = None) -> None:
 def check_experts(cfg: Config, ask: Optional[Ask] = None) -> None:
     """The model fits actor.expert_parallel_size: a mixture-of-experts model whose
     experts divide by it; and a MoE model is not tensor parallel (its expert layers have no tensor-parallel
-    plan). Reads the model's config.json (no weights)."""
+    plan); and no router noise (Mixtral's ``router_jitter_noise`` multiplies the router's input by random
+    noise in training mode: the update's log-probs would be random, unlike the engine's and the old pass's).
+    Reads the model's config.json (no weights)."""
     from verirl.models.load import model_config
     from verirl.models.moe import routing
 
+    config = model_config(cfg.model.path, dict(cfg.model.override_config))
+    jitter = getattr(getattr(config, "get_text_config", lambda: config)(), "router_jitter_noise", 0.0) or 0.0
+    if jitter > 0:
+        raise ConfigError(f"model.path={cfg.model.path}: its config.json sets router_jitter_noise={jitter}, which "
+                          f"multiplies every router's input by random noise while the model trains, so the update "
+                          f"would route, and score each token, differently from the rollout and the old-log-prob "
+                          f"pass at random. Set model.override_config.router_jitter_noise=0.")
     if cfg.actor.expert_parallel_size == 1 and cfg.actor.tensor_parallel_size == 1:
         return
-    config = model_config(cfg.model.path, dict(cfg.model.override_config))
     ep, tp = cfg.actor.expert_parallel_size, cfg.actor.tensor_parallel_size
     r = routing(config)
     kind = getattr(config, "model_type", "?")
