@@ -160,7 +160,9 @@ def test_perturbed_engine_router_shows_in_mismatch_kl_and_r3_replays_it(tmp_path
     not to 0: the routing weights stay the live router's). The same seed samples the same rollout in both runs."""
     off = _train(tmp_path, "off", monkeypatch)
     r3 = _train(tmp_path, "R3", monkeypatch, "algo.moe_aux_loss_coef=0.01")
-    assert off["moe/router_disagreement"] > 0.3 and off["moe/replay_disagreement"] == off["moe/router_disagreement"]
+    # off records no routes (they cost sparse layers x top-k x 2 bytes a token): nothing to compare with
+    assert "moe/router_disagreement" not in off and "moe/replay_disagreement" not in off
+    assert "moe/load_max_over_mean" in off
     assert r3["moe/replay_disagreement"] == 0.0 and r3["moe/router_disagreement"] > 0.3
     assert off["mismatch/kl"] > 0.05 and r3["mismatch/kl"] < off["mismatch/kl"] / 5
     assert 1.0 <= r3["moe/load_max_over_mean/mean"] <= r3["moe/load_max_over_mean"] <= 8.0

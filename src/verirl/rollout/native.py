@@ -277,7 +277,7 @@ class NativeEngine:
     reads_live_model = True  # generate decodes with the trainer's parameters
 
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None,
-                 split: bool = False):
+                 split: bool = False, record_routes: bool = True):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
         # split: a tensor-parallel model decodes on its plan (`_SplitStepper`), every rank of its group the same
         # prompts; otherwise the caller gathers the whole weights first (`verirl.train.strategy.full_weights`)
@@ -290,7 +290,7 @@ class NativeEngine:
         self.refresh: Optional[Callable[[], int]] = None
         self.last_versions: list[int] = []  # of the last call with ``refresh``: token t's version, per t
         # a mixture-of-experts model's routes recorded into Rollout.routed_experts (off: None there)
-        self.record_routes = not split and routing(model.config) is not None
+        self.record_routes = record_routes and not split and routing(model.config) is not None
 
     def open_session(self, prompt_ids: Sequence[Sequence[int]], horizon: int) -> Optional["Session"]:
         """Episodes that keep their KV cache across turns (`Session`), ``horizon`` response tokens each at

@@ -34,7 +34,8 @@ from verirl.rollout.vllm import vllm_options
 from verirl.train.update import Correction, LogprobPass, UpdateParams, build_optimizer
 from verirl.models.parallel import tensor_parallel
 from verirl.models.expert_parallel import shard_experts
-from verirl.models.moe import moe_blocks
+from verirl.models.moe import moe_blocks, routing
+from verirl.models.router_tap import replay_mode
 from verirl.train.pipelined import pipeline, push_tensor, tied_group
 from verirl.train.distributed import TP, Dist
 from verirl.train.packing import supports_packing
@@ -367,8 +368,10 @@ def rollout_engine(cfg: Config, lm, stop_ids: list[int], train: list[Prompt],
         return build_engine("vllm", lm.model, lm.pad_id, stop_ids, whole=push_tensor(lm.model), **options), train, \
             cfg.data.shuffle
     if r.engine != "replay":
+        # a MoE model's routes are recorded for R3 only: (N, P + R, sparse layers, top-k) int16 on the device
         options = {"compute_dtype": training_dtype(cfg, lm.model),
-                   "split": tp > 1 and tp == cfg.actor.tensor_parallel_size} \
+                   "split": tp > 1 and tp == cfg.actor.tensor_parallel_size,
+                   "record_routes": replay_mode(cfg.algo.router_replay) == "r3"} \
             if r.engine == "native" else {}
         return build_engine(r.engine, lm.model, lm.pad_id, stop_ids, **options), train, cfg.data.shuffle
     engine = build_engine("replay", lm.model, lm.pad_id, stop_ids, path=r.replay_path, tokenizer=lm.tokenizer,
@@ -454,7 +457,17 @@ def step_settings(cfg: Config, model, world: int = 1, peak: float = 0.0) -> Step
         flops=flop_model(model), peak_flops=peak, env_reward=rollout.multi_turn.reward,
         separate=rollout.placement == "separate", sync_every=cfg.trainer.async_training.sync_every,
         distill=DistillSettings(dataclasses.replace(policy_pass, max_tokens=ref_budget, offload=cfg.ref.offload),
-                                algo.distill.coef, algo.distill.rewards) if algo.distill.teacher else None)
+                                algo.distill.coef, algo.distill.rewards) if algo.distill.teacher else None,
+        **moe_step_settings(cfg, model))
+
+
+def moe_step_settings(cfg: Config, model) -> dict:
+    """A mixture-of-experts model's StepSettings: algo.router_replay lower-cased (off / r2 / r3) and
+    algo.moe_aux_loss_coef; nothing for a dense model (its passes run without a router tap)."""
+    if routing(model.config) is None:
+        return {}
+    return {"router_replay": replay_mode(cfg.algo.router_replay),
+            "moe_aux_loss_coef": float(cfg.algo.moe_aux_loss_coef or 0.0)}
 
 
 def flop_model(model) -> Optional[FlopModel]:

@@ -70,6 +70,8 @@ class StepSettings:
     separate: bool = False  # rollout.placement=separate: the batches come from producers (`verirl.train.async_source`)
     sync_every: int = 1  # separate: the weights go to the producers every N updates (and after the last)
     distill: Optional[DistillSettings] = None  # algo.distill: the teacher's pass and how its advantage is used
+    router_replay: str = ""  # a MoE model's algo.router_replay (off / r2 / r3); "": dense, no router tap
+    moe_aux_loss_coef: float = 0.0  # a MoE model's algo.moe_aux_loss_coef
 
     def positions(self, rank: int, world: int) -> list[int]:
         """The positions in the step's global batch of ``rank``'s prompts: its part of every global

@@ -32,7 +32,7 @@ from verirl.train.evaluate import decode_responses, reward_fields
 from verirl.train.step_metrics import ResponseStats, Timer, step_metrics
 from verirl.models.lora import adapters_off
 from verirl.models.moe import moe_blocks, routing
-from verirl.models.router_tap import RouterTap, replay_mode
+from verirl.models.router_tap import RouterTap
 from verirl.rewards import RewardResult
 from verirl.rollout import concat_rollouts, generate_chunked
 from verirl.train.update import Correction, compute_logprobs, update_policy
@@ -40,7 +40,7 @@ from verirl.train.build import Run
 from verirl.train.settings import RewardShaping, StepSettings
 from verirl.train.distributed import Dist, on_rank0
 from verirl.train.packing import PackCache
-from verirl.train.pipelined import pipeline_of, whole_model
+from verirl.train.pipelined import whole_model
 from verirl.train.strategy import full_state_dict, full_weights, memory_metrics
 from verirl.core.types import Prompt, Rollout, TrainBatch
 
@@ -218,15 +218,6 @@ def reference_model(run: Run) -> Iterator[torch.nn.Module]:
         yield run.model
 
 
-def moe_settings(run: Run) -> tuple[str, float]:
-    """(algo.router_replay lower-cased: off / r2 / r3, algo.moe_aux_loss_coef) for a mixture-of-experts
-    model the step taps (`RouterTap`); ("", 0.0) for a dense or pipelined one."""
-    if routing(run.model.config) is None or pipeline_of(run.model) is not None:
-        return "", 0.0
-    algo = run.cfg.algo
-    return replay_mode(getattr(algo, "router_replay", "off")), float(getattr(algo, "moe_aux_loss_coef", 0.0) or 0.0)
-
-
 def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     """The consumer's half of a step: the old and reference log-prob passes (the scoring finishes
     meanwhile), the rewards awaited and the advantages of the global batch computed, the policy update
@@ -242,7 +233,7 @@ def consume(run: Run, batch: StepBatch, timer: Timer) -> Trained:
     settings, dist, rollout = batch.settings, run.dist, batch.rollout
     layouts = PackCache(rollout)  # the passes below pack the same rows: lay them out once
     old_logprobs = ref_logprobs = teacher_logprobs = None
-    replay, aux_coef = moe_settings(run)
+    replay, aux_coef = settings.router_replay, settings.moe_aux_loss_coef
     engine_routes, store = rollout.routed_experts, None
     if replay == "r3" and engine_routes is None:
         raise ConfigError("algo.router_replay=R3: the rollout engine recorded no routed experts for this batch "
