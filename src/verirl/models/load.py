@@ -19,6 +19,7 @@ from verirl.core.ops.linear import use_fast_linears
 from verirl.core.registry import Registry
 from verirl.models.lora import (ADAPTER_CONFIG, apply_lora, is_adapter_dir, is_lora, load_adapter_into, merge_into_base,
                                  merged_state, read_adapter_dir, save_adapter)
+from verirl.models.lora import adapter_base as named_base
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 TINY_MOE_DIR = TINY_DIR.parent / "tiny-moe"  # the tiny tokenizer and a Qwen3-MoE, 8 experts, top-2 (docs/moe.md)
@@ -103,10 +104,18 @@ def stop_token_ids(path: str, model: PreTrainedModel, tokenizer) -> list[int]:
 
 def model_config(path: str, override: Optional[dict] = None):
     """The model's transformers config, with ``override`` (model.override_config) applied: each key
-    must be one the config has (a misspelt key would otherwise change nothing, silently)."""
+    must be one the config has (a misspelt key would otherwise change nothing, silently). A peft adapter
+    directory without a config.json gives its base model's config (as `load_model` loads it)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(resolve_path(path))
+    real = resolve_path(path)
+    if is_adapter_dir(real) and not os.path.exists(os.path.join(real, "config.json")):
+        base = named_base(real)
+        if not base:
+            raise ModelError(f"model.path='{path}' is a LoRA adapter directory whose {ADAPTER_CONFIG} names no "
+                             f"base model (base_model_name_or_path): set it to the base model's directory.")
+        return model_config(base, override)
+    config = AutoConfig.from_pretrained(real)
     for key, value in (override or {}).items():
         if not hasattr(config, key):
             known = sorted(k for k in config.to_dict() if not k.startswith("_"))
