@@ -73,3 +73,27 @@ def rank1_dies(tmp_path):
         "        os._exit(3)  # the whole rank process, at once\n"
         "    return 0.0\n")
     return f"{rule}:die"
+
+
+@pytest.fixture
+def moved_copy(tmp_path):
+    """``moved_copy(model_dir, scale, seed)``: a copy of a shipped model with ``scale`` x N(0, 1) noise on
+    every weight (seeded), in tmp_path/teacher: the same tokenizer and other log-probs (a teacher or a
+    reference that is not the student)."""
+    def copy(model_dir, scale: float, seed: int = 3):
+        import shutil
+
+        from transformers import AutoModelForCausalLM
+
+        path = tmp_path / "teacher"
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(scale * torch.randn(p.shape, generator=g))
+        model.save_pretrained(path)
+        for f in model_dir.iterdir():  # tokenizer, chat template, generation config
+            if f.is_file() and f.name != "config.json" and f.suffix != ".safetensors":
+                shutil.copy(f, path)
+        return path
+    return copy

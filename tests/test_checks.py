@@ -31,62 +31,49 @@ def data_file(tmp_path):
     return str(f)
 
 
-# (rule name in RULES, the values set on a valid config, the words its paragraph holds); a callable value is
-# called with tmp_path. Values are set on the loaded config, since load_config itself refuses bad values.
-def _gemma2(tmp_path) -> str:
-    """A Gemma-2 config.json (logit soft-capping: its passes are not the packed ones) beside the tiny
-    model's tokenizer, no weights."""
+def _config_only(tmp_path, config) -> str:
+    """``config``'s config.json beside the tiny model's tokenizer, no weights (the checks read no more)."""
     import shutil
-
-    from transformers import Gemma2Config
 
     from verirl.models.load import TINY_DIR
 
-    path = tmp_path / "gemma2"
+    path = tmp_path / config.model_type
     path.mkdir()
     for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
         shutil.copy(f, path)
-    Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16).save_pretrained(path)
+    config.save_pretrained(path)
     return str(path)
+
+
+SMALL_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2)
+
+
+def _gemma2(tmp_path) -> str:
+    """Gemma-2 (logit soft-capping: its passes are not the packed ones)."""
+    from transformers import Gemma2Config
+
+    return _config_only(tmp_path, Gemma2Config(**SMALL_SHAPE, head_dim=16))
 
 
 def _mixtral_jitter(tmp_path) -> str:
-    """A Mixtral config.json with router_jitter_noise 0.01 beside the tiny model's tokenizer, no weights."""
-    import shutil
-
+    """Mixtral with router_jitter_noise 0.01."""
     from transformers import MixtralConfig
 
-    from verirl.models.load import TINY_DIR
-
-    path = tmp_path / "mixtral"
-    path.mkdir()
-    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
-        shutil.copy(f, path)
-    MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                  router_jitter_noise=0.01).save_pretrained(path)
-    return str(path)
+    return _config_only(tmp_path, MixtralConfig(**SMALL_SHAPE, num_local_experts=4, num_experts_per_tok=2,
+                                                router_jitter_noise=0.01))
 
 
 def _qwen3_moe(tmp_path) -> str:
-    """A Qwen3-MoE config.json of 6 experts beside the tiny model's tokenizer, no weights."""
-    import shutil
-
+    """Qwen3-MoE of 6 experts."""
     from transformers import Qwen3MoeConfig
 
-    from verirl.models.load import TINY_DIR
-
-    path = tmp_path / "qwen3moe"
-    path.mkdir()
-    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja"]:
-        shutil.copy(f, path)
-    Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
-                   moe_intermediate_size=32).save_pretrained(path)
-    return str(path)
+    return _config_only(tmp_path, Qwen3MoeConfig(**SMALL_SHAPE, head_dim=16, num_experts=6, num_experts_per_tok=2,
+                                                 moe_intermediate_size=32))
 
 
+# (rule name in RULES, the values set on a valid config, the words its paragraph holds); a callable value is
+# called with tmp_path. Values are set on the loaded config, since load_config itself refuses bad values.
 CASES = [
     ("check_finite", {"actor.lr": float("inf")}, "actor.lr=inf is not a finite number"),
     ("check_bounds", {"trainer.total_steps": 0}, "trainer.total_steps=0 must be > 0"),

@@ -1,7 +1,6 @@
 """On-policy distillation (algo.distill): the teacher's log-probs of the student's samples and the per-token
 advantage they make, checked against direct forwards of both models; a teacher with another tokenizer refused."""
 import json
-import shutil
 
 import pytest
 import torch
@@ -25,20 +24,6 @@ def test_the_advantage_is_teacher_minus_student_on_the_trained_tokens():
     assert reverse_kl(student, teacher)[0].tolist() == [-0.5, 1.0, 0.0, 7.0]
 
 
-def _teacher(tmp_path, seed: int = 3):
-    """The tiny model with its weights moved by noise: same tokenizer, other log-probs."""
-    path = tmp_path / "teacher"
-    model = AutoModelForCausalLM.from_pretrained(TINY_DIR)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(path)
-    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja", TINY_DIR / "generation_config.json"]:
-        shutil.copy(f, path)
-    return path
-
-
 def _response_logprobs(model, prompt_ids, response_ids, temperature):
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
@@ -46,8 +31,8 @@ def _response_logprobs(model, prompt_ids, response_ids, temperature):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
-def test_a_step_distils_with_the_teachers_logprobs_of_the_sampled_tokens(tmp_path):
-    teacher_dir = _teacher(tmp_path)
+def test_a_step_distils_with_the_teachers_logprobs_of_the_sampled_tokens(tmp_path, moved_copy):
+    teacher_dir = moved_copy(TINY_DIR, 0.05)
     run = tmp_path / "run"
     rc = main(["train", "--config", "tiny", f"trainer.run_dir={run}", "trainer.total_steps=1",
                "data.prompts_per_step=2", "actor.mini_batch_prompts=2", "rollout.n=4", "rollout.temperature=0.9",
@@ -76,8 +61,8 @@ def test_a_step_distils_with_the_teachers_logprobs_of_the_sampled_tokens(tmp_pat
     assert row["actor/pg_loss"] == pytest.approx(0.5 * kl / tokens, abs=1e-4)
 
 
-def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_differing_id(tmp_path, capsys):
-    teacher_dir = _teacher(tmp_path)
+def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_differing_id(tmp_path, capsys, moved_copy):
+    teacher_dir = moved_copy(TINY_DIR, 0.05)
     spec = json.loads((teacher_dir / "tokenizer.json").read_text())
     vocab = spec["model"]["vocab"]
     a, b = "!", '"'  # ids 3 and 4 swapped

@@ -5,10 +5,8 @@ distillation of the tiny MoE with EP 2 on 2 ranks taking the one-rank steps."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
 
 from test_expert_parallel import TRAIN, _launch
 
@@ -64,34 +62,15 @@ def test_a_moe_teacher_is_sliced_over_the_expert_parallel_group_and_scores_as_th
                 assert d["frozen"] and d["logits"] < 1e-5, (case, d)
 
 
-def _moe_teacher(tmp_path, seed: int = 3):
-    """The tiny MoE model with its weights moved by noise: the student's tokenizer, other log-probs (the
-    shipped weights as teacher would make the reverse KL 0 on any layout)."""
-    from transformers import AutoModelForCausalLM
-
-    from verirl.models.load import TINY_MOE_DIR
-
-    path = tmp_path / "teacher"
-    model = AutoModelForCausalLM.from_pretrained(TINY_MOE_DIR)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(path)
-    for f in TINY_MOE_DIR.iterdir():
-        if f.is_file() and not f.name.startswith(("model", "config")) and not f.suffix == ".safetensors":
-            shutil.copy(f, path)
-    return path
-
-
 @pytest.mark.slow
-def test_expert_parallel_distillation_takes_the_one_rank_steps(tmp_path):
+def test_expert_parallel_distillation_takes_the_one_rank_steps(tmp_path, moved_copy):
     """On-policy distillation of the tiny MoE from a MoE teacher, EP 2 on 2 ranks (student, reference and
     teacher sliced alike) against one rank, float32, 2 steps: the same rollouts, and distill/reverse_kl,
     distill/teacher_logp, actor/pg_loss and actor/kl within 1e-5 relative at each step."""
     from verirl.cli import main
+    from verirl.models.load import TINY_MOE_DIR
 
-    teacher = _moe_teacher(tmp_path)
+    teacher = moved_copy(TINY_MOE_DIR, 0.02)  # the shipped weights would make the reverse KL 0
     distill = TRAIN + [f"algo.distill.teacher={teacher}", "algo.distill.coef=0.5", "trainer.save_freq=0"]
     one, two = tmp_path / "one", tmp_path / "ep"
     assert main(distill + [f"trainer.run_dir={one}"]) == 0
