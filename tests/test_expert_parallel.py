@@ -6,12 +6,10 @@ rank."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
+
+from ranks import results
 
 RANK = r"""
 import json
@@ -92,22 +90,6 @@ dist.destroy_process_group()
 """
 
 
-def _launch(tmp_path, script: str, ranks: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = tmp_path / "rank.py"
-    path.write_text(script)
-    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1",
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(ranks)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    return [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
-            for o in outs]
-
-
 def test_expert_parallel_layer_equals_grouped_mm_on_one_rank(tmp_path):
     """ep 2: each rank's outputs, input and routing-weight gradients equal transformers' grouped_mm experts on
     its tokens, and each expert slice's gradient the sum of both ranks' one-process gradients (an expert no
@@ -115,7 +97,7 @@ def test_expert_parallel_layer_equals_grouped_mm_on_one_rank(tmp_path):
     tiny MoE: each rank holds half of the expert bytes (measured from its parameters), the experts gathered
     for decoding and the full state dict are the unsharded model's, a state dict loads back into the slices,
     and the logits equal the unsharded model's."""
-    for r in _launch(tmp_path, RANK, 2):
+    for r in results(tmp_path, RANK, 2):
         assert r["implementation"] == ["verirl_ep", "grouped_mm"]
         for case in ("uneven", "one_rank_empty", "no_tokens"):
             d = r[case]

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from test_expert_parallel import TRAIN, _launch
+from ranks import results
+from test_expert_parallel import TRAIN
 
 RANK = r"""
 import json
@@ -49,7 +50,7 @@ def test_a_moe_teacher_is_sliced_over_the_expert_parallel_group_and_scores_as_th
     """EP 2 on 2 ranks: a MoE teacher keeps half of its expert bytes on each rank (its experts out of FSDP2
     under fsdp2, sliced under ddp too), computes with the all-to-all experts, and its logits equal the
     unsplit model's; a dense teacher of a MoE student stays whole. Each is in eval mode and frozen."""
-    for r in _launch(tmp_path, RANK, 2):
+    for r in results(tmp_path, RANK, 2):
         for case in ("tiny-moe/fsdp2", "tiny-moe/ddp"):
             d = r[case]
             mine, total = d["expert_bytes"]

@@ -6,14 +6,11 @@ of the tiny model in float32: the losses, the forward-only log-probs and every p
 from __future__ import annotations
 
 import functools
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from ranks import results
 from verirl.core.errors import ConfigError
 from verirl.models.pipeline import bubble_fraction, check_micro_batches, stage_layers
 
@@ -124,32 +121,13 @@ dist.destroy_process_group()
 """
 
 
-def _launch(tmp_path, script: str, ranks: int = 2, timeout: float = 120) -> list[dict]:
-    import json
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = tmp_path / "rank.py"
-    path.write_text(script)
-    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks),
-                                              "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-                                              "MASTER_PORT": str(port)})
-             for r in range(ranks)]
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    return [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
-            for out in outs]
-
-
 @pytest.mark.slow
 def test_two_stages_over_gloo_take_the_one_process_pass(tmp_path):
     """pp=2 on two gloo ranks, 4 packed micro-batches of 8 to 15 tokens padded to 15: each schedule's
     losses, each stage's gradients and the whole gradient's norm (and clipping) within 1e-5 of the
     one-process pass, the loss called once per micro-batch on the last stage only; the forward-only
     log-probs and entropies on both ranks."""
-    rank0, rank1 = _launch(tmp_path, RANK)
+    rank0, rank1 = results(tmp_path, RANK, timeout=120)
     names = 4 * 12 + 2  # each layer's 12 tensors, the embedding, the final norm
     for schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
         a, b = rank0[schedule], rank1[schedule]
@@ -207,9 +185,9 @@ def test_fsdp2_inside_pipeline_stages_pushes_and_decodes_the_whole_model(tmp_pat
     a half of the tied embedding; the push (`push_tensor`) gives every rank each tensor whole, equal to
     the unsplit model's, and inside `whole_model` every parameter is whole and the model decodes the
     unsplit model's logits; after it each rank holds its shards again."""
-    results = _launch(tmp_path, PUSH, ranks=4)
-    total = results[0]["total"]
-    for r in results:
+    per_rank = results(tmp_path, PUSH, 4, timeout=120)
+    total = per_rank[0]["total"]
+    for r in per_rank:
         assert len(r["pushed"]) == 4 * 12 + 2 and max(r["pushed"].values()) == 0.0, r["pushed"]
         assert r["inside"] == 0.0 and r["decoded"] < 1e-6, r
         assert r["after"] == r["held"] and r["held"] < 0.35 * total, (r["held"], total)

@@ -4,16 +4,13 @@ the tiny model in float32."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from ranks import launch
 from verirl.cli import main
 from verirl.run.checkpoint import check_checkpoint, find_checkpoint
 
@@ -122,22 +119,6 @@ dist.destroy_process_group()
 """
 
 
-def _ranks(script: str, tmp_path: Path, world: int, *args: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = tmp_path / "rank.py"
-    path.write_text(script)
-    procs = [subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world),
-                                              "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-                                              "MASTER_PORT": str(port)})
-             for r in range(world)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    return outs
-
-
 @pytest.mark.slow
 def test_blocks_put_back_together_equal_the_whole_tensors_for_fsdp2_tp_and_both(tmp_path):
     """4 gloo ranks: FSDP2 over 4 (uneven rows: 366 = 92 + 92 + 92 + 90), tp2 (replicated over dp2), FSDP2 over
@@ -145,7 +126,7 @@ def test_blocks_put_back_together_equal_the_whole_tensors_for_fsdp2_tp_and_both(
     full_tensor() exactly, and no rank writes the whole of a tensor it only shards. The FSDP2 x TP checkpoint
     read into FSDP2 alone gives back every tensor exactly (the tie kept), and its export is save_hf's file of
     the same weights byte for byte."""
-    outs = _ranks(RANK, tmp_path, 4, str(tmp_path))
+    outs = launch(tmp_path, RANK, 4, str(tmp_path))
     result = json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
     for layout in ("fsdp2", "tp", "fsdp2_tp"):
         assert result[layout]["exact"] and result[layout]["once"], (layout, result[layout])
@@ -378,7 +359,7 @@ dist.destroy_process_group()
 def test_a_run_directory_some_rank_cannot_see_is_refused_with_one_paragraph(tmp_path):
     for rank in (0, 1):
         (tmp_path / f"node{rank}").mkdir()
-    outs = _ranks(SHARED, tmp_path, 2, str(tmp_path))
+    outs = launch(tmp_path, SHARED, 2, str(tmp_path))
     for out in outs:
         said = next(line for line in out.splitlines() if line.startswith("RESULT"))
         assert f"trainer.run_dir {tmp_path}/node" in said and "is not one directory that every rank sees" in said

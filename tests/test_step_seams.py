@@ -3,14 +3,11 @@ rollouts' tool tokens), on the real tiny model; the step as a producer and a con
 the batch record (asynchronous rollouts); the ranks' named device mesh (model parallelism)."""
 import copy
 import dataclasses
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from ranks import launch
 from verirl.core.types import Rollout, TrainBatch
 from verirl.rollout import NativeEngine, SamplingParams, concat_rollouts, left_pad
 from verirl.config import load_config
@@ -151,17 +148,7 @@ torch.distributed.destroy_process_group()
 def test_two_ranks_form_a_mesh_with_a_named_data_parallel_dimension(tmp_path):
     """Two real gloo ranks: `Dist` holds a DeviceMesh whose one dimension is "dp" (its group the default
     one), the ddp gradient sum runs over it, and FSDP2 shards the model over ``mesh["dp"]``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(MESH_RANK)
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    outs = launch(tmp_path, MESH_RANK, 2)
     for out in outs:
         line = next(l for l in out.splitlines() if l.startswith("RESULT"))
         assert line.split(" ", 1)[1] == "('dp',) True [3.0, 3.0, 3.0] ('dp',) (256, 128) (512, 128)", line

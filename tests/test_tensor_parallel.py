@@ -4,13 +4,10 @@ vocabulary-parallel, tied to the embedding) against the unsharded model in one p
 that cannot split, refused with their arithmetic."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
+from ranks import results
 from verirl.core.errors import ConfigError
 
 RANK = r"""
@@ -60,21 +57,7 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_tensor_parallel_tiny_equals_one_process(tmp_path):
-    import json
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    for out in outs:
-        result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
+    for result in results(tmp_path, RANK, 2):
         assert result["logp"] < 1e-5 and result["entropy"] < 1e-5, result
         assert len(result["grads"]) == 4 * 12 + 2 and max(result["grads"].values()) < 1e-5, result["grads"]
         assert len(result["sharded"]) == 4 * 10 + 1  # each layer: 7 weights, the q, k, v biases; the tied embedding

@@ -5,20 +5,15 @@ log-probs, and every parameter's gradient summed over the ranks); the split of a
 that cannot split, without processes."""
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from ranks import results
 from verirl.core.errors import ConfigError
 from verirl.core.ops.ulysses import check_ulysses, split_packed
 
 PRIMITIVES = r"""
-import json
 import torch
 import torch.distributed as dist
 from verirl.core.ops.ulysses import gather_tokens, heads_to_seq, seq_to_heads, split_packed
@@ -127,29 +122,12 @@ dist.destroy_process_group()
 """
 
 
-def _two_ranks(tmp_path, source: str) -> list[dict]:
-    """Run ``source`` as ranks 0 and 1 of a gloo group; each rank's RESULT line."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(source)
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    return [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT")).split(" ", 1)[1])
-            for out in outs]
-
-
 @pytest.mark.slow
 def test_all_to_alls_swap_a_sequence_shard_for_a_head_shard(tmp_path):
     """(1, 4 heads, 3 tokens, 2) on each rank: seq_to_heads gives the whole tensor's 2 heads of the rank, for
     all 6 tokens; heads_to_seq undoes it; the gradient comes back to the tokens it came from. gather_tokens
     puts each rank's labels in their rows of the whole row's."""
-    for rank, result in enumerate(_two_ranks(tmp_path, PRIMITIVES)):
+    for rank, result in enumerate(results(tmp_path, PRIMITIVES)):
         assert result["heads"] and result["round_trip"] and result["grad"] and result["seq_major"], result
         assert result["gathered"] == [2.0, 3.0, 4.0, 5.0, 0.0, 6.0]  # pred_pos, each from the rank holding it
         assert result["owned"] == ([0, 1, 4] if rank == 0 else [2, 3, 5])
@@ -161,8 +139,8 @@ def test_tiny_over_two_sequence_parallel_ranks_equals_one_process(tmp_path):
     """A packed row of 71 tokens (a shared prompt; a 30-token response across the boundary at 36; one pad)
     and of 76 without sharing: the response tokens' log-probs within 1e-5, and every parameter's gradient of
     their sum within 1e-5 once summed over the two ranks (one rank's alone is not: it covers its tokens)."""
-    results = _two_ranks(tmp_path, MODEL)
-    for result in results:
+    per_rank = results(tmp_path, MODEL)
+    for result in per_rank:
         for share, tokens in (("True", 71), ("False", 76)):
             r = result[share]
             assert r["tokens"] == tokens and r["local"] == (tokens + 1) // 2 and r["labels"] == 54, r
@@ -170,7 +148,7 @@ def test_tiny_over_two_sequence_parallel_ranks_equals_one_process(tmp_path):
             assert len(r["grads"]) == 4 * 12 + 2 and max(r["grads"].values()) < 1e-5, r["grads"]
             assert r["one_rank_alone"] > 1e-2, r
     for share in ("True", "False"):
-        assert sum(result[share]["owned"] for result in results) == 54
+        assert sum(result[share]["owned"] for result in per_rank) == 54
 
 
 def test_a_packed_row_splits_into_slices_with_pads_at_its_end():

@@ -3,14 +3,11 @@ with two real gloo processes, against the whole head on one process (`head_logpr
 entropy and every gradient, on Qwen2.5's 151,936-row vocabulary with labels from its real tokenizer."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from ranks import launch
 from verirl.core.ops.head_logprobs import head_logprobs
 
 V, H, M = 151_936, 32, 48  # Qwen2.5's vocabulary rows (config.json vocab_size), a small hidden size, rows
@@ -59,19 +56,8 @@ def case(tmp_path_factory, qwen_tokenizer_dir):
 
 
 def _two_ranks(script_dir, case_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = script_dir / "rank.py"
-    script.write_text(RANK)
     out = script_dir / "out"
-    procs = [subprocess.Popen([sys.executable, str(script), str(case_path), str(out)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
-             for r in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), logs
+    launch(script_dir, RANK, 2, str(case_path), str(out))
     return [torch.load(f"{out}.{r}") for r in range(2)]
 
 
