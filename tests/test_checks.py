@@ -263,6 +263,15 @@ def test_each_rule_refuses_its_bad_config_in_one_paragraph(rule, values, words, 
     assert not (tmp_path / "run").exists()  # nothing written
 
 
+def test_router_noise_is_refused_for_training_only(tmp_path):
+    """``verirl eval`` (the checks without a run directory) decodes in eval mode, where Mixtral's
+    router_jitter_noise does nothing: the same model passes there."""
+    cfg = _bad(tmp_path, {"model.path": _mixtral_jitter})
+    with pytest.raises(UserError, match="router_jitter_noise=0.01"):
+        check(cfg)
+    check(cfg, run_dir=False)
+
+
 def test_a_valid_config_passes_and_plan_and_train_run_the_same_check(tmp_path):
     from verirl.cli import main
 

@@ -18,7 +18,8 @@ from verirl.train.update import LogprobPass, compute_logprobs
 def _noisy_rollout(model, monkeypatch, noise=1.0, n=3):
     """A seeded rollout of ``model`` whose engine adds Gaussian noise to every router logit before the choice."""
     monkeypatch.setattr(LeanDecoder, "route_noise", noise)
-    roll = NativeEngine(model, PAD, [EOS]).generate(_prompts(5), n, SamplingParams(max_new_tokens=12, seed=3))
+    roll = NativeEngine(model, PAD, [EOS], record_routes=True).generate(_prompts(5), n,
+                                                                 SamplingParams(max_new_tokens=12, seed=3))
     monkeypatch.setattr(LeanDecoder, "route_noise", None)
     return roll
 
@@ -86,9 +87,9 @@ def test_routes_through_transformers_forward_equal_the_lean_decoders(monkeypatch
 
     model = model_of("qwen3_moe")
     params = SamplingParams(max_new_tokens=10, seed=4)
-    lean = NativeEngine(model, PAD, [EOS]).generate(_prompts(5), 2, params)
+    lean = NativeEngine(model, PAD, [EOS], record_routes=True).generate(_prompts(5), 2, params)
     monkeypatch.setattr(native, "lean_supported", lambda m: False)
-    engine = NativeEngine(model, PAD, [EOS])
+    engine = NativeEngine(model, PAD, [EOS], record_routes=True)
     hf = engine.generate(_prompts(5), 2, params)
     assert engine.decoder is None and torch.equal(lean.response_ids, hf.response_ids)
     assert torch.equal(lean.routed_experts.sort(-1)[0], hf.routed_experts.sort(-1)[0])
@@ -136,7 +137,7 @@ def test_aux_loss_equals_transformers(monkeypatch):
         out = model(input_ids=ids, output_router_logits=True)
         mine = tap.aux_loss()
     assert mine is not None and mine.requires_grad
-    assert float(mine.detach()) == pytest.approx(float(out.aux_loss), rel=1e-6)
+    assert float(mine.detach()) == pytest.approx(float(out.aux_loss.detach()), rel=1e-6)
 
 
 def _train(tmp_path, mode: str, monkeypatch, *extra) -> dict:

@@ -138,7 +138,7 @@ def check_layout(cfg: Config, devices: Optional[tuple[str, int]] = None) -> None
 
 def _check_expert_layout(cfg: Config) -> None:
     """actor.expert_parallel_size divides the data-parallel x sequence-parallel ranks it lives in, without
-    pipeline stages, with whole checkpoints; actor.expert_tensor_parallel_size is 1."""
+    pipeline stages; actor.expert_tensor_parallel_size is 1."""
     a = cfg.actor
     ep, etp = a.expert_parallel_size, a.expert_tensor_parallel_size
     if etp != 1:

@@ -13,7 +13,7 @@
   cache with the columns not yet written masked, and no compaction of finished rows (models
   on their own forward, and VERIRL_CUDA_GRAPHS=0, still compact). A step
   of small kernels is bound by their launches there, not by the arithmetic.
-* A mixture-of-experts model's routes are recorded (``record_routes``, on for one by default): the experts each
+* A mixture-of-experts model's routes are recorded with ``record_routes`` (routing replay R3 only): the experts each
   sparse layer chose for each token fed (prefill and every step, repeated for the n samples and kept through
   compaction) as ``Rollout.routed_experts``, -1 where none (pads, the last sampled token). The lean decoder
   records them itself (``LeanDecoder.record_routes``), transformers' forward through `RouterTap`; multi-turn
@@ -277,7 +277,7 @@ class NativeEngine:
     reads_live_model = True  # generate decodes with the trainer's parameters
 
     def __init__(self, model, pad_id: int, stop_ids: Sequence[int], compute_dtype: Optional[torch.dtype] = None,
-                 split: bool = False, record_routes: bool = True):
+                 split: bool = False, record_routes: bool = False):
         self.model, self.pad_id, self.stop_ids = model, pad_id, list(stop_ids)
         # split: a tensor-parallel model decodes on its plan (`_SplitStepper`), every rank of its group the same
         # prompts; otherwise the caller gathers the whole weights first (`verirl.train.strategy.full_weights`)

@@ -389,7 +389,7 @@ def check_experts(cfg: Config, ask: Optional[Ask] = None) -> None:
 
     config = model_config(cfg.model.path, dict(cfg.model.override_config))
     jitter = getattr(getattr(config, "get_text_config", lambda: config)(), "router_jitter_noise", 0.0) or 0.0
-    if jitter > 0:
+    if jitter > 0 and (ask is None or ask.run_dir):  # `verirl eval` (no run directory) decodes in eval mode: no noise
         raise ConfigError(f"model.path={cfg.model.path}: its config.json sets router_jitter_noise={jitter}, which "
                           f"multiplies every router's input by random noise while the model trains, so the update "
                           f"would route, and score each token, differently from the rollout and the old-log-prob "

@@ -46,7 +46,7 @@ from verirl.run.checkpoint import Checkpoint, load_checkpoint
 from verirl.run.rundir import RunDirLock, checkpoint_to_resume, clear_previous_run, lock_held_by_launcher
 from verirl.run.runlog import LogSettings
 from verirl.run.watchdog import Watchdog
-from verirl.core.errors import ConfigError
+from verirl.core.errors import ConfigError, UserError
 from verirl.core.types import Prompt
 
 
@@ -236,8 +236,8 @@ def distill_teacher(cfg: Config, lm, dist: Dist, sharded: bool, device) -> Optio
                           f"{len(lm.tokenizer)} tokens of the shared tokenizer (the student's has {student_vocab}).")
     try:
         return place_frozen(teacher.model, cfg, dist, sharded, device)
-    except ConfigError as e:  # the teacher's experts do not split over actor.expert_parallel_size
-        raise ConfigError(f"algo.distill.teacher={path}: {e}") from None
+    except UserError as e:  # its experts do not split over actor.expert_parallel_size, a family not known
+        raise type(e)(f"algo.distill.teacher={path}: {e}") from None
 
 
 def place_frozen(model: torch.nn.Module, cfg: Config, dist: Dist, sharded: bool, device: torch.device,

@@ -876,8 +876,7 @@ def run(args) -> int:
 def fit_experts(t: Translation, peer: str, ep: int, ep_keys: Sequence[str], etp: int, etp_key: str,
                 tp_key: str) -> None:
     """A mixture-of-experts run's layout as verirl builds it (docs/moe.md): ``ep`` (from ``ep_keys``) as
-    actor.expert_parallel_size with whole checkpoints (the sharded format places no expert slices) on a world it
-    divides; experts whole on their rank (expert tensor parallel ``etp`` from ``etp_key``: 1 only); no tensor
+    actor.expert_parallel_size on a world it divides; experts whole on their rank (expert tensor parallel ``etp`` from ``etp_key``: 1 only); no tensor
     parallelism (verirl's expert layers have no tensor-parallel plan: actor.tensor_parallel_size from ``tp_key``
     becomes 1); no expert parallelism inside pipeline stages."""
     import math
