@@ -186,7 +186,8 @@ def test_a_dp2_tp2_checkpoint_holds_every_rank_s_blocks_and_resumes_on_one_rank(
     or both), every element once; one rank continues from it: step 3 within 1e-4 of the uninterrupted run."""
     ckpt = _step(dp2_tp2, 2)
     state = json.loads((ckpt / "state.json").read_text())
-    assert state["weights"] == "sharded" and state["layout"] == {"world": 4, "dp": 2, "tp": 2, "sp": 1, "pp": 1}
+    assert state["weights"] == "sharded"
+    assert state["layout"] == {"world": 4, "dp": 2, "tp": 2, "sp": 1, "pp": 1, "ep": 1}
     assert not list((ckpt / "model").glob("*.safetensors"))
     pieces = _pieces(ckpt)
     assert sorted(pieces) == [0, 1, 2, 3] and all(pieces.values())
@@ -227,7 +228,7 @@ def test_a_dp2_tp2_or_one_rank_checkpoint_resumes_on_tp2_pp2(tmp_path, request, 
     assert [r["step"] for r in b] == [1, 2, 3]
     _close(a[2], b[2])
     state = json.loads((_step(run, 3) / "state.json").read_text())
-    assert state["layout"] == {"world": 4, "dp": 1, "tp": 2, "sp": 1, "pp": 2}
+    assert state["layout"] == {"world": 4, "dp": 1, "tp": 2, "sp": 1, "pp": 2, "ep": 1}
     assert check_checkpoint(_step(run, 3)) == (None, True)
 
 
@@ -245,7 +246,8 @@ def test_a_dp4_checkpoint_resumes_on_pp2_dp2_with_fsdp2_inside_the_stages(tmp_pa
     assert [r["step"] for r in b] == [1, 2, 3]
     _close(a[2], b[2])
     ckpt = _step(run, 3)
-    assert json.loads((ckpt / "state.json").read_text())["layout"] == {"world": 4, "dp": 2, "tp": 1, "sp": 1, "pp": 2}
+    assert json.loads((ckpt / "state.json").read_text())["layout"] == {"world": 4, "dp": 2, "tp": 1, "sp": 1, "pp": 2,
+                                                                       "ep": 1}
     assert check_checkpoint(ckpt) == (None, True)
     pieces = _pieces(ckpt)
     first = [e for e in pieces[0].values() if e["name"].endswith(".layers.0.mlp.up_proj.weight") and e["part"] == "weight"]

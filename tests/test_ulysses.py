@@ -5,7 +5,6 @@ log-probs, and every parameter's gradient summed over the ranks); the split of a
 that cannot split, without processes."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -14,6 +13,7 @@ from verirl.core.errors import ConfigError
 from verirl.core.ops.ulysses import check_ulysses, split_packed
 
 PRIMITIVES = r"""
+import json
 import torch
 import torch.distributed as dist
 from verirl.core.ops.ulysses import gather_tokens, heads_to_seq, seq_to_heads, split_packed
