@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from verirl.config import load_config
 from verirl.models import load_model
-from verirl.models.lora import LoraSettings, adapters_off, apply_lora, is_adapter_key, merged_weight
+from verirl.models.lora import LoraSettings, adapters_off, apply_lora, is_adapter_key, lora_layers, merged_weight
 from verirl.rollout.lean import LeanDecoder
 from verirl.train.build import build_run
 from verirl.train.packing import PackCache
@@ -63,12 +63,19 @@ def test_lora_with_b_zero_takes_the_full_model_s_first_step(tmp_path):
     lora.scorer.close()
 
 
-def test_the_reference_is_the_base_and_the_decoder_merges_the_adapters(tiny):
+@pytest.mark.parametrize("path", ["tiny", "tiny-moe"])
+def test_the_reference_is_the_base_and_the_decoder_merges_the_adapters(path):
     """With B != 0: adapters off gives the base's logits exactly; the lean decoder's merged weights give
-    the adapted model's logits (float rounding)."""
-    model = load_model("tiny").model
-    plain = load_model("tiny").model
+    the adapted model's logits (float rounding). On the MoE model all-linear adapts the attention only: the
+    routers and the fused experts stay plain tensors (peft's own all-linear would wrap them)."""
+    from verirl.models.moe import moe_blocks
+
+    model = load_model(path).model
+    plain = load_model(path).model
     apply_lora(model, LoraSettings(rank=4, alpha=8.0))
+    if path == "tiny-moe":
+        assert len(moe_blocks(model)) == 4
+        assert {n.rsplit(".", 1)[-1] for n, _ in lora_layers(model)} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     torch.manual_seed(0)
     with torch.no_grad():
         for k, p in model.named_parameters():

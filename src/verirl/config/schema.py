@@ -404,7 +404,8 @@ class LoraConfig:
     dropout: float = setting(0.0, "dropout on the adapters' input while training (off in the log-prob passes and "
                                   "decoding)", ge=0, le=1)
     target_modules: Any = setting("all-linear", "the linear layers that get adapters: all-linear (every linear "
-                                                "layer but the output layer) or a list of module names, e.g. "
+                                                "layer but the output layer; on a MoE model not the routers or "
+                                                "the routed experts) or a list of module names, e.g. "
                                                 "[q_proj,v_proj]")
     init: str = setting("true", "the adapters' initialisation, by peft's init_lora_weights names", choices=LORA_INITS,
                         normal=lambda v: str(v).lower())

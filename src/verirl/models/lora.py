@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -72,13 +72,29 @@ def linear_names(model) -> list[str]:
     return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n})
 
 
+def _routed(model) -> bool:
+    """Whether ``model`` has mixture-of-experts layers (its config names a router)."""
+    from verirl.models.moe import routing
+
+    return routing(model.config) is not None
+
+
 def apply_lora(model, settings: LoraSettings) -> None:
     """Inject the adapters into ``model`` in place; only they require gradients afterwards. The RNG draws
-    of A's initialisation come from torch's generator (seeded by the run)."""
+    of A's initialisation come from torch's generator (seeded by the run). On a mixture-of-experts model
+    ``all-linear`` is its linear layers: the routers and the routed experts get no adapters."""
     from peft import inject_adapter_in_model
 
     wanted = settings.target_modules
-    if not isinstance(wanted, str):
+    if wanted == "all-linear" and _routed(model):
+        # peft's all-linear would also wrap a MoE block's router and fused 3-D experts (its ParamWrapper),
+        # which the lean decoder, expert parallelism and routing replay read as plain tensors: the linear
+        # layers instead (attention, dense layers' and shared experts' MLPs), without the output layer
+        head = model.get_output_embeddings()
+        wanted = tuple(sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                               if isinstance(m, torch.nn.Linear) and n and m is not head}))
+        settings = replace(settings, target_modules=wanted)
+    elif not isinstance(wanted, str):
         known = set(linear_names(model))
         unknown = [n for n in wanted if n not in known]
         if unknown:
