@@ -110,11 +110,7 @@ def model_config(path: str, override: Optional[dict] = None):
 
     real = resolve_path(path)
     if is_adapter_dir(real) and not os.path.exists(os.path.join(real, "config.json")):
-        base = named_base(real)
-        if not base:
-            raise ModelError(f"model.path='{path}' is a LoRA adapter directory whose {ADAPTER_CONFIG} names no "
-                             f"base model (base_model_name_or_path): set it to the base model's directory.")
-        return model_config(base, override)
+        return model_config(_named_base(path, named_base(real)), override)
     config = AutoConfig.from_pretrained(real)
     for key, value in (override or {}).items():
         if not hasattr(config, key):
@@ -165,14 +161,19 @@ def tokenizer_difference(a, b) -> Optional[str]:
     return None
 
 
+def _named_base(path: str, base: str) -> str:
+    """``base``, the base model adapter directory ``path`` names; a ModelError when it names none."""
+    if not base:
+        raise ModelError(f"model.path='{path}' is a LoRA adapter directory whose {ADAPTER_CONFIG} names no "
+                         f"base model (base_model_name_or_path): set it to the base model's directory.")
+    return base
+
+
 def _load_adapter(path: str, real: str, dtype: str, device: str, override_config: Optional[dict]) -> LoadedModel:
     """A peft LoRA adapter directory as a plain model: its base (base_model_name_or_path), the adapter
     merged into it; the adapter directory's tokenizer when it has one (verirl's exports do)."""
     settings, base, tensors = read_adapter_dir(real)
-    if not base:
-        raise ModelError(f"model.path='{path}' is a LoRA adapter directory whose {ADAPTER_CONFIG} names no "
-                         f"base model (base_model_name_or_path): set it to the base model's directory.")
-    lm = load_model(base, dtype, device, override_config)
+    lm = load_model(_named_base(path, base), dtype, device, override_config)
     apply_lora(lm.model, settings)
     load_adapter_into(lm.model, real, tensors)
     merge_into_base(lm.model)

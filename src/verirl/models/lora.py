@@ -67,16 +67,10 @@ def target_modules(value) -> Union[str, tuple[str, ...]]:
     return "all-linear" if names == ("all-linear",) else names
 
 
-def linear_names(model) -> list[str]:
-    """The distinct last names of the model's linear layers (what target_modules may name)."""
-    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n})
-
-
-def _routed(model) -> bool:
-    """Whether ``model`` has mixture-of-experts layers (its config names a router)."""
-    from verirl.models.moe import routing
-
-    return routing(model.config) is not None
+def linear_names(model, but: Optional[torch.nn.Module] = None) -> list[str]:
+    """The distinct last names of the model's linear layers (what target_modules may name), ``but`` left out."""
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n and m is not but})
 
 
 def apply_lora(model, settings: LoraSettings) -> None:
@@ -85,15 +79,14 @@ def apply_lora(model, settings: LoraSettings) -> None:
     ``all-linear`` is its linear layers: the routers and the routed experts get no adapters."""
     from peft import inject_adapter_in_model
 
+    from verirl.models.moe import routing
+
     wanted = settings.target_modules
-    if wanted == "all-linear" and _routed(model):
+    if wanted == "all-linear" and routing(model.config) is not None:
         # peft's all-linear would also wrap a MoE block's router and fused 3-D experts (its ParamWrapper),
         # which the lean decoder, expert parallelism and routing replay read as plain tensors: the linear
         # layers instead (attention, dense layers' and shared experts' MLPs), without the output layer
-        head = model.get_output_embeddings()
-        wanted = tuple(sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                               if isinstance(m, torch.nn.Linear) and n and m is not head}))
-        settings = replace(settings, target_modules=wanted)
+        settings = replace(settings, target_modules=tuple(linear_names(model, but=model.get_output_embeddings())))
     elif not isinstance(wanted, str):
         known = set(linear_names(model))
         unknown = [n for n in wanted if n not in known]
